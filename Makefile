@@ -1,0 +1,39 @@
+# jaxformer: set-up, tests and the paper's recipes. `make help` lists the targets.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: help install test test-fast demo train-base train-big eval bench clean
+
+help:
+	@echo "make test        set up $(VENV) (if needed) and run the whole test suite"
+	@echo "make test-fast   the tests not marked slow"
+	@echo "make demo        offline end-to-end demo (not implemented yet)"
+	@echo "make train-base  the paper's base recipe on WMT14 (not implemented yet)"
+	@echo "make train-big   the paper's big recipe on WMT14 (not implemented yet)"
+	@echo "make eval        BLEU of a workdir (not implemented yet)"
+	@echo "make bench       throughput benchmarks (not implemented yet)"
+
+# The venv is (re)installed when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m 'not slow'
+
+# Targets that later issues fill in. They say so and fail, instead of failing obscurely.
+demo train-base train-big eval bench:
+	@echo "make $@: not implemented yet in this version of jaxformer (see the project's open issues)." >&2
+	@exit 2
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

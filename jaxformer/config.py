@@ -1,0 +1,64 @@
+"""Model and optimiser hyperparameters: one frozen dataclass and the paper's presets."""
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyperparameters of the encoder-decoder Transformer (Vaswani et al., 2017)."""
+
+  vocab_size: int = 37000            # shared source/target vocabulary (§5.1); id 0 is padding
+  num_layers: int = 6                # N: layers in each of the encoder and the decoder
+  d_model: int = 512                 # width of every sub-layer output and of the embeddings
+  d_ff: int = 2048                   # inner width of the position-wise feed-forward network
+  num_heads: int = 8                 # h: parallel attention heads
+  dropout_rate: float = 0.1          # P_drop: residual dropout and dropout on embeddings + PE (§5.4)
+  attention_dropout_rate: float = 0.0  # on attention weights; 0.0 as in tensor2tensor at publication
+  relu_dropout_rate: float = 0.0     # after the FFN's ReLU; 0.0 as in tensor2tensor at publication
+  label_smoothing: float = 0.1       # epsilon_ls (§5.4)
+  pre_ln: bool = False               # False: the paper's LayerNorm(x + Dropout(Sublayer(x)))
+  dtype: Any = jnp.float32           # compute dtype; params, softmax, layer norm and loss stay float32
+  max_len: int = 256                 # longest sentence (tokens) the data pipeline and decoder allow
+  warmup_steps: int = 4000           # warmup_steps of the lrate schedule (§5.3)
+  adam_b1: float = 0.9               # Adam beta_1 (§5.3)
+  adam_b2: float = 0.98              # Adam beta_2 (§5.3)
+  adam_eps: float = 1e-9             # Adam epsilon (§5.3)
+  grad_clip_norm: float | None = None  # global-norm clipping; the paper uses none
+  weight_decay: float = 0.0          # decoupled (AdamW) weight decay; the paper uses none
+
+  def __post_init__(self):
+    if self.d_model % self.num_heads:
+      raise ValueError(
+          f'd_model={self.d_model} is not divisible by num_heads={self.num_heads}.')
+    if jnp.dtype(self.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+      raise ValueError(f'dtype must be float32 or bfloat16, got {self.dtype}.')
+
+  @property
+  def head_dim(self) -> int:
+    """d_k = d_v = d_model / h (§3.2.2)."""
+    return self.d_model // self.num_heads
+
+  def replace(self, **changes: Any) -> 'TransformerConfig':
+    """A copy with some fields changed."""
+    return dataclasses.replace(self, **changes)
+
+
+def base(vocab_size: int = 37000) -> TransformerConfig:
+  """Table 3, row "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1, eps_ls=0.1."""
+  return TransformerConfig(vocab_size=vocab_size)
+
+
+def big(vocab_size: int = 37000) -> TransformerConfig:
+  """Table 3, row "big": N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3, eps_ls=0.1."""
+  return TransformerConfig(
+      vocab_size=vocab_size, d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3)
+
+
+def tiny(vocab_size: int = 64) -> TransformerConfig:
+  """A two-layer model small enough for CPU tests (not from the paper)."""
+  return TransformerConfig(
+      vocab_size=vocab_size, num_layers=2, d_model=32, d_ff=64, num_heads=4,
+      max_len=64, warmup_steps=100)

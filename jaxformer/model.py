@@ -1,0 +1,287 @@
+"""The Transformer of Figure 1 as Flax linen modules.
+
+Shape glossary (used in einsum strings and shape comments):
+  B batch, S source length, T target (query) length, L key/value length,
+  D d_model, H heads, K head dim, F d_ff, V vocab.
+
+Token id 0 is padding. Packed rows carry segment ids (0 = padding, 1, 2, ... = the pairs in
+the row) and positions that restart at 0 for every pair; without them a row holds one pair.
+The decoder's first input is 0, as in tensor2tensor (the targets shifted right by one).
+"""
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxformer.config import TransformerConfig
+
+Array = jax.Array
+Cache = dict[str, Any]  # {'index': int32 [], 'layers': [{'self': {k, v}, 'cross': {k, v}}, ...]}
+
+_dense_init = nn.initializers.xavier_uniform()  # tensor2tensor's uniform_unit_scaling(1.0)
+_layer_norm = functools.partial(nn.LayerNorm, epsilon=1e-6, dtype=jnp.float32)
+
+
+def sinusoidal_positions(positions: Array, d_model: int) -> Array:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (§3.5)."""
+  two_i = jnp.arange(0, d_model, 2, dtype=jnp.float32)
+  angles = positions[..., None].astype(jnp.float32) / 10000.0 ** (two_i / d_model)  # [..., D/2]
+  pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., D/2, 2]
+  return pe.reshape(*positions.shape, d_model)  # [..., D]: sin at even, cos at odd indices
+
+
+def segment_mask(q_segments: Array, k_segments: Array) -> Array:
+  """True where query and key share a segment and the key is not padding: [B, 1, T, L]."""
+  same = q_segments[:, :, None] == k_segments[:, None, :]  # [B, T, L]
+  return (same & (k_segments[:, None, :] > 0))[:, None]
+
+
+def causal_mask(length: int) -> Array:
+  """True where the key position is not after the query position: [1, 1, T, T]."""
+  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+class MultiHeadAttention(nn.Module):
+  """Scaled dot-product attention over h heads (§3.2)."""
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    dense = functools.partial(nn.DenseGeneral, dtype=cfg.dtype, kernel_init=_dense_init)
+    self.query = dense(features=(cfg.num_heads, cfg.head_dim))
+    self.key = dense(features=(cfg.num_heads, cfg.head_dim))
+    self.value = dense(features=(cfg.num_heads, cfg.head_dim))
+    self.out = dense(features=cfg.d_model, axis=(-2, -1))
+    self.dropout = nn.Dropout(cfg.attention_dropout_rate)
+
+  def project_kv(self, context: Array) -> dict[str, Array]:
+    """Keys and values of the attended sequence: {'k', 'v'}, each [B, L, H, K]."""
+    return {'k': self.key(context), 'v': self.value(context)}
+
+  def __call__(self, x: Array, kv: dict[str, Array], mask: Array, *,
+               deterministic: bool) -> Array:
+    """Attends from x [B, T, D] to kv (from `project_kv`) where mask [B, 1, T, L] is True."""
+    q = self.query(x) * self.config.head_dim ** -0.5  # [B, T, H, K]
+    logits = jnp.einsum('BTHK,BLHK->BHTL', q, kv['k'],
+                        preferred_element_type=jnp.float32)  # [B, H, T, L]
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.config.dtype)  # [B, H, T, L]
+    weights = self.dropout(weights, deterministic=deterministic)
+    heads = jnp.einsum('BHTL,BLHK->BTHK', weights, kv['v'])  # [B, T, H, K]
+    return self.out(heads)  # [B, T, D]
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3)."""
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: Array, *, deterministic: bool) -> Array:
+    cfg = self.config
+    dense = functools.partial(nn.Dense, dtype=cfg.dtype, kernel_init=_dense_init)
+    h = nn.relu(dense(cfg.d_ff)(x))  # [B, T, F]
+    h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
+    return dense(cfg.d_model)(h)  # [B, T, D]
+
+
+class Residual(nn.Module):
+  """"Add & Norm": LayerNorm(x + Dropout(Sublayer(x))) (§3.1, §5.4), or pre-LN when asked.
+
+  Use as `y = r(x, sublayer(r.normed(x)))`: `normed` is the identity for the paper's post-LN.
+  """
+  config: TransformerConfig
+
+  def setup(self):
+    self.norm = _layer_norm()
+    self.dropout = nn.Dropout(self.config.dropout_rate)
+
+  def normed(self, x: Array) -> Array:
+    """The sub-layer's input."""
+    return self.norm(x) if self.config.pre_ln else x
+
+  def __call__(self, x: Array, sublayer_out: Array, *, deterministic: bool) -> Array:
+    y = x + self.dropout(sublayer_out, deterministic=deterministic)
+    return y if self.config.pre_ln else self.norm(y)
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention, then the FFN, each inside Add & Norm."""
+  config: TransformerConfig
+
+  def setup(self):
+    self.self_attention = MultiHeadAttention(self.config)
+    self.ffn = FeedForward(self.config)
+    self.residuals = [Residual(self.config) for _ in range(2)]
+
+  def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
+    attn, ffn, (r1, r2), det = self.self_attention, self.ffn, self.residuals, deterministic
+    h = r1.normed(x)
+    x = r1(x, attn(h, attn.project_kv(h), mask, deterministic=det), deterministic=det)
+    return r2(x, ffn(r2.normed(x), deterministic=det), deterministic=det)
+
+
+class DecoderLayer(nn.Module):
+  """Masked self-attention, encoder-decoder attention, then the FFN, each inside Add & Norm."""
+  config: TransformerConfig
+
+  def setup(self):
+    self.self_attention = MultiHeadAttention(self.config)
+    self.cross_attention = MultiHeadAttention(self.config)
+    self.ffn = FeedForward(self.config)
+    self.residuals = [Residual(self.config) for _ in range(3)]
+
+  def __call__(self, y: Array, encoded: Array | None, self_mask: Array, cross_mask: Array, *,
+               deterministic: bool, cache: Cache | None = None,
+               index: Array | None = None) -> tuple[Array, Cache | None]:
+    """With a cache, y is the one new position `index` [B, 1, D]; returns the updated cache."""
+    self_attn, cross_attn, det = self.self_attention, self.cross_attention, deterministic
+    r1, r2, r3 = self.residuals
+    h = r1.normed(y)
+    kv = self_attn.project_kv(h)
+    if cache is not None:  # write this position's keys and values into the cache
+      kv = {name: jax.lax.dynamic_update_slice_in_dim(cache['self'][name], new, index, axis=1)
+            for name, new in kv.items()}
+      cache = {'self': kv, 'cross': cache['cross']}
+    y = r1(y, self_attn(h, kv, self_mask, deterministic=det), deterministic=det)
+    cross_kv = cross_attn.project_kv(encoded) if cache is None else cache['cross']
+    y = r2(y, cross_attn(r2.normed(y), cross_kv, cross_mask, deterministic=det),
+           deterministic=det)
+    return r3(y, self.ffn(r3.normed(y), deterministic=det), deterministic=det), cache
+
+  def init_cache(self, encoded: Array, max_len: int) -> Cache:
+    """Empty self-attention keys/values for max_len positions; cross ones computed once."""
+    cfg, batch = self.config, encoded.shape[0]
+    empty = jnp.zeros((batch, max_len, cfg.num_heads, cfg.head_dim), cfg.dtype)  # [B, L, H, K]
+    return {'self': {'k': empty, 'v': empty},
+            'cross': self.cross_attention.project_kv(encoded)}
+
+
+def _embed(embed: nn.Embed, tokens: Array, positions: Array, dropout: nn.Dropout,
+           deterministic: bool) -> Array:
+  """Shared embedding times sqrt(d_model) (§3.4), plus positional encoding, then dropout."""
+  d_model = embed.features
+  x = embed(tokens) * d_model ** 0.5 + sinusoidal_positions(positions, d_model)  # [B, T, D]
+  return dropout(x, deterministic=deterministic)
+
+
+class Encoder(nn.Module):
+  """The left half of Figure 1: N encoder layers over embedded source tokens."""
+  config: TransformerConfig
+  embed: nn.Embed
+
+  def setup(self):
+    self.layers = [EncoderLayer(self.config) for _ in range(self.config.num_layers)]
+    self.dropout = nn.Dropout(self.config.dropout_rate)
+    self.final_norm = _layer_norm() if self.config.pre_ln else None
+
+  def __call__(self, src: Array, segments: Array, positions: Array, *,
+               deterministic: bool) -> Array:
+    x = _embed(self.embed, src, positions, self.dropout, deterministic)  # [B, S, D]
+    mask = segment_mask(segments, segments)  # [B, 1, S, S]
+    for layer in self.layers:
+      x = layer(x, mask, deterministic=deterministic)
+    return x if self.final_norm is None else self.final_norm(x)
+
+
+class Decoder(nn.Module):
+  """The right half of Figure 1: N decoder layers, then the shared embedding as the softmax."""
+  config: TransformerConfig
+  embed: nn.Embed
+
+  def setup(self):
+    self.layers = [DecoderLayer(self.config) for _ in range(self.config.num_layers)]
+    self.dropout = nn.Dropout(self.config.dropout_rate)
+    self.final_norm = _layer_norm() if self.config.pre_ln else None
+
+  def __call__(self, tgt_in: Array, encoded: Array | None, self_mask: Array, cross_mask: Array,
+               positions: Array, *, deterministic: bool,
+               cache: Cache | None = None) -> tuple[Array, Cache | None]:
+    y = _embed(self.embed, tgt_in, positions, self.dropout, deterministic)  # [B, T, D]
+    layer_caches = [None] * len(self.layers) if cache is None else cache['layers']
+    new_caches = []
+    for layer, layer_cache in zip(self.layers, layer_caches):
+      y, layer_cache = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic,
+                             cache=layer_cache, index=None if cache is None else cache['index'])
+      new_caches.append(layer_cache)
+    if self.final_norm is not None:
+      y = self.final_norm(y)
+    logits = self.embed.attend(y).astype(jnp.float32)  # [B, T, V]
+    if cache is None:
+      return logits, None
+    return logits, {'index': cache['index'] + 1, 'layers': new_caches}
+
+  def init_cache(self, encoded: Array, max_len: int) -> Cache:
+    return {'index': jnp.array(0, jnp.int32),
+            'layers': [layer.init_cache(encoded, max_len) for layer in self.layers]}
+
+
+def _default_segments(tokens: Array, segments: Array | None) -> Array:
+  return (tokens != 0).astype(jnp.int32) if segments is None else segments
+
+
+def _default_positions(tokens: Array, positions: Array | None) -> Array:
+  return jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape) if positions is None \
+      else positions
+
+
+class Transformer(nn.Module):
+  """The encoder-decoder Transformer with one embedding shared by both inputs and the softmax."""
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    self.embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype,
+                          embedding_init=nn.initializers.normal(stddev=cfg.d_model ** -0.5))
+    self.encoder = Encoder(cfg, self.embed)
+    self.decoder = Decoder(cfg, self.embed)
+
+  def encode(self, src: Array, *, deterministic: bool = True, src_segments: Array | None = None,
+             src_positions: Array | None = None) -> Array:
+    """Source tokens [B, S] -> encoder output [B, S, D]."""
+    return self.encoder(src, _default_segments(src, src_segments),
+                        _default_positions(src, src_positions), deterministic=deterministic)
+
+  def decode(self, encoded: Array | None, src: Array, tgt_in: Array, *,
+             deterministic: bool = True, src_segments: Array | None = None,
+             tgt_segments: Array | None = None, tgt_positions: Array | None = None,
+             cache: Cache | None = None) -> Array | tuple[Array, Cache]:
+    """Decoder inputs [B, T] -> logits [B, T, V] (float32).
+
+    Without segments, target padding needs no mask: it comes after the real tokens, which the
+    causal mask already hides from them. With `cache` (from `init_cache`), tgt_in is the next
+    token [B, 1], `encoded` is not used (its keys/values are cached), and (logits, cache) is
+    returned.
+    """
+    src_segments = _default_segments(src, src_segments)
+    if cache is not None:
+      max_len = cache['layers'][0]['self']['k'].shape[1]
+      self_mask = (jnp.arange(max_len) <= cache['index'])[None, None, None, :]  # [1, 1, 1, L]
+      cross_mask = segment_mask(jnp.ones_like(tgt_in), src_segments)  # [B, 1, 1, S]
+      positions = jnp.full_like(tgt_in, cache['index'])
+      return self.decoder(tgt_in, None, self_mask, cross_mask, positions,
+                          deterministic=deterministic, cache=cache)
+    tgt_segments = jnp.ones_like(tgt_in) if tgt_segments is None else tgt_segments
+    self_mask = segment_mask(tgt_segments, tgt_segments) & causal_mask(tgt_in.shape[1])
+    cross_mask = segment_mask(tgt_segments, src_segments)  # [B, 1, T, S]
+    logits, _ = self.decoder(tgt_in, encoded, self_mask, cross_mask,
+                             _default_positions(tgt_in, tgt_positions),
+                             deterministic=deterministic)
+    return logits
+
+  def init_cache(self, encoded: Array, max_len: int) -> Cache:
+    """A key/value cache for decoding up to max_len tokens after `encode`."""
+    return self.decoder.init_cache(encoded, max_len)
+
+  def __call__(self, src: Array, tgt_in: Array, *, deterministic: bool = True,
+               src_segments: Array | None = None, tgt_segments: Array | None = None,
+               src_positions: Array | None = None,
+               tgt_positions: Array | None = None) -> Array:
+    """Teacher-forced logits [B, T, V] for source [B, S] and decoder inputs [B, T]."""
+    encoded = self.encode(src, deterministic=deterministic, src_segments=src_segments,
+                          src_positions=src_positions)
+    return self.decode(encoded, src, tgt_in, deterministic=deterministic,
+                       src_segments=src_segments, tgt_segments=tgt_segments,
+                       tgt_positions=tgt_positions)

@@ -1,0 +1,49 @@
+"""The console script, the Makefile targets and the README's code all work as written."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from jaxformer import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_cli_help_lists_subcommands(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(['--help'])
+  assert exit_info.value.code == 0
+  assert 'params' in capsys.readouterr().out
+
+
+def test_console_script_is_installed():
+  script = pathlib.Path(sys.executable).parent / 'jaxformer'
+  result = subprocess.run([str(script), '--help'], capture_output=True, text=True, check=True)
+  assert 'Attention Is All You Need' in result.stdout
+
+
+@pytest.mark.parametrize('preset,count', [('base', '63,082,496'), ('big', '214,245,376')])
+def test_params_command_prints_the_readme_counts(capsys, preset, count):
+  assert cli.main(['params', '--preset', preset]) == 0
+  printed = capsys.readouterr().out
+  assert count in printed
+  assert count in (ROOT / 'README.md').read_text()
+
+
+@pytest.mark.parametrize('target', ['demo', 'train-base', 'train-big', 'eval', 'bench'])
+def test_unfinished_make_targets_say_so(target):
+  result = subprocess.run(['make', '-s', target], cwd=ROOT, capture_output=True, text=True)
+  assert result.returncode != 0
+  assert 'not implemented yet' in result.stderr
+
+
+def test_readme_python_snippets_run():
+  blocks = re.findall(r'```python\n(.*?)```', (ROOT / 'README.md').read_text(), flags=re.S)
+  assert blocks, 'the README has no python examples'
+  namespace: dict = {}
+  for block in blocks:  # later blocks use names from earlier ones
+    exec(compile(block, 'README.md', 'exec'), namespace)  # pylint: disable=exec-used
+  assert namespace['logits'].shape == (1, 1, 37000)
