@@ -13,7 +13,7 @@ help:
 	@echo "make train-base  the paper's base recipe on WMT14 (not implemented yet)"
 	@echo "make train-big   the paper's big recipe on WMT14 (not implemented yet)"
 	@echo "make eval        BLEU of a workdir (not implemented yet)"
-	@echo "make bench       throughput benchmarks (not implemented yet)"
+	@echo "make bench       benchmarks, printed as JSON (data pipeline so far)"
 
 # The venv is (re)installed when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -31,9 +31,14 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow'
 
 # Targets that later issues fill in. They say so and fail, instead of failing obscurely.
-demo train-base train-big eval bench:
+demo train-base train-big eval:
 	@echo "make $@: not implemented yet in this version of jaxformer (see the project's open issues)." >&2
 	@exit 2
+
+# Real corpora for benchmarks live beside the repository, never in it.
+SHARED_DATA ?= ../shared/data
+bench: $(STAMP)
+	$(PY) experiments/bench.py --data-dir $(SHARED_DATA)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

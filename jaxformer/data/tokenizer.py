@@ -1,0 +1,77 @@
+"""One sentencepiece BPE vocabulary shared by source and target (§5.1)."""
+
+import io
+import os
+import pathlib
+from collections.abc import Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+from jaxformer.data.sources import DataError
+
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+
+
+class Tokenizer:
+  """A loaded sentencepiece model: text <-> ids, with 0 = pad, 1 = eos, 2 = unk."""
+
+  def __init__(self, model_path: str | os.PathLike):
+    self.path = pathlib.Path(model_path)
+    try:
+      self._sp = spm.SentencePieceProcessor(model_file=str(self.path))
+    except (OSError, RuntimeError) as e:
+      raise DataError(f'{self.path}: not a sentencepiece model ({e}).') from None
+    if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
+      raise DataError(f'{self.path}: expected pad=0, eos=1, unk=2; train it with '
+                      'jaxformer.data.train_tokenizer.')
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.get_piece_size()
+
+  def encode(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+    """Token ids of each text, without EOS."""
+    return self._sp.encode(list(texts), num_threads=num_threads)
+
+  def decode(self, ids: Sequence[Sequence[int]] | np.ndarray) -> list[str]:
+    """Text of each id sequence; stops at the first EOS and ignores padding."""
+    texts = []
+    for row in ids:
+      row = [int(i) for i in row]
+      if EOS_ID in row:
+        row = row[:row.index(EOS_ID)]
+      texts.append(self._sp.decode([i for i in row if i != PAD_ID]))
+    return texts
+
+
+def train_tokenizer(texts: Sequence[str], model_path: str | os.PathLike, vocab_size: int, *,
+                    sample_size: int = 2_000_000, seed: int = 0) -> Tokenizer:
+  """Trains a BPE model on a seeded sample of `texts` (both sides), unless the file exists.
+
+  Text is NFKC-normalised and whitespace runs are collapsed (sentencepiece's nmt_nfkc); any
+  character unseen in training still round-trips through byte fallback, so nothing maps to unk.
+  The same texts, size and seed give the same model file.
+  """
+  model_path = pathlib.Path(model_path)
+  if model_path.exists():
+    return Tokenizer(model_path)
+  rng = np.random.default_rng(seed)
+  chosen = rng.choice(len(texts), size=sample_size, replace=False) \
+      if len(texts) > sample_size else np.arange(len(texts))
+  model_path.parent.mkdir(parents=True, exist_ok=True)
+  model = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=(texts[i].replace('\n', ' ') for i in np.sort(chosen)),
+        model_writer=model, vocab_size=vocab_size, model_type='bpe',
+        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1, byte_fallback=True,
+        character_coverage=0.9999, input_sentence_size=0, shuffle_input_sentence=False,
+        num_threads=1, minloglevel=2)
+  except RuntimeError as e:
+    raise DataError(f'sentencepiece training failed for vocab_size={vocab_size} on '
+                    f'{len(chosen)} sentences: {e}') from None
+  partial = model_path.with_suffix('.partial')
+  partial.write_bytes(model.getvalue())
+  os.replace(partial, model_path)  # atomic: never a half-written model
+  return Tokenizer(model_path)

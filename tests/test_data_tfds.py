@@ -1,0 +1,62 @@
+"""The tfds source offline: mocked WMT14, a locally stored dataset, and the missing-data error."""
+
+import subprocess
+import sys
+
+import pytest
+
+from jaxformer import data
+from jaxformer.data import DataError
+
+tfds = pytest.importorskip('tensorflow_datasets')
+tf = pytest.importorskip('tensorflow')
+
+PAIRS = [('Hello world.', 'Hallo Welt.'), ('The house is red.', 'Das Haus ist rot.')]
+
+
+def test_wmt14_en_de_picks_english_as_source():
+  """tfds's supervised keys are (de, en): the loader must select fields by name."""
+  def as_dataset(self, *args, **kwargs):
+    del self, args, kwargs
+    return tf.data.Dataset.from_tensor_slices(
+        {'de': [de for _, de in PAIRS], 'en': [en for en, _ in PAIRS]})
+
+  with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+    # Under the mock nothing is prepared on disk; download_and_prepare is a no-op.
+    text = data.load_wmt14('de', 'test', download=True)
+  assert text.src == [en for en, _ in PAIRS]
+  assert text.tgt == [de for _, de in PAIRS]
+  assert text.origin == 'tfds:wmt14_translate/de-en:test'
+
+
+def test_a_locally_stored_tfds_dataset_goes_through_the_real_loader(tmp_path):
+  features = tfds.features.FeaturesDict({'en': tfds.features.Text(),
+                                         'fr': tfds.features.Text()})
+  examples = {'en': ['one', 'two', 'three'], 'fr': ['un', 'deux', 'trois']}
+  tfds.dataset_builders.store_as_tfds_dataset(
+      name='tiny_translate', version='1.0.0', features=features,
+      split_datasets={'train': tf.data.Dataset.from_tensor_slices(examples)},
+      data_dir=tmp_path, disable_shuffling=True)
+  text = data.load_tfds('tiny_translate', 'train', src_key='en', tgt_key='fr',
+                        data_dir=str(tmp_path))
+  assert list(zip(text.src, text.tgt)) == [('one', 'un'), ('two', 'deux'), ('three', 'trois')]
+  with pytest.raises(DataError, match="has no split 'test'"):
+    data.load_tfds('tiny_translate', 'test', src_key='en', tgt_key='fr', data_dir=str(tmp_path))
+
+
+@pytest.mark.timeout(120)
+def test_unprepared_wmt14_fails_fast_with_the_prepare_command(tmp_path):
+  """Offline, a tfds download would retry for minutes; we must stop at once instead."""
+  code = ('from jaxformer import data\n'
+          f'data.load_wmt14("de", "train", data_dir={str(tmp_path)!r})\n')
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          timeout=110)
+  assert result.returncode != 0
+  assert 'DataError: tfds dataset wmt14_translate/de-en is not prepared' in result.stderr
+  assert f'tfds build wmt14_translate/de-en --data_dir={tmp_path}' in result.stderr
+  assert not any(tmp_path.rglob('downloads')), 'nothing may be downloaded'
+
+
+def test_unknown_target_language_is_a_clear_error():
+  with pytest.raises(DataError, match="must be one of \\['de', 'fr'\\]"):
+    data.load_wmt14('es', 'train')
