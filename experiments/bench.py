@@ -31,14 +31,8 @@ def _efficiency(corpus: data.TokenizedCorpus, row_len: int) -> dict:
   """Real-token fraction of the slots over one epoch of full batches (4 rows each)."""
   src_len, tgt_len = data.row_lengths(corpus, row_len)
   stream = data.PackedBatches(corpus, src_len=src_len, tgt_len=tgt_len, rows_per_device=4)
-  real, slots = np.zeros(2), np.zeros(2)
-  for _ in range(stream.rows_in_epoch(0) // 4):
-    batch = next(stream)
-    real += [(batch['src_segments'] > 0).sum(), batch['weights'].sum()]
-    slots += [batch['src'].size, batch['tgt_out'].size]
-  src, tgt = real / slots
-  return {'row_lengths': [src_len, tgt_len], 'src': round(float(src), 4),
-          'tgt': round(float(tgt), 4)}
+  src, tgt = data.padding_efficiency(stream, stream.rows_in_epoch(0) // 4)
+  return {'row_lengths': [src_len, tgt_len], 'src': round(src, 4), 'tgt': round(tgt, 4)}
 
 
 def bench_data(data_dir: pathlib.Path) -> dict:

@@ -1,4 +1,7 @@
-"""Shared fixtures: a tiny model with fixed params."""
+"""Shared fixtures: a tiny model with fixed params, and the shared data folder."""
+
+import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -20,3 +23,13 @@ def tiny_model(tiny_config):
   dummy = jnp.ones((1, 4), jnp.int32)
   params = model.init(jax.random.key(0), dummy, dummy)['params']
   return model, params
+
+
+@pytest.fixture(scope='session')
+def shared_data() -> pathlib.Path:
+  """The real corpora folder: $JAXFORMER_SHARED_DATA, by default ../shared/data."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  folder = pathlib.Path(os.environ.get('JAXFORMER_SHARED_DATA', root.parent / 'shared' / 'data'))
+  if not (folder / 'multi30k').is_dir():
+    pytest.skip(f'{folder}/multi30k not found: set JAXFORMER_SHARED_DATA to the shared data')
+  return folder

@@ -2,8 +2,6 @@
 
 import collections
 import gzip
-import os
-import pathlib
 
 import numpy as np
 import pytest
@@ -11,8 +9,6 @@ import pytest
 from jaxformer import data
 from jaxformer.data import DataError
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHARED_DATA = pathlib.Path(os.environ.get('JAXFORMER_SHARED_DATA', ROOT.parent / 'shared' / 'data'))
 
 WORDS = ('the a man woman dog cat sees walks with under house garden red small big quickly '
          'der die das mann frau hund katze sieht geht mit unter haus garten rot klein groß').split()
@@ -242,6 +238,11 @@ def test_host_shards_are_disjoint_and_cover(corpus):
   assert not set(_segments(first, 'src')) & set(_segments(second, 'src'))
 
 
+def test_padding_efficiency_counts_real_slots():
+  batch = {'src_segments': np.array([[[1, 1, 0, 0]]]), 'tgt_segments': np.array([[[1, 2, 2, 0]]])}
+  assert data.padding_efficiency(iter([batch, batch]), 2) == (0.5, 0.75)
+
+
 def test_rows_per_device_and_row_lengths(corpus):
   assert data.rows_per_device(25000, 256, 8) == 12
   with pytest.raises(ValueError, match='less than one row'):
@@ -265,29 +266,16 @@ def test_pack_rows_fits_every_row():
 # --- real data --------------------------------------------------------------------------------
 
 
-def packed_efficiency(corpus, row_len: int) -> tuple[float, float]:
-  """Real-token fraction of (source, target) slots over one epoch of full batches."""
-  src_len, tgt_len = data.row_lengths(corpus, row_len)
-  stream = data.PackedBatches(corpus, src_len=src_len, tgt_len=tgt_len, rows_per_device=4)
-  real = np.zeros(2)
-  slots = np.zeros(2)
-  for _ in range(stream.rows_in_epoch(0) // 4):
-    batch = next(stream)
-    real += [(batch['src_segments'] > 0).sum(), batch['weights'].sum()]
-    slots += [batch['src'].size, batch['tgt_out'].size]
-  return tuple(real / slots)
-
-
 @pytest.mark.slow
-def test_multi30k_tokenises_and_packs_at_least_97_percent_real_tokens(tmp_path):
-  folder = SHARED_DATA / 'multi30k'
-  if not folder.is_dir():
-    pytest.skip(f'{folder} not found: set JAXFORMER_SHARED_DATA to the shared data folder')
+def test_multi30k_tokenises_and_packs_at_least_97_percent_real_tokens(tmp_path, shared_data):
+  folder = shared_data / 'multi30k'
   text = data.read_parallel_text(folder / 'train.en', folder / 'train.de')
   assert len(text) == 29000
   assert '\t' in text.tgt[7365]  # line 7366 holds a literal TAB: text, not a separator
   tokenizer = data.train_tokenizer(text.src + text.tgt, tmp_path / 'spm.model', vocab_size=8000)
   corpus = data.tokenize_corpus(text, tokenizer, max_len=256, cache_dir=tmp_path)
   assert corpus.counts == {'read': 29000, 'kept': 29000, 'empty': 0, 'too_long': 0}
-  src_efficiency, tgt_efficiency = packed_efficiency(corpus, 256)
+  src_len, tgt_len = data.row_lengths(corpus, 256)
+  stream = data.PackedBatches(corpus, src_len=src_len, tgt_len=tgt_len, rows_per_device=4)
+  src_efficiency, tgt_efficiency = data.padding_efficiency(stream, stream.rows_in_epoch(0) // 4)
   assert src_efficiency >= 0.97 and tgt_efficiency >= 0.97, (src_efficiency, tgt_efficiency)

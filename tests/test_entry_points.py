@@ -40,13 +40,21 @@ def test_unfinished_make_targets_say_so(target):
   assert 'not implemented yet' in result.stderr
 
 
-def test_readme_python_snippets_run():
+def test_readme_python_snippets_run(tmp_path, monkeypatch, shared_data):
+  """Runs every python block of the README in order, in a folder holding Multi30k's train files
+  (as the data example expects train.en and train.de)."""
+  multi30k = shared_data / 'multi30k'
+  for name in ('train.en', 'train.de'):
+    (tmp_path / name).symlink_to(multi30k / name)
+  monkeypatch.chdir(tmp_path)
   blocks = re.findall(r'```python\n(.*?)```', (ROOT / 'README.md').read_text(), flags=re.S)
-  assert blocks, 'the README has no python examples'
+  assert len(blocks) >= 3, 'the README lost its python examples'
   namespace: dict = {}
   for block in blocks:  # later blocks use names from earlier ones
     exec(compile(block, 'README.md', 'exec'), namespace)  # pylint: disable=exec-used
   assert namespace['logits'].shape == (1, 1, 37000)
+  assert namespace['batch']['src'].shape[:2] == (8, 12)
+  assert namespace['state'] == {'epoch': 0, 'row': 96, 'seed': 0, 'shard_size': 29000}
 
 
 def test_bench_answers_help():

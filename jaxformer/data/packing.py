@@ -232,3 +232,14 @@ def rows_per_device(tokens_per_batch: int, row_len: int, global_devices: int) ->
     raise ValueError(f'tokens_per_batch={tokens_per_batch} is less than one row of {row_len} '
                      f'tokens on each of {global_devices} devices.')
   return rows
+
+
+def padding_efficiency(batches: Iterator[Batch], num_batches: int) -> tuple[float, float]:
+  """The fraction of real (non-padding) slots on each side over the next num_batches."""
+  real, slots = np.zeros(2), np.zeros(2)
+  for _ in range(num_batches):
+    batch = next(batches)
+    real += [np.count_nonzero(batch['src_segments']), np.count_nonzero(batch['tgt_segments'])]
+    slots += [batch['src_segments'].size, batch['tgt_segments'].size]
+  src, tgt = real / slots
+  return float(src), float(tgt)
