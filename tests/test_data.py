@@ -279,3 +279,10 @@ def test_multi30k_tokenises_and_packs_at_least_97_percent_real_tokens(tmp_path, 
   stream = data.PackedBatches(corpus, src_len=src_len, tgt_len=tgt_len, rows_per_device=4)
   src_efficiency, tgt_efficiency = data.padding_efficiency(stream, stream.rows_in_epoch(0) // 4)
   assert src_efficiency >= 0.97 and tgt_efficiency >= 0.97, (src_efficiency, tgt_efficiency)
+
+
+def test_dropped_pairs_are_reported_as_a_warning(tokenizer, caplog):
+  text = data.ParallelText(['the man', ''], ['der mann', 'die frau'], 'one-empty')
+  data.tokenize_corpus(text, tokenizer, max_len=32)
+  assert 'one-empty: read 2 pairs, kept 1, dropped 1 empty and 0 longer than 32 tokens.' in [
+      r.getMessage() for r in caplog.records if r.levelname == 'WARNING']

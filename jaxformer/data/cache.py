@@ -104,9 +104,10 @@ def tokenize_corpus(text: ParallelText, tokenizer: Tokenizer, max_len: int,
           kept_tgt.append(t)
       bar.update(len(src))
   counts['kept'] = len(kept_src)
-  log.info('%s: read %d pairs, kept %d, dropped %d empty and %d longer than %d tokens.',
-           text.origin, counts['read'], counts['kept'], counts['empty'], counts['too_long'],
-           max_len)
+  report = log.warning if counts['kept'] < counts['read'] else log.info
+  report('%s: read %d pairs, kept %d, dropped %d empty and %d longer than %d tokens.',
+         text.origin, counts['read'], counts['kept'], counts['empty'], counts['too_long'],
+         max_len)
   if not kept_src:
     raise DataError(f'{text.origin}: all {len(text)} pairs were dropped '
                     f'({counts["empty"]} empty, {counts["too_long"]} longer than {max_len}).')
