@@ -1,17 +1,29 @@
 """Training state and the pure train/eval steps. Parallelism is applied where the loop wraps them."""
 
+import collections
+import dataclasses
+import functools
+import json
+import logging
+import pathlib
+import signal
+import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+import tqdm
 from flax import struct
 from flax.training import train_state
 
-from jaxformer import losses, optim
+from jaxformer import checkpoint, losses, optim, parallel
+from jaxformer import data as data_lib
 from jaxformer.config import TransformerConfig
 from jaxformer.model import Transformer
 
+log = logging.getLogger(__name__)
 Array = jax.Array
 Batch = dict[str, Array]  # src, tgt_in, tgt_out, weights [B, S|T]; optional *_segments, *_positions
 _LAYOUT_KEYS = ('src_segments', 'tgt_segments', 'src_positions', 'tgt_positions')
@@ -42,36 +54,65 @@ def _sum(x: Any, axis_name: str | None) -> Any:
   return x if axis_name is None else jax.lax.psum(x, axis_name)
 
 
-def train_step(state: TrainState, batch: Batch, rng: Array, *,
-               axis_name: str | None = None) -> tuple[TrainState, dict[str, Array]]:
+def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | None = None,
+               accum_steps: int = 1,
+               skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, Array]]:
   """One update on `batch`; under pmap pass the axis name to combine devices.
 
   The loss is the label-smoothed sum divided by the number of real target tokens across all
-  devices, so devices holding fewer tokens do not weigh more.
+  devices, so devices holding fewer tokens do not weigh more. With accum_steps = k, the batch's
+  rows are split into k micro-batches whose gradient sums are added before that one division:
+  the same update as the whole batch at once, in a k-th of the activation memory. With
+  skip_nonfinite, an update whose loss or gradients are not finite leaves params and optimiser
+  state unchanged (metrics['nonfinite'] = 1).
   """
   rng = jax.random.fold_in(rng, state.step)
   if axis_name is not None:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
 
-  def loss_fn(params):
-    logits = _logits(state, params, batch, deterministic=False, rngs={'dropout': rng})
-    loss_sum, weight_sum = losses.smoothed_cross_entropy(
-        logits, batch['tgt_out'], batch['weights'], state.config.label_smoothing)
-    return loss_sum, (logits, weight_sum)
+  def sums(params, micro_batch, micro_rng):
+    """Gradient of the loss sum, and the sums behind the metrics, for one micro-batch."""
+    def loss_fn(params):
+      logits = _logits(state, params, micro_batch, deterministic=False,
+                       rngs={'dropout': micro_rng})
+      loss_sum, weight_sum = losses.smoothed_cross_entropy(
+          logits, micro_batch['tgt_out'], micro_batch['weights'], state.config.label_smoothing)
+      return loss_sum, (logits, weight_sum)
+    (loss_sum, (logits, weight_sum)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    correct, _ = losses.accuracy(logits, micro_batch['tgt_out'], micro_batch['weights'])
+    return grads, jnp.stack([loss_sum, weight_sum, correct])
 
-  (loss_sum, (logits, weight_sum)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-      state.params)
-  tokens = jnp.maximum(_sum(weight_sum, axis_name), 1.0)
+  if accum_steps == 1:
+    grads, totals = sums(state.params, batch, rng)
+  else:
+    micro = jax.tree.map(lambda x: x.reshape(accum_steps, -1, *x.shape[1:]), batch)
+
+    def accumulate(carry, inputs):
+      index, micro_batch = inputs
+      grads, totals = sums(state.params, micro_batch, jax.random.fold_in(rng, index))
+      return jax.tree.map(jnp.add, carry, (grads, totals)), None
+
+    zeros = (jax.tree.map(jnp.zeros_like, state.params), jnp.zeros(3))
+    (grads, totals), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum_steps), micro))
+  loss_sum, tokens, correct = _sum(totals, axis_name)
+  tokens = jnp.maximum(tokens, 1.0)
   grads = jax.tree.map(lambda g: _sum(g, axis_name) / tokens, grads)
-  correct, _ = losses.accuracy(logits, batch['tgt_out'], batch['weights'])
+  grad_norm = optax.tree.norm(grads)
   metrics = {
-      'loss': _sum(loss_sum, axis_name) / tokens,
-      'accuracy': _sum(correct, axis_name) / tokens,
+      'loss': loss_sum / tokens,
+      'accuracy': correct / tokens,
       'tokens': tokens,
-      'grad_norm': optax.tree.norm(grads),
+      'grad_norm': grad_norm,
       'lr': optim.lrate_schedule(state.config.d_model, state.config.warmup_steps)(state.step),
   }
-  return state.apply_gradients(grads=grads), metrics
+  new_state = state.apply_gradients(grads=grads)
+  finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(grad_norm)
+  metrics['nonfinite'] = 1.0 - finite.astype(jnp.float32)
+  if skip_nonfinite:
+    kept = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                        (new_state.params, new_state.opt_state), (state.params, state.opt_state))
+    new_state = new_state.replace(params=kept[0], opt_state=kept[1])
+  return new_state, metrics
 
 
 def eval_step(state: TrainState, batch: Batch) -> dict[str, Array]:
@@ -83,3 +124,239 @@ def eval_step(state: TrainState, batch: Batch) -> dict[str, Array]:
   nll_sum, _ = losses.cross_entropy(logits, targets, weights)
   correct, _ = losses.accuracy(logits, targets, weights)
   return {'loss_sum': loss_sum, 'nll_sum': nll_sum, 'correct': correct, 'tokens': tokens}
+
+
+# =============================================================================================
+# The training loop.
+
+
+class TrainingError(RuntimeError):
+  """Training cannot go on (e.g. a non-finite loss); the message says where and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """How to train: batch size, schedule of checkpoints, evaluation and logging."""
+  workdir: str                          # checkpoints, vocabulary, token cache, logs
+  num_steps: int = 100_000              # updates (§5.2: 100k for base, 300k for big)
+  tokens_per_batch: int = 25_000        # slots per side per update, all devices together (§5.1)
+  accum_steps: int = 1                  # micro-batches per update (for fewer devices than 8)
+  row_len: int = 256                    # packed row length of the longer side
+  seed: int = 0                         # params, dropout, shuffling and vocabulary sample
+  checkpoint_every_secs: float | None = 600.0  # the paper's 10 minutes
+  checkpoint_every_steps: int | None = None
+  keep_checkpoints: int = 20            # raised to average_last if smaller
+  average_last: int = 5                 # average this many at the end (0: don't)
+  eval_every_steps: int = 1000
+  log_every_steps: int = 100
+  skip_nonfinite: bool = False          # skip (and count) non-finite updates instead of stopping
+  spm_sample_size: int = 2_000_000      # sentences sampled to train the vocabulary
+
+
+def _train_item(state: TrainState, rng: Array) -> dict[str, Any]:
+  return {'opt_state': state.opt_state, 'step': state.step, 'rng': jax.random.key_data(rng)}
+
+
+def _data_state(states: list[dict[str, Any]]) -> dict[str, Any]:
+  """Every host's iterator position (gathered when there are several hosts)."""
+  local = states[0]
+  gathered = parallel.all_hosts(np.array(
+      [local['epoch'], local['row'], local['seed'], local['shard_size']], np.int64))
+  return {'hosts': [dict(zip(('epoch', 'row', 'seed', 'shard_size'), map(int, row)))
+                    for row in gathered]}
+
+
+def evaluate(p_eval_step: Any, p_state: TrainState, corpus: Any, *, src_len: int, tgt_len: int,
+             rows_per_device: int) -> dict[str, float]:
+  """Loss, perplexity and token accuracy over one pass of `corpus` (all hosts together)."""
+  batches = data_lib.PackedBatches(
+      corpus, src_len=src_len, tgt_len=tgt_len, rows_per_device=rows_per_device,
+      num_devices=jax.local_device_count(), shuffle=False, num_epochs=1,
+      process_index=jax.process_index(), process_count=jax.process_count())
+  # Hosts may hold different numbers of batches: all run the largest count, padding with
+  # empty batches, so that every host makes the same pmap calls.
+  num_batches = int(parallel.all_hosts(np.array([batches.rows_in_epoch(0)])).max())
+  num_batches = -(-num_batches // (rows_per_device * jax.local_device_count()))
+  totals = collections.Counter()
+  for _ in range(num_batches):
+    batch = next(batches, None)
+    sums = jax.device_get(p_eval_step(p_state, batch or batches.empty_batch()))
+    totals.update({k: float(np.sum(v)) for k, v in sums.items()})
+  totals = parallel.all_hosts(np.array([totals[k] for k in ('loss_sum', 'nll_sum', 'correct',
+                                                            'tokens')])).sum(0)
+  loss_sum, nll_sum, correct, tokens = totals
+  tokens = max(tokens, 1.0)
+  return {'loss': loss_sum / tokens, 'perplexity': float(np.exp(nll_sum / tokens)),
+          'accuracy': correct / tokens, 'tokens': tokens}
+
+
+def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: Any,
+                       eval_text: Any | None = None) -> dict[str, Any]:
+  """Trains `config` on `train_text` (a data.ParallelText), resuming from the workdir.
+
+  Returns a summary: final step, last train metrics, last evaluation, the newest checkpoint,
+  the averaged checkpoint (if any), and whether training stopped early on SIGTERM/SIGINT.
+  """
+  workdir = pathlib.Path(tc.workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  is_main = jax.process_index() == 0
+  local_devices = jax.local_device_count()
+
+  # --- vocabulary and data -------------------------------------------------------------------
+  tokenizer = data_lib.train_tokenizer(train_text.src + train_text.tgt, workdir / 'spm.model',
+                                       config.vocab_size, sample_size=tc.spm_sample_size,
+                                       seed=tc.seed)
+  if tokenizer.vocab_size != config.vocab_size:
+    raise TrainingError(f'{tokenizer.path} has {tokenizer.vocab_size} pieces but the model '
+                        f'expects vocab_size={config.vocab_size}.')
+  spm_model = tokenizer.path.read_bytes()
+  corpus = data_lib.tokenize_corpus(train_text, tokenizer, config.max_len, workdir / 'cache')
+  src_len, tgt_len = data_lib.row_lengths(corpus, tc.row_len)
+  rows = data_lib.rows_per_device(tc.tokens_per_batch // tc.accum_steps,
+                                  max(src_len, tgt_len), jax.device_count())
+  batches = data_lib.PackedBatches(
+      corpus, src_len=src_len, tgt_len=tgt_len, rows_per_device=rows * tc.accum_steps,
+      num_devices=local_devices, seed=tc.seed, process_index=jax.process_index(),
+      process_count=jax.process_count())
+  eval_corpus = None if eval_text is None else data_lib.tokenize_corpus(
+      eval_text, tokenizer, config.max_len, workdir / 'cache')
+
+  # --- state: fresh, or the newest checkpoint ------------------------------------------------
+  init_rng, rng = jax.random.split(jax.random.key(tc.seed))
+  state = create_train_state(config, init_rng)
+  manager = checkpoint.make_manager(workdir / 'checkpoints',
+                                    max_to_keep=max(tc.keep_checkpoints, tc.average_last, 1))
+  found = checkpoint.restore_latest(manager, params=state.params,
+                                    train=_train_item(state, rng), with_data=True)
+  if found is not None:
+    step, restored = found
+    checkpoint.check_compatible(restored['meta'], config, spm_model,
+                                f'checkpoint {manager.directory / str(step)}')
+    train_item = restored['train']
+    state = state.replace(params=restored['params'], opt_state=train_item['opt_state'],
+                          step=train_item['step'])
+    rng = jax.random.wrap_key_data(train_item['rng'])
+    batches.set_state(restored['data']['hosts'][jax.process_index()])
+    log.info('resumed from step %d (%s)', step, manager.directory / str(step))
+  start_step = int(state.step)
+  meta = checkpoint.make_meta(config, spm_model)
+
+  p_state = parallel.replicate(state)
+  p_rng = parallel.replicate(rng)
+  p_train_step = jax.pmap(
+      functools.partial(train_step, axis_name='batch', accum_steps=tc.accum_steps,
+                        skip_nonfinite=tc.skip_nonfinite),
+      axis_name='batch', donate_argnums=0)
+  p_eval_step = jax.pmap(eval_step, axis_name='batch')
+
+  def save(step: int, data_state: dict[str, Any]) -> None:
+    host_state = parallel.unreplicate(p_state)
+    checkpoint.save(manager, step, params=host_state.params, meta=meta,
+                    train=_train_item(host_state, rng), data=_data_state([data_state]))
+
+  # --- what the user sees ----------------------------------------------------------------------
+  writer = metrics_file = None
+  if is_main:
+    from flax.metrics import tensorboard  # pylint: disable=g-import-not-at-top  (imports TF: slow)
+    writer = tensorboard.SummaryWriter(str(workdir / 'tensorboard'))
+    metrics_file = open(workdir / 'metrics.jsonl', 'a', encoding='utf-8')  # noqa: SIM115
+
+  def report(step: int, scalars: dict[str, float], prefix: str) -> None:
+    if not is_main:
+      return
+    scalars = {name: float(value) for name, value in scalars.items()}
+    for name, value in scalars.items():
+      writer.scalar(f'{prefix}/{name}', value, step)
+    writer.flush()
+    metrics_file.write(json.dumps({'step': step, 'split': prefix, **scalars}) + '\n')
+    metrics_file.flush()
+
+  stop = {'signal': None}
+
+  def on_signal(signum, frame):  # pylint: disable=unused-argument
+    stop['signal'] = signal.Signals(signum).name
+
+  previous_handlers = {sig: signal.signal(sig, on_signal)
+                       for sig in (signal.SIGTERM, signal.SIGINT)}
+
+  # --- the loop ------------------------------------------------------------------------------
+  summary: dict[str, Any] = {'preempted': False, 'skipped_updates': 0}
+  last_save_time = time.monotonic()
+  interval = collections.defaultdict(float)
+  interval_start = time.monotonic()
+  data_state = batches.get_state()
+  train_metrics: dict[str, float] = {}
+  device_batches = parallel.prefetch(batches)
+  progress = tqdm.tqdm(total=tc.num_steps, initial=start_step, desc='training', unit='step',
+                       disable=not is_main, dynamic_ncols=True)
+  try:
+    for step in range(start_step + 1, tc.num_steps + 1):
+      batch, data_state = next(device_batches)
+      p_state, metrics = p_train_step(p_state, batch, p_rng)
+      metrics = jax.device_get(jax.tree.map(lambda x: x[0], metrics))
+      if metrics['nonfinite']:
+        if not tc.skip_nonfinite:
+          latest = manager.latest_step()
+          raise TrainingError(
+              f'non-finite loss ({metrics["loss"]}) at step {step}. The last good checkpoint is '
+              f'{manager.directory / str(latest) if latest is not None else "none (no save yet)"}'
+              '; resume from it with a lower learning rate or --skip_nonfinite.')
+        summary['skipped_updates'] += 1
+        log.warning('step %d: non-finite loss, update skipped (%d so far)', step,
+                    summary['skipped_updates'])
+      for key in ('loss', 'accuracy', 'grad_norm'):
+        interval[key] += metrics[key]
+      interval['tokens'] += metrics['tokens']
+      interval['steps'] += 1
+      progress.update(1)
+
+      if step % tc.log_every_steps == 0 or step == tc.num_steps:
+        seconds = time.monotonic() - interval_start
+        train_metrics = {key: float(interval[key] / interval['steps'])
+                         for key in ('loss', 'accuracy', 'grad_norm')}
+        train_metrics.update(lr=float(metrics['lr']),
+                             tokens_per_s=float(interval['tokens'] / seconds),
+                             steps_per_s=interval['steps'] / seconds,
+                             skipped_updates=summary['skipped_updates'])
+        report(step, train_metrics, 'train')
+        progress.set_postfix(loss=f'{train_metrics["loss"]:.3f}', lr=f'{metrics["lr"]:.2e}',
+                             tok_s=f'{train_metrics["tokens_per_s"]:.0f}')
+        interval.clear()
+        interval_start = time.monotonic()
+
+      if eval_corpus is not None and (step % tc.eval_every_steps == 0 or step == tc.num_steps):
+        summary['eval'] = evaluate(p_eval_step, p_state, eval_corpus, src_len=src_len,
+                                   tgt_len=tgt_len, rows_per_device=rows)
+        report(step, summary['eval'], 'eval')
+
+      preempted = parallel.any_host(stop['signal'] is not None)
+      due = (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0) or (
+          tc.checkpoint_every_secs is not None
+          and time.monotonic() - last_save_time >= tc.checkpoint_every_secs)
+      if step == tc.num_steps or preempted or parallel.any_host(bool(due)):
+        save(step, data_state)
+        last_save_time = time.monotonic()
+      if preempted:
+        manager.wait_until_finished()
+        summary['preempted'] = True
+        log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
+                    stop['signal'] or 'stop', step, manager.directory / str(step))
+        break
+  finally:
+    progress.close()
+    manager.wait_until_finished()
+    for sig, handler in previous_handlers.items():
+      signal.signal(sig, handler)
+    if is_main:
+      writer.close()
+      metrics_file.close()
+
+  summary.update(step=int(parallel.unreplicate(p_state.step)), train=train_metrics,
+                 checkpoint=str(manager.directory / str(manager.latest_step())))
+  if tc.average_last and not summary['preempted'] and summary['step'] == tc.num_steps:
+    available = len(manager.all_steps())
+    if available >= tc.average_last:
+      summary['averaged'] = str(checkpoint.save_average(workdir, tc.average_last))
+    else:
+      log.warning('only %d checkpoints: not averaging the last %d.', available, tc.average_last)
+  return summary

@@ -166,9 +166,7 @@ class PackedBatches(Iterator[Batch]):
 
   def __next__(self) -> Batch:
     rows = self.num_devices * self.rows_per_device
-    batch = {f'{side}_{key}': np.zeros((rows, length), np.int32)
-             for side, length in (('src', self.src_len), ('tgt', self.tgt_len))
-             for key in ('tokens', 'segments', 'positions')}
+    batch = self._zeros()
     filled = 0
     while filled < rows:
       if self.num_epochs is not None and self._epoch >= self.num_epochs:
@@ -185,6 +183,16 @@ class PackedBatches(Iterator[Batch]):
       if self._row == plan.num_rows:
         self._epoch, self._row = self._epoch + 1, 0
     return self._finish(batch)
+
+  def empty_batch(self) -> Batch:
+    """A batch of the same shapes holding no pairs (all padding, weights 0)."""
+    return self._finish(self._zeros())
+
+  def _zeros(self) -> Batch:
+    rows = self.num_devices * self.rows_per_device
+    return {f'{side}_{key}': np.zeros((rows, length), np.int32)
+            for side, length in (('src', self.src_len), ('tgt', self.tgt_len))
+            for key in ('tokens', 'segments', 'positions')}
 
   def _write(self, batch: Batch, plan: _EpochPlan, pairs: slice, out_row: np.ndarray) -> None:
     corpus, segments = self.corpus, plan.segment[pairs]

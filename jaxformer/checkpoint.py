@@ -1,0 +1,195 @@
+"""Orbax checkpoints: saved unreplicated, checked for compatibility, restored, and averaged.
+
+A training workdir holds `checkpoints/<step>/` with four items:
+  params  the model parameters (one copy, not one per device);
+  train   optimiser state, step and the base rng;
+  data    the data iterators' positions, one per host;
+  meta    the config, and the sentencepiece model (base64) with its sha256.
+An averaged checkpoint (`average-last<N>/<step>/`) holds params and meta, and loads like any other.
+"""
+
+import base64
+import dataclasses
+import hashlib
+import logging
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxformer.config import TransformerConfig
+
+log = logging.getLogger(__name__)
+PyTree = Any
+
+
+class CheckpointError(ValueError):
+  """A missing, corrupt or incompatible checkpoint; the message says which and why."""
+
+
+# --- config and vocabulary metadata -------------------------------------------------------------
+
+
+def config_to_dict(config: TransformerConfig) -> dict[str, Any]:
+  fields = dataclasses.asdict(config)
+  fields['dtype'] = jnp.dtype(config.dtype).name
+  return fields
+
+
+def config_from_dict(fields: dict[str, Any]) -> TransformerConfig:
+  known = {f.name for f in dataclasses.fields(TransformerConfig)}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise CheckpointError(f'checkpoint config has fields this jaxformer does not know: {unknown}')
+  return TransformerConfig(**{**fields, 'dtype': jnp.dtype(fields['dtype'])})
+
+
+def make_meta(config: TransformerConfig, spm_model: bytes) -> dict[str, Any]:
+  return {'config': config_to_dict(config),
+          'spm_sha256': hashlib.sha256(spm_model).hexdigest(),
+          'spm_model': base64.b64encode(spm_model).decode('ascii')}
+
+
+def spm_model_bytes(meta: dict[str, Any]) -> bytes:
+  """The sentencepiece model stored in a checkpoint's meta."""
+  return base64.b64decode(meta['spm_model'])
+
+
+def check_compatible(meta: dict[str, Any], config: TransformerConfig, spm_model: bytes,
+                     where: str) -> None:
+  """Raises CheckpointError naming every config field (and the vocabulary) that differs."""
+  saved = meta['config']
+  now = config_to_dict(config)
+  diffs = [f'{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}'
+           for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+  if meta['spm_sha256'] != hashlib.sha256(spm_model).hexdigest():
+    diffs.append('the sentencepiece vocabulary differs')
+  if diffs:
+    raise CheckpointError(f'{where} does not match this run ({"; ".join(diffs)}). Use a new '
+                          'workdir, or the settings the checkpoint was trained with.')
+
+
+# --- managers -----------------------------------------------------------------------------------
+
+TRAIN_ITEMS = ('params', 'train', 'data', 'meta')
+
+
+def checkpoint_dir(path: str | pathlib.Path) -> pathlib.Path:
+  """A training workdir's checkpoint folder, or `path` itself if it holds checkpoints."""
+  path = pathlib.Path(path)
+  return path / 'checkpoints' if (path / 'checkpoints').is_dir() else path
+
+
+def make_manager(directory: str | pathlib.Path, *, max_to_keep: int | None = None,
+                 items: tuple[str, ...] = TRAIN_ITEMS) -> ocp.CheckpointManager:
+  """An async orbax manager; it commits each step atomically and ignores unfinished ones."""
+  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                         enable_async_checkpointing=True)
+  return ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options,
+                               item_names=items)
+
+
+def save(manager: ocp.CheckpointManager, step: int, *, params: PyTree, meta: dict[str, Any],
+         train: PyTree | None = None, data: dict[str, Any] | None = None) -> None:
+  """Starts an async save of host (unreplicated) trees; `manager.wait_until_finished()` waits."""
+  items = {'params': ocp.args.StandardSave(params), 'meta': ocp.args.JsonSave(meta)}
+  if train is not None:
+    items['train'] = ocp.args.StandardSave(train)
+  if data is not None:
+    items['data'] = ocp.args.JsonSave(data)
+  manager.save(step, args=ocp.args.Composite(**items), force=True)
+
+
+def restore(manager: ocp.CheckpointManager, step: int, *, params: PyTree | None = None,
+            train: PyTree | None = None, with_data: bool = False) -> dict[str, Any]:
+  """Restores step's meta, and params/train shaped like the given templates (None: as saved).
+
+  Raises CheckpointError, not a shape traceback, for a damaged or mismatched checkpoint.
+  """
+  items = {'meta': ocp.args.JsonRestore(), 'params': ocp.args.StandardRestore(params)}
+  if train is not None:
+    items['train'] = ocp.args.StandardRestore(train)
+  if with_data:
+    items['data'] = ocp.args.JsonRestore()
+  where = f'checkpoint {manager.directory / str(step)}'
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(**items))
+  except Exception as e:  # orbax raises many types for damaged files  # pylint: disable=broad-except
+    raise CheckpointError(f'{where} cannot be restored ({type(e).__name__}: '
+                          f'{str(e).splitlines()[0] if str(e) else ""})') from None
+  return dict(restored)
+
+
+def restore_latest(manager: ocp.CheckpointManager, **kwargs: Any) -> tuple[int, dict] | None:
+  """The newest step that restores, falling back to older ones (with a warning) when the newest
+  is damaged; None when there is no checkpoint. kwargs as for `restore`."""
+  steps = sorted(manager.all_steps(), reverse=True)
+  for step in steps:
+    try:
+      return step, restore(manager, step, **kwargs)
+    except CheckpointError as e:
+      log.warning('%s; trying an older one.', e)
+  if steps:
+    raise CheckpointError(f'none of the checkpoints {steps} in {manager.directory} restores.')
+  return None
+
+
+# --- loading for decoding, and averaging --------------------------------------------------------
+
+
+def load(path: str | pathlib.Path) -> tuple[PyTree, TransformerConfig, bytes, int]:
+  """(params, config, sentencepiece model bytes, step) of the newest checkpoint under `path`: a
+  training workdir, its checkpoints folder, or an averaged checkpoint folder."""
+  directory = checkpoint_dir(path)
+  if not directory.is_dir():
+    raise CheckpointError(f'{path}: no such checkpoint folder.')
+  manager = make_manager(directory, items=('params', 'meta'))
+  found = restore_latest(manager)
+  if found is None:
+    raise CheckpointError(f'{path}: no checkpoint found.')
+  step, restored = found
+  params = jax.tree.map(np.asarray, restored['params'])
+  return params, config_from_dict(restored['meta']['config']), spm_model_bytes(
+      restored['meta']), step
+
+
+def average_checkpoints(workdir: str | pathlib.Path, last_n: int) -> PyTree:
+  """The element-wise mean of the params of the last `last_n` checkpoints (§6.1).
+
+  Checkpoints are read one at a time into a running float32 sum, so memory stays at about two
+  copies of the params however large last_n is.
+  """
+  manager = make_manager(checkpoint_dir(workdir), items=('params', 'meta'))
+  steps = sorted(manager.all_steps())[-last_n:]
+  if len(steps) < last_n:
+    raise CheckpointError(f'{workdir}: asked to average the last {last_n} checkpoints, but '
+                          f'there are only {len(steps)} ({steps}).')
+  total = None
+  for step in steps:
+    params = restore(manager, step)['params']
+    if total is None:
+      total = jax.tree.map(lambda x: np.array(x, np.float32), params)
+    else:
+      jax.tree.map(lambda t, x: np.add(t, np.asarray(x, np.float32), out=t), total, params)
+    del params
+  return jax.tree.map(lambda t: t / len(steps), total)
+
+
+def save_average(workdir: str | pathlib.Path, last_n: int) -> pathlib.Path:
+  """Averages the last `last_n` checkpoints into `<workdir>/average-last<N>/<last step>/`."""
+  source = make_manager(checkpoint_dir(workdir), items=('params', 'meta'))
+  steps = sorted(source.all_steps())
+  if not steps:
+    raise CheckpointError(f'{workdir}: no checkpoint to average.')
+  meta = restore(source, steps[-1])['meta']
+  params = average_checkpoints(workdir, last_n)
+  out = pathlib.Path(workdir) / f'average-last{last_n}'
+  target = make_manager(out, items=('params', 'meta'))
+  if steps[-1] in target.all_steps():
+    target.delete(steps[-1])
+  save(target, steps[-1], params=params, meta={**meta, 'averaged_steps': steps[-last_n:]})
+  target.wait_until_finished()
+  return out
