@@ -10,8 +10,8 @@ help:
 	@echo "make test        set up $(VENV) (if needed) and run the whole test suite"
 	@echo "make test-fast   the tests not marked slow"
 	@echo "make demo        offline end-to-end demo (not implemented yet)"
-	@echo "make train-base  the paper's base recipe on WMT14 (not implemented yet)"
-	@echo "make train-big   the paper's big recipe on WMT14 (not implemented yet)"
+	@echo "make train-base  the paper's base recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
+	@echo "make train-big   the paper's big recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
 	@echo "make eval        BLEU of a workdir (not implemented yet)"
 	@echo "make bench       benchmarks, printed as JSON (data pipeline so far)"
 
@@ -31,9 +31,17 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow'
 
 # Targets that later issues fill in. They say so and fail, instead of failing obscurely.
-demo train-base train-big eval:
+demo eval:
 	@echo "make $@: not implemented yet in this version of jaxformer (see the project's open issues)." >&2
 	@exit 2
+
+# The paper's recipes (experiments/configs/*.py). They stop at once, with the command that
+# prepares WMT14, when tfds has not prepared it. ARGS passes more flags, e.g. ARGS="--accum_steps 8".
+WORKDIR ?= workdirs/$(subst train-,,$@)
+TFDS_FLAG = $(if $(TFDS_DATA_DIR),--tfds_data_dir $(TFDS_DATA_DIR))
+train-base train-big: $(STAMP)
+	$(PY) experiments/train.py --config experiments/configs/$(subst train-,,$@).py \
+	  --workdir $(WORKDIR) $(TFDS_FLAG) $(ARGS)
 
 # Real corpora for benchmarks live beside the repository, never in it.
 SHARED_DATA ?= ../shared/data

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import logging
 import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -28,6 +29,10 @@ PyTree = Any
 
 class CheckpointError(ValueError):
   """A missing, corrupt or incompatible checkpoint; the message says which and why."""
+
+
+class IncompatibleCheckpointError(CheckpointError):
+  """A readable checkpoint of a different model or vocabulary."""
 
 
 # --- config and vocabulary metadata -------------------------------------------------------------
@@ -58,9 +63,10 @@ def spm_model_bytes(meta: dict[str, Any]) -> bytes:
   return base64.b64decode(meta['spm_model'])
 
 
-def check_compatible(meta: dict[str, Any], config: TransformerConfig, spm_model: bytes,
-                     where: str) -> None:
-  """Raises CheckpointError naming every config field (and the vocabulary) that differs."""
+def check_compatible(meta: dict[str, Any], where: str, *, config: TransformerConfig,
+                     spm_model: bytes) -> None:
+  """Raises IncompatibleCheckpointError naming every config field (and the vocabulary) that
+  differs between the checkpoint at `where` and this run."""
   saved = meta['config']
   now = config_to_dict(config)
   diffs = [f'{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}'
@@ -68,7 +74,7 @@ def check_compatible(meta: dict[str, Any], config: TransformerConfig, spm_model:
   if meta['spm_sha256'] != hashlib.sha256(spm_model).hexdigest():
     diffs.append('the sentencepiece vocabulary differs')
   if diffs:
-    raise CheckpointError(f'{where} does not match this run ({"; ".join(diffs)}). Use a new '
+    raise IncompatibleCheckpointError(f'{where} does not match this run ({"; ".join(diffs)}). Use a new '
                           'workdir, or the settings the checkpoint was trained with.')
 
 
@@ -103,24 +109,33 @@ def save(manager: ocp.CheckpointManager, step: int, *, params: PyTree, meta: dic
   manager.save(step, args=ocp.args.Composite(**items), force=True)
 
 
+def _restore_items(manager: ocp.CheckpointManager, step: int, items: dict[str, Any]) -> dict:
+  try:
+    return dict(manager.restore(step, args=ocp.args.Composite(**items)))
+  except Exception as e:  # orbax raises many types for damaged files  # pylint: disable=broad-except
+    raise CheckpointError(f'checkpoint {manager.directory / str(step)} cannot be restored '
+                          f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""})'
+                          ) from None
+
+
 def restore(manager: ocp.CheckpointManager, step: int, *, params: PyTree | None = None,
-            train: PyTree | None = None, with_data: bool = False) -> dict[str, Any]:
+            train: PyTree | None = None, with_data: bool = False,
+            check: Callable[[dict[str, Any], str], None] | None = None) -> dict[str, Any]:
   """Restores step's meta, and params/train shaped like the given templates (None: as saved).
 
-  Raises CheckpointError, not a shape traceback, for a damaged or mismatched checkpoint.
+  `check(meta, where)` runs on the meta before any array is read, so that a different model
+  gets an IncompatibleCheckpointError naming the difference instead of a shape error. Raises
+  CheckpointError for a damaged checkpoint.
   """
+  if check is not None:
+    check(_restore_items(manager, step, {'meta': ocp.args.JsonRestore()})['meta'],
+          f'checkpoint {manager.directory / str(step)}')
   items = {'meta': ocp.args.JsonRestore(), 'params': ocp.args.StandardRestore(params)}
   if train is not None:
     items['train'] = ocp.args.StandardRestore(train)
   if with_data:
     items['data'] = ocp.args.JsonRestore()
-  where = f'checkpoint {manager.directory / str(step)}'
-  try:
-    restored = manager.restore(step, args=ocp.args.Composite(**items))
-  except Exception as e:  # orbax raises many types for damaged files  # pylint: disable=broad-except
-    raise CheckpointError(f'{where} cannot be restored ({type(e).__name__}: '
-                          f'{str(e).splitlines()[0] if str(e) else ""})') from None
-  return dict(restored)
+  return _restore_items(manager, step, items)
 
 
 def restore_latest(manager: ocp.CheckpointManager, **kwargs: Any) -> tuple[int, dict] | None:
@@ -130,6 +145,8 @@ def restore_latest(manager: ocp.CheckpointManager, **kwargs: Any) -> tuple[int, 
   for step in steps:
     try:
       return step, restore(manager, step, **kwargs)
+    except IncompatibleCheckpointError:
+      raise
     except CheckpointError as e:
       log.warning('%s; trying an older one.', e)
   if steps:

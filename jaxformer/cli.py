@@ -21,6 +21,18 @@ def _params(args: argparse.Namespace) -> int:
   return 0
 
 
+def _average(args: argparse.Namespace) -> int:
+  from jaxformer import checkpoint
+
+  try:
+    out = checkpoint.save_average(args.workdir, args.last)
+  except checkpoint.CheckpointError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  print(f'averaged the last {args.last} checkpoints of {args.workdir} into {out}')
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='jaxformer',
@@ -30,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
   params.add_argument('--preset', choices=_PRESETS, default='base')
   params.add_argument('--vocab-size', type=int, default=37000)
   params.set_defaults(run=_params)
+  average = commands.add_parser(
+      'average', help='average the last N checkpoints of a workdir into a new checkpoint')
+  average.add_argument('--workdir', required=True)
+  average.add_argument('--last', type=int, default=5, help='how many (paper: 5 base, 20 big)')
+  average.set_defaults(run=_average)
   return parser
 
 

@@ -226,12 +226,11 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
   state = create_train_state(config, init_rng)
   manager = checkpoint.make_manager(workdir / 'checkpoints',
                                     max_to_keep=max(tc.keep_checkpoints, tc.average_last, 1))
-  found = checkpoint.restore_latest(manager, params=state.params,
-                                    train=_train_item(state, rng), with_data=True)
+  found = checkpoint.restore_latest(
+      manager, params=state.params, train=_train_item(state, rng), with_data=True,
+      check=functools.partial(checkpoint.check_compatible, config=config, spm_model=spm_model))
   if found is not None:
     step, restored = found
-    checkpoint.check_compatible(restored['meta'], config, spm_model,
-                                f'checkpoint {manager.directory / str(step)}')
     train_item = restored['train']
     state = state.replace(params=restored['params'], opt_state=train_item['opt_state'],
                           step=train_item['step'])

@@ -33,7 +33,7 @@ def test_params_command_prints_the_readme_counts(capsys, preset, count):
   assert count in (ROOT / 'README.md').read_text()
 
 
-@pytest.mark.parametrize('target', ['demo', 'train-base', 'train-big', 'eval'])
+@pytest.mark.parametrize('target', ['demo', 'eval'])
 def test_unfinished_make_targets_say_so(target):
   result = subprocess.run(['make', '-s', target], cwd=ROOT, capture_output=True, text=True)
   assert result.returncode != 0
@@ -61,3 +61,14 @@ def test_bench_answers_help():
   result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench.py'), '--help'],
                           capture_output=True, text=True, check=True)
   assert '--only' in result.stdout and 'data' in result.stdout
+
+
+@pytest.mark.parametrize('target', ['train-base', 'train-big'])
+def test_recipes_fail_fast_without_wmt14(target, tmp_path):
+  result = subprocess.run(['make', '-s', target, f'TFDS_DATA_DIR={tmp_path}',
+                           f'WORKDIR={tmp_path / "w"}'], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-2].startswith(
+      'error: tfds dataset wmt14_translate/de-en is not prepared')
+  assert f'tfds build wmt14_translate/de-en --data_dir={tmp_path}' in result.stderr

@@ -1,5 +1,7 @@
 """The pure train step: a stored first-step loss, device-count independence, and learning."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,3 +79,18 @@ def test_tiny_learns_to_reverse_sequences():
       if accuracy >= 0.99:
         break
   assert accuracy >= 0.99, f'held-out token accuracy {accuracy:.4f} after {i} steps'
+
+
+def test_gradient_accumulation_equals_the_big_batch():
+  cfg = config_lib.tiny(vocab_size=32).replace(dropout_rate=0.0)
+  state = train.create_train_state(cfg, jax.random.key(0)).replace(tx=optax.sgd(1.0))
+  state = state.replace(opt_state=state.tx.init(state.params))
+  batch = reverse_batch(np.random.default_rng(2), batch=4, length=6, vocab=32)
+  batch['weights'] = batch['weights'].at[0, 2:].set(0.0)  # micro-batches of unequal size
+  whole, whole_metrics = jax.jit(train.train_step)(state, batch, jax.random.key(3))
+  accumulated, metrics = jax.jit(functools.partial(train.train_step, accum_steps=2))(
+      state, batch, jax.random.key(3))
+  for key in ('loss', 'accuracy', 'tokens'):
+    np.testing.assert_allclose(metrics[key], whole_metrics[key], rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(accumulated.params)):
+    np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-5)

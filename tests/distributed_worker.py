@@ -1,0 +1,91 @@
+"""Runs a few pmap train steps for the multi-device tests, in a process of its own (device counts
+and jax.distributed must be set before jax starts). Writes the final params to an .npz file.
+
+  python distributed_worker.py devices N OUT    N local devices (simulated on CPU)
+  python distributed_worker.py host I PORT OUT  process I of 2 in a jax.distributed cluster
+  python distributed_worker.py hosts2 OUT       one process, 2 devices, fed like the 2 hosts
+"""
+
+import os
+import sys
+
+MODE = sys.argv[1]
+if MODE == 'devices':
+  os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={sys.argv[2]}'
+elif MODE == 'hosts2':
+  os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
+
+import functools  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from helpers import synthetic_text  # noqa: E402
+
+from jaxformer import config, data, parallel, train  # noqa: E402
+
+STEPS, ROWS, LENGTH = 3, 8, 64
+
+
+def corpus() -> data.TokenizedCorpus:
+  text = synthetic_text(400, seed=7)
+  workdir = os.environ.get('WORKER_TMP', '/tmp')
+  tokenizer = data.train_tokenizer(text.src + text.tgt, f'{workdir}/spm-{os.getpid()}.model', 400)
+  return data.tokenize_corpus(text, tokenizer, max_len=LENGTH)
+
+
+def batches(num_devices: int, process_index: int = 0, process_count: int = 1):
+  """Global batches of 8 rows with uneven real-token counts per device."""
+  stream = data.PackedBatches(corpus(), src_len=LENGTH, tgt_len=LENGTH,
+                              rows_per_device=ROWS // num_devices // process_count,
+                              num_devices=num_devices, seed=3, process_index=process_index,
+                              process_count=process_count)
+  for _ in range(STEPS):
+    batch = next(stream)
+    batch['weights'][0, 0, LENGTH // 2:] = 0.0  # the first device holds fewer tokens
+    yield batch
+
+
+def run(batch_iter, devices=None) -> dict:
+  cfg = config.tiny(vocab_size=400).replace(dropout_rate=0.0)
+  state = train.create_train_state(cfg, jax.random.key(0))
+  # SGD with rate 1 makes each update the combined gradient itself. Adam's first steps are
+  # ~sign(g), which turns float rounding in near-zero gradients into differences of 2 * lr.
+  state = state.replace(tx=optax.sgd(1.0))
+  state = state.replace(opt_state=state.tx.init(state.params))
+  p_state = parallel.replicate(state, devices)
+  p_rng = parallel.replicate(jax.random.key(1), devices)
+  step = jax.pmap(functools.partial(train.train_step, axis_name='batch'), axis_name='batch',
+                  devices=devices)
+  for batch in batch_iter:
+    p_state, _ = step(p_state, batch, p_rng)
+  return parallel.unreplicate(p_state.params)
+
+
+def save(params: dict, path: str) -> None:
+  flat = {'/'.join(str(k.key) for k in keys): value
+          for keys, value in jax.tree_util.tree_leaves_with_path(params)}
+  np.savez(path, **flat)
+
+
+if MODE == 'devices':
+  n, out = int(sys.argv[2]), sys.argv[3]
+  if n == 1:  # the same global batches, all rows on one device
+    merged = ({k: v.reshape(1, -1, v.shape[-1]) for k, v in b.items()} for b in batches(8))
+    save(run(merged, jax.devices()[:1]), out)
+  else:
+    assert jax.local_device_count() == n
+    save(run(batches(n)), out)
+elif MODE == 'host':
+  index, port, out = int(sys.argv[2]), sys.argv[3], sys.argv[4]
+  parallel.initialize(f'localhost:{port}', 2, index)
+  assert jax.device_count() == 2 and jax.local_device_count() == 1
+  params = run(batches(1, index, 2))
+  if index == 0:
+    save(params, out)
+elif MODE == 'hosts2':
+  out = sys.argv[2]
+  both = zip(batches(1, 0, 2), batches(1, 1, 2))
+  save(run({k: np.concatenate([a[k], b[k]]) for k in a} for a, b in both), out)

@@ -1,0 +1,280 @@
+"""The training loop: resume, averaging, checkpoint errors, the NaN guard, many devices and hosts,
+and preemption."""
+
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import synthetic_text
+from jaxformer import checkpoint, config, data, train
+from jaxformer.model import Transformer
+
+TESTS = pathlib.Path(__file__).resolve().parent
+ROOT = TESTS.parent
+TEXT = synthetic_text(1500)
+CFG = config.tiny(vocab_size=400)
+
+
+def _tc(workdir, **overrides) -> train.TrainConfig:
+  settings = dict(workdir=str(workdir), num_steps=6, tokens_per_batch=1024, row_len=64,
+                  checkpoint_every_steps=2, checkpoint_every_secs=None, keep_checkpoints=5,
+                  average_last=0, eval_every_steps=1000, log_every_steps=2)
+  settings.update(overrides)
+  return train.TrainConfig(**settings)
+
+
+def _assert_trees_equal(a, b, **tolerance):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    if tolerance:
+      np.testing.assert_allclose(x, y, **tolerance)
+    else:
+      np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory) -> pathlib.Path:
+  """6 steps with checkpoints at 2, 4 and 6, the last 3 averaged, validation at the end."""
+  workdir = tmp_path_factory.mktemp('trained')
+  summary = train.train_and_evaluate(CFG, _tc(workdir, average_last=3), TEXT,
+                                     synthetic_text(50, seed=9))
+  assert summary['step'] == 6 and summary['averaged'].endswith('average-last3')
+  assert 0 < summary['eval']['accuracy'] < 1 and summary['eval']['perplexity'] > 1
+  return workdir
+
+
+def test_workdir_holds_logs_checkpoints_and_vocabulary(trained):
+  assert sorted(os.listdir(trained / 'checkpoints')) == ['2', '4', '6']
+  lines = (trained / 'metrics.jsonl').read_text().splitlines()
+  assert len(lines) == 4  # train at steps 2, 4, 6 and one evaluation
+  assert any(p.name.startswith('events.out.tfevents') for p in (trained / 'tensorboard').iterdir())
+  _, _, spm_model, step = checkpoint.load(trained)
+  assert spm_model == (trained / 'spm.model').read_bytes() and step == 6
+
+
+def test_resume_continues_exactly(trained, tmp_path):
+  """6 steps straight equal 3 steps, a stop, and 3 more from the checkpoint (data included)."""
+  train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=3, checkpoint_every_steps=3), TEXT)
+  summary = train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=6), TEXT)
+  assert summary['step'] == 6
+  manager = checkpoint.make_manager(trained / 'checkpoints')
+  straight = checkpoint.restore(manager, 6, with_data=True)
+  resumed = checkpoint.restore(checkpoint.make_manager(tmp_path / 'checkpoints'), 6,
+                               with_data=True)
+  _assert_trees_equal(straight['params'], resumed['params'])
+  assert straight['data'] == resumed['data']
+
+
+def test_average_is_the_mean_and_loads_for_decoding(trained):
+  manager = checkpoint.make_manager(trained / 'checkpoints')
+  expected = jax.tree.map(lambda *xs: np.mean(np.stack(xs), axis=0),
+                          *[checkpoint.restore(manager, s)['params'] for s in (2, 4, 6)])
+  _assert_trees_equal(checkpoint.average_checkpoints(trained, 3), expected, rtol=1e-6)
+  params, cfg, _, step = checkpoint.load(trained / 'average-last3')
+  _assert_trees_equal(params, expected, rtol=1e-6)
+  assert cfg == CFG and step == 6
+  logits = Transformer(cfg).apply({'params': params}, jnp.ones((1, 5), jnp.int32),
+                                  jnp.zeros((1, 3), jnp.int32))
+  assert logits.shape == (1, 3, 400) and bool(jnp.all(jnp.isfinite(logits)))
+  with pytest.raises(checkpoint.CheckpointError, match='only 3'):
+    checkpoint.average_checkpoints(trained, 5)
+
+
+def test_average_command_saves_a_loadable_checkpoint(trained, capsys):
+  from jaxformer import cli
+  assert cli.main(['average', '--workdir', str(trained), '--last', '2']) == 0
+  assert 'average-last2' in capsys.readouterr().out
+  params, _, _, _ = checkpoint.load(trained / 'average-last2')
+  manager = checkpoint.make_manager(trained / 'checkpoints')
+  expected = jax.tree.map(lambda a, b: (a + b) / 2, checkpoint.restore(manager, 4)['params'],
+                          checkpoint.restore(manager, 6)['params'])
+  _assert_trees_equal(params, expected, rtol=1e-6)
+  assert cli.main(['average', '--workdir', str(trained / 'nowhere'), '--last', '2']) == 1
+  assert capsys.readouterr().err.startswith('error: ')
+
+
+def test_incompatible_config_or_vocabulary_is_named(trained, tmp_path):
+  workdir = tmp_path / 'w'
+  shutil.copytree(trained, workdir)
+  with pytest.raises(checkpoint.CheckpointError, match=r'd_ff: checkpoint 64, now 128'):
+    train.train_and_evaluate(CFG.replace(d_ff=128), _tc(workdir, num_steps=8), TEXT)
+  other = synthetic_text(300, seed=5)
+  (workdir / 'spm.model').unlink()
+  data.train_tokenizer(other.src, workdir / 'spm.model', 400)
+  with pytest.raises(checkpoint.CheckpointError, match='sentencepiece vocabulary differs'):
+    train.train_and_evaluate(CFG, _tc(workdir, num_steps=8), TEXT)
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(trained, tmp_path, caplog):
+  workdir = tmp_path / 'w'
+  shutil.copytree(trained, workdir)
+  for path in (workdir / 'checkpoints' / '6' / 'params').rglob('*'):
+    if path.is_file():
+      path.write_bytes(b'garbage')
+  manager = checkpoint.make_manager(workdir / 'checkpoints')
+  step, _ = checkpoint.restore_latest(manager)
+  assert step == 4
+  assert 'checkpoints/6 cannot be restored' in caplog.text
+  for step_dir in ('2', '4'):
+    shutil.rmtree(workdir / 'checkpoints' / step_dir / 'params')
+  with pytest.raises(checkpoint.CheckpointError, match='none of the checkpoints'):
+    checkpoint.restore_latest(checkpoint.make_manager(workdir / 'checkpoints'))
+
+
+def _poison_third_batch(monkeypatch):
+  """Makes the third batch's weights NaN, so step 3's loss is not finite."""
+  original = data.PackedBatches.__next__
+  calls = {'n': 0}
+
+  def poisoned(self):
+    batch = original(self)
+    calls['n'] += 1
+    if calls['n'] == 3:
+      batch['weights'] = np.full_like(batch['weights'], np.nan)
+    return batch
+
+  monkeypatch.setattr(data.PackedBatches, '__next__', poisoned)
+
+
+def test_nan_guard_stops_and_names_the_step(tmp_path, monkeypatch):
+  _poison_third_batch(monkeypatch)
+  with pytest.raises(train.TrainingError,
+                     match=r'non-finite loss \(nan\) at step 3\. The last good checkpoint is '
+                           r'.*checkpoints/2'):
+    train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=4), TEXT)
+
+
+def test_skip_nonfinite_skips_and_counts(tmp_path, monkeypatch):
+  _poison_third_batch(monkeypatch)
+  summary = train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=4, skip_nonfinite=True), TEXT)
+  assert summary['skipped_updates'] == 1 and summary['step'] == 4
+  params, *_ = checkpoint.load(tmp_path)
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
+
+
+# --- many devices, many hosts -------------------------------------------------------------------
+
+
+def _worker(*args: str, tmp_path: pathlib.Path) -> subprocess.Popen:
+  env = dict(os.environ, WORKER_TMP=str(tmp_path))
+  env.pop('XLA_FLAGS', None)
+  return subprocess.Popen([sys.executable, str(TESTS / 'distributed_worker.py'), *args],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(process: subprocess.Popen) -> None:
+  output, _ = process.communicate(timeout=300)
+  assert process.returncode == 0, output[-3000:]
+
+
+def _load_npz(path) -> dict:
+  with np.load(path) as f:
+    return dict(f)
+
+
+@pytest.mark.slow
+def test_eight_devices_equal_one_device_on_the_same_global_batch(tmp_path):
+  _finish(_worker('devices', '8', str(tmp_path / 'eight.npz'), tmp_path=tmp_path))
+  _finish(_worker('devices', '1', str(tmp_path / 'one.npz'), tmp_path=tmp_path))
+  _assert_trees_equal(_load_npz(tmp_path / 'eight.npz'), _load_npz(tmp_path / 'one.npz'),
+                      atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process(tmp_path):
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    port = str(s.getsockname()[1])
+  hosts = [_worker('host', str(i), port, str(tmp_path / 'hosts.npz'), tmp_path=tmp_path)
+           for i in range(2)]
+  for process in hosts:
+    _finish(process)
+  _finish(_worker('hosts2', str(tmp_path / 'one.npz'), tmp_path=tmp_path))
+  _assert_trees_equal(_load_npz(tmp_path / 'hosts.npz'), _load_npz(tmp_path / 'one.npz'),
+                      atol=1e-5, rtol=0)
+
+
+# --- preemption and kill -9 ---------------------------------------------------------------------
+
+
+def _train_command(workdir: pathlib.Path, src: pathlib.Path, tgt: pathlib.Path,
+                   *extra: str) -> list[str]:
+  return [sys.executable, str(ROOT / 'experiments' / 'train.py'), '--config',
+          str(TESTS / 'tiny_config.py'), '--workdir', str(workdir), '--source', 'text',
+          '--train_src', str(src), '--train_tgt', str(tgt), *extra]
+
+
+def _text_files(tmp_path):
+  src, tgt = tmp_path / 'train.src', tmp_path / 'train.tgt'
+  src.write_text('\n'.join(TEXT.src) + '\n')
+  tgt.write_text('\n'.join(TEXT.tgt) + '\n')
+  return src, tgt
+
+
+def _wait_for(predicate, process, seconds=240):
+  deadline = time.monotonic() + seconds
+  while not predicate():
+    assert process.poll() is None, process.communicate()[0][-3000:]
+    assert time.monotonic() < deadline, 'timed out'
+    time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_a_rerun_resumes(tmp_path):
+  src, tgt = _text_files(tmp_path)
+  workdir = tmp_path / 'w'
+  process = subprocess.Popen(_train_command(workdir, src, tgt, '--num_steps', '100000'),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  metrics = workdir / 'metrics.jsonl'
+  _wait_for(lambda: metrics.exists() and metrics.read_text().count('\n') >= 2, process)
+  process.send_signal(signal.SIGTERM)
+  output, _ = process.communicate(timeout=120)
+  assert process.returncode == 0, output[-3000:]
+  assert 'SIGTERM received: saved step' in output
+  saved = int(output.split('SIGTERM received: saved step ')[1].split()[0])
+  steps = checkpoint.make_manager(workdir / 'checkpoints').all_steps()
+  assert max(steps) == saved
+  resumed = subprocess.run(_train_command(workdir, src, tgt, '--num_steps', str(saved + 2)),
+                           capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f'resumed from step {saved}' in resumed.stderr
+  assert f'"step": {saved + 2}' in resumed.stdout
+
+
+@pytest.mark.slow
+def test_kill_9_during_saves_leaves_a_restorable_workdir(tmp_path):
+  src, tgt = _text_files(tmp_path)
+  workdir = tmp_path / 'w'
+  process = subprocess.Popen(
+      _train_command(workdir, src, tgt, '--num_steps', '100000', '--checkpoint_every_steps', '1'),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  checkpoints = workdir / 'checkpoints'
+  _wait_for(lambda: checkpoints.is_dir() and len(os.listdir(checkpoints)) >= 4, process)
+  process.kill()  # SIGKILL, most likely in the middle of an asynchronous save
+  process.communicate(timeout=60)
+  found = checkpoint.restore_latest(checkpoint.make_manager(checkpoints), with_data=True)
+  assert found is not None and found[0] >= 1
+  resumed = subprocess.run(_train_command(workdir, src, tgt, '--num_steps', str(found[0] + 1)),
+                           capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+def test_train_entry_point_reports_bad_input_in_one_line(tmp_path):
+  (tmp_path / 'a.src').write_text('one\ntwo\n')
+  (tmp_path / 'a.tgt').write_text('eins\n')
+  result = subprocess.run(_train_command(tmp_path / 'w', tmp_path / 'a.src', tmp_path / 'a.tgt'),
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      f'error: {tmp_path / "a.src"} has 2 lines but {tmp_path / "a.tgt"} has 1: the files must '
+      'be line-aligned.')
