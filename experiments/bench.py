@@ -1,9 +1,13 @@
 """Benchmarks; prints one JSON object. `make bench`, or e.g. `python experiments/bench.py --only data`.
 
 Sections:
-  data: tokenise-and-cache time and peak memory on Multi30k; packing efficiency (real-token
-        fraction per side) on Multi30k train and newstest2014; packed target tokens/s from the
-        cache on one core; packing-plan time for 1M WMT-like pairs.
+  data:       tokenise-and-cache time and peak memory on Multi30k; packing efficiency (real-token
+              fraction per side) on Multi30k train and newstest2014; packed target tokens/s
+              from the cache on one core; packing-plan time for 1M WMT-like pairs.
+  train:      steps/s and target tokens/s of the pmap'd train step for tiny and base, on 1 and 8
+              (simulated, on CPU) devices; compile time reported apart.
+  checkpoint: save (blocking part and total) and restore time of a base-size train state;
+              time and peak RSS to average the last 5 and 20 base-size checkpoints.
 """
 
 import argparse
@@ -12,13 +16,20 @@ import os
 import pathlib
 import platform
 import resource
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
-import numpy as np
+if __name__ == '__main__' and '--devices' in sys.argv:  # before jax starts
+  os.environ['XLA_FLAGS'] = ('--xla_force_host_platform_device_count='
+                             f'{sys.argv[sys.argv.index("--devices") + 1]}')
 
-from jaxformer import data
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxformer import checkpoint, config, data, parallel, train  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -95,7 +106,108 @@ def bench_data(data_dir: pathlib.Path) -> dict:
   return results
 
 
-SECTIONS = {'data': bench_data}
+def _random_batch(num_devices: int, rows: int, length: int, vocab: int) -> dict:
+  """Full rows (one segment each) of random tokens: the packed batch at 100% efficiency."""
+  rng = np.random.default_rng(0)
+  shape = (num_devices, rows, length)
+  tokens = rng.integers(3, vocab, size=shape).astype(np.int32)
+  positions = np.broadcast_to(np.arange(length, dtype=np.int32), shape).copy()
+  ones = np.ones(shape, np.int32)
+  return {'src': tokens, 'tgt_in': tokens, 'tgt_out': tokens, 'weights': ones.astype(np.float32),
+          'src_segments': ones, 'tgt_segments': ones, 'src_positions': positions,
+          'tgt_positions': positions}
+
+
+def _time_train_step(cfg: config.TransformerConfig, target_tokens: int, length: int,
+                     timed_steps: int) -> dict:
+  devices = jax.local_device_count()
+  rows = max(1, target_tokens // length // devices)
+  state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
+  rng = parallel.replicate(jax.random.key(1))
+  batch = jax.tree.map(jax.device_put, _random_batch(devices, rows, length, cfg.vocab_size))
+  step = jax.pmap(lambda s, b, r: train.train_step(s, b, r, axis_name='batch'),
+                  axis_name='batch', donate_argnums=0)
+  start = time.perf_counter()
+  compiled = step.lower(state, batch, rng).compile()
+  compile_s = time.perf_counter() - start
+  times = []
+  for i in range(timed_steps + 2):  # two warm-up steps
+    start = time.perf_counter()
+    state, metrics = compiled(state, batch, rng)
+    jax.block_until_ready(metrics)
+    if i >= 2:
+      times.append(time.perf_counter() - start)
+  median = statistics.median(times)
+  tokens = devices * rows * length
+  return {'devices': devices, 'target_tokens_per_step': tokens, 'compile_s': round(compile_s, 2),
+          'step_s_median': round(median, 4), 'steps_per_s': round(1 / median, 3),
+          'target_tokens_per_s': round(tokens / median, 1)}
+
+
+def bench_train(data_dir: pathlib.Path, devices: int | None = None) -> dict:
+  """In this process for the current device count; otherwise once per count, each in a child
+  process (the simulated device count is fixed when jax starts)."""
+  del data_dir
+  if devices is None:
+    results = {}
+    for count in (1, 8):
+      child = subprocess.run([sys.executable, __file__, '--only', 'train', '--devices',
+                              str(count)], capture_output=True, text=True, check=True)
+      results[f'{count}_devices'] = json.loads(child.stdout)['train']
+    return results
+  return {'tiny': _time_train_step(config.tiny(), 2048, 64, timed_steps=20),
+          'base': _time_train_step(config.base(), 4096, 256, timed_steps=3)}
+
+
+def _base_train_state() -> tuple[dict, dict]:
+  state = train.create_train_state(config.base(), jax.random.key(0))
+  host = jax.device_get(state)
+  return host.params, {'opt_state': host.opt_state, 'step': host.step,
+                       'rng': np.zeros(2, np.uint32)}
+
+
+def bench_checkpoint(data_dir: pathlib.Path) -> dict:
+  del data_dir
+  params, train_item = _base_train_state()
+  meta = checkpoint.make_meta(config.base(), b'spm')
+  results = {}
+  with tempfile.TemporaryDirectory(dir=os.environ.get('BENCH_TMP')) as tmp:
+    manager = checkpoint.make_manager(pathlib.Path(tmp, 'full'))
+    start = time.perf_counter()
+    checkpoint.save(manager, 1, params=params, train=train_item, meta=meta, data={'hosts': []})
+    blocking = time.perf_counter() - start
+    manager.wait_until_finished()
+    total = time.perf_counter() - start
+    start = time.perf_counter()
+    checkpoint.restore(manager, 1, params=params, train=train_item, with_data=True)
+    results['base_train_state'] = {
+        'mb': round(sum(np.asarray(x).nbytes for x in jax.tree.leaves((params, train_item))) / 2**20, 1),
+        'save_blocking_s': round(blocking, 3), 'save_total_s': round(total, 3),
+        'restore_s': round(time.perf_counter() - start, 3)}
+    del train_item
+
+    # 20 params-only base checkpoints (what averaging reads), each a little different.
+    workdir = pathlib.Path(tmp, 'avg')
+    manager = checkpoint.make_manager(workdir / 'checkpoints', items=('params', 'meta'))
+    for step in range(1, 21):
+      shifted = jax.tree.map(lambda x: x + np.float32(step), params)
+      checkpoint.save(manager, step, params=shifted, meta=meta)
+      manager.wait_until_finished()
+    del params, shifted
+    for last in (1, 5, 20):  # 1: the cost of restoring one checkpoint, for scale
+      code = ('import json, resource, time; from jaxformer import checkpoint; '
+              f't = time.perf_counter(); checkpoint.average_checkpoints({str(workdir)!r}, {last}); '
+              'print(json.dumps({"seconds": round(time.perf_counter() - t, 2), "peak_rss_mb": '
+              'round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))')
+      child = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                             check=True)
+      results[f'average_last_{last}'] = json.loads(child.stdout.strip().splitlines()[-1])
+    results['params_mb'] = round(sum(
+        x.nbytes for x in jax.tree.leaves(_base_train_state()[0])) / 2**20, 1)
+  return results
+
+
+SECTIONS = {'data': bench_data, 'train': bench_train, 'checkpoint': bench_checkpoint}
 
 
 def main() -> int:
@@ -103,17 +215,23 @@ def main() -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--only', choices=sorted(SECTIONS), action='append',
                       help='run only these sections (repeatable); default: all')
+  parser.add_argument('--devices', type=int,
+                      help='train section only: run on this many simulated CPU devices')
   parser.add_argument('--data-dir', type=pathlib.Path,
                       default=os.environ.get('JAXFORMER_SHARED_DATA', ROOT.parent / 'shared/data'),
                       help='folder with multi30k/ and newstest2014/ (default: ../shared/data)')
   args = parser.parse_args()
-  if not (args.data_dir / 'multi30k').is_dir():
+  sections = args.only or sorted(SECTIONS)
+  if 'data' in sections and not (args.data_dir / 'multi30k').is_dir():
     print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
     return 2
   results = {'machine': {'platform': platform.platform(), 'cpus': os.cpu_count(),
-                         'python': platform.python_version(), 'numpy': np.__version__}}
-  for name in args.only or sorted(SECTIONS):
-    results[name] = SECTIONS[name](args.data_dir)
+                         'device': jax.devices()[0].device_kind,
+                         'python': platform.python_version(), 'jax': jax.__version__,
+                         'numpy': np.__version__}}
+  for name in sections:
+    kwargs = {'devices': args.devices} if name == 'train' and args.devices else {}
+    results[name] = SECTIONS[name](args.data_dir, **kwargs)
   print(json.dumps(results, indent=2))
   return 0
 

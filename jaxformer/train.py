@@ -157,9 +157,8 @@ def _train_item(state: TrainState, rng: Array) -> dict[str, Any]:
   return {'opt_state': state.opt_state, 'step': state.step, 'rng': jax.random.key_data(rng)}
 
 
-def _data_state(states: list[dict[str, Any]]) -> dict[str, Any]:
+def _data_state(local: dict[str, Any]) -> dict[str, Any]:
   """Every host's iterator position (gathered when there are several hosts)."""
-  local = states[0]
   gathered = parallel.all_hosts(np.array(
       [local['epoch'], local['row'], local['seed'], local['shard_size']], np.int64))
   return {'hosts': [dict(zip(('epoch', 'row', 'seed', 'shard_size'), map(int, row)))
@@ -251,7 +250,7 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
   def save(step: int, data_state: dict[str, Any]) -> None:
     host_state = parallel.unreplicate(p_state)
     checkpoint.save(manager, step, params=host_state.params, meta=meta,
-                    train=_train_item(host_state, rng), data=_data_state([data_state]))
+                    train=_train_item(host_state, rng), data=_data_state(data_state))
 
   # --- what the user sees ----------------------------------------------------------------------
   writer = metrics_file = None
