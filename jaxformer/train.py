@@ -154,7 +154,8 @@ class TrainConfig:
 
 
 def _train_item(state: TrainState, rng: Array) -> dict[str, Any]:
-  return {'opt_state': state.opt_state, 'step': state.step, 'rng': jax.random.key_data(rng)}
+  return {'opt_state': state.opt_state, 'step': state.step,
+          'rng': np.asarray(jax.random.key_data(rng))}  # host arrays: multi-host orbax needs them
 
 
 def _data_state(local: dict[str, Any]) -> dict[str, Any]:
@@ -183,7 +184,7 @@ def evaluate(p_eval_step: Any, p_state: TrainState, corpus: Any, *, src_len: int
     totals.update({k: float(np.sum(v)) for k, v in sums.items()})
   totals = parallel.all_hosts(np.array([totals[k] for k in ('loss_sum', 'nll_sum', 'correct',
                                                             'tokens')])).sum(0)
-  loss_sum, nll_sum, correct, tokens = totals
+  loss_sum, nll_sum, correct, tokens = map(float, totals)
   tokens = max(tokens, 1.0)
   return {'loss': loss_sum / tokens, 'perplexity': float(np.exp(nll_sum / tokens)),
           'accuracy': correct / tokens, 'tokens': tokens}

@@ -4,6 +4,8 @@ and jax.distributed must be set before jax starts). Writes the final params to a
   python distributed_worker.py devices N OUT    N local devices (simulated on CPU)
   python distributed_worker.py host I PORT OUT  process I of 2 in a jax.distributed cluster
   python distributed_worker.py hosts2 OUT       one process, 2 devices, fed like the 2 hosts
+  python distributed_worker.py train I PORT WORKDIR STEPS
+                                                process I of 2 runs train_and_evaluate
 """
 
 import os
@@ -85,6 +87,18 @@ elif MODE == 'host':
   params = run(batches(1, index, 2))
   if index == 0:
     save(params, out)
+elif MODE == 'train':
+  index, port, workdir, steps = int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+  parallel.initialize(f'localhost:{port}', 2, index)
+  import json
+  import logging
+  logging.basicConfig(level=logging.INFO, force=True)
+  settings = train.TrainConfig(workdir=workdir, num_steps=steps, tokens_per_batch=1024,
+                               row_len=LENGTH, checkpoint_every_steps=2,
+                               checkpoint_every_secs=None, average_last=2, log_every_steps=1)
+  summary = train.train_and_evaluate(config.tiny(vocab_size=400), settings,
+                                     synthetic_text(400, seed=7), synthetic_text(40, seed=8))
+  print('SUMMARY', json.dumps(summary))
 elif MODE == 'hosts2':
   out = sys.argv[2]
   both = zip(batches(1, 0, 2), batches(1, 1, 2))

@@ -278,3 +278,30 @@ def test_train_entry_point_reports_bad_input_in_one_line(tmp_path):
   assert result.stderr.strip().splitlines()[-1] == (
       f'error: {tmp_path / "a.src"} has 2 lines but {tmp_path / "a.tgt"} has 1: the files must '
       'be line-aligned.')
+
+
+@pytest.mark.slow
+def test_two_hosts_checkpoint_together_and_resume(tmp_path):
+  """Both processes of a jax.distributed cluster save each checkpoint; a rerun resumes both."""
+  workdir = tmp_path / 'w'
+
+  def run_cluster(steps: int) -> list[str]:
+    with socket.socket() as s:
+      s.bind(('localhost', 0))
+      port = str(s.getsockname()[1])
+    hosts = [_worker('train', str(i), port, str(workdir), str(steps), tmp_path=tmp_path)
+             for i in range(2)]
+    outputs = [p.communicate(timeout=300)[0] for p in hosts]
+    for p, output in zip(hosts, outputs):
+      assert p.returncode == 0, output[-3000:]
+    return outputs
+
+  run_cluster(4)
+  manager = checkpoint.make_manager(workdir / 'checkpoints')
+  assert manager.all_steps() == [2, 4]
+  hosts = checkpoint.restore(manager, 4, with_data=True)['data']['hosts']
+  assert len(hosts) == 2 and hosts[0]['shard_size'] + hosts[1]['shard_size'] == 400
+  outputs = run_cluster(6)
+  assert all('resumed from step 4' in output for output in outputs)
+  params, _, _, step = checkpoint.load(workdir / 'average-last2')
+  assert step == 6 and all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
