@@ -37,11 +37,12 @@ demo eval:
 
 # The paper's recipes (experiments/configs/*.py). They stop at once, with the command that
 # prepares WMT14, when tfds has not prepared it. ARGS passes more flags, e.g. ARGS="--accum_steps 8".
-WORKDIR ?= workdirs/$(subst train-,,$@)
+# VARIANT=C3 trains a row of Table 3 (experiments/configs/table3.py) instead.
+WORKDIR ?= workdirs/$(or $(VARIANT),$(subst train-,,$@))
 TFDS_FLAG = $(if $(TFDS_DATA_DIR),--tfds_data_dir $(TFDS_DATA_DIR))
 train-base train-big: $(STAMP)
 	$(PY) experiments/train.py --config experiments/configs/$(subst train-,,$@).py \
-	  --workdir $(WORKDIR) $(TFDS_FLAG) $(ARGS)
+	  --workdir $(WORKDIR) $(TFDS_FLAG) $(if $(VARIANT),--variant $(VARIANT)) $(ARGS)
 
 # Real corpora for benchmarks live beside the repository, never in it.
 SHARED_DATA ?= ../shared/data

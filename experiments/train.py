@@ -14,6 +14,7 @@ import json
 import logging
 import pathlib
 import sys
+from typing import Any
 
 from jaxformer import checkpoint, data, parallel, train
 
@@ -25,6 +26,14 @@ def _load_config(path: str) -> dict:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config()
+
+
+def _table3():
+  path = pathlib.Path(__file__).resolve().parent / 'configs' / 'table3.py'
+  spec = importlib.util.spec_from_file_location('table3', path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def _texts(source: dict, args: argparse.Namespace) -> tuple[data.ParallelText, data.ParallelText | None]:
@@ -39,11 +48,30 @@ def _texts(source: dict, args: argparse.Namespace) -> tuple[data.ParallelText, d
   return data.read_parallel_text(args.train_src, args.train_tgt), eval_text
 
 
+def experiment(args: argparse.Namespace) -> tuple[Any, train.TrainConfig, dict]:
+  """(model config, train config, data source) from the config file, --variant and the flags."""
+  settings = _load_config(args.config)
+  if args.variant:
+    table3 = _table3()
+    try:
+      model = table3.variant_config(args.variant, settings['model'].vocab_size)
+    except ValueError as e:
+      raise data.DataError(str(e)) from None
+    settings = dict(settings, model=model,
+                    train={**settings['train'], **table3.train_overrides(args.variant)})
+  source = dict(settings['data'], **({'source': args.source} if args.source else {}))
+  overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(train.TrainConfig)
+               if getattr(args, f.name, None) is not None}
+  return settings['model'], train.TrainConfig(**{**settings['train'], **overrides}), source
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--config', required=True, help='experiments/configs/*.py')
   parser.add_argument('--workdir', required=True)
+  parser.add_argument('--variant', help='a Table 3 row (A1..A4, B1, B2, C1..C7, D1..D4, E, big): '
+                      'the config\'s model becomes that variant of base')
   parser.add_argument('--source', choices=('wmt14', 'text'), help="default: the config's")
   parser.add_argument('--train_src'), parser.add_argument('--train_tgt')
   parser.add_argument('--eval_src'), parser.add_argument('--eval_tgt')
@@ -74,13 +102,9 @@ def main(argv: list[str] | None = None) -> int:
   if args.distributed or args.coordinator_address:
     parallel.initialize(args.coordinator_address, args.num_processes, args.process_id)
   try:
-    experiment = _load_config(args.config)
-    source = dict(experiment['data'], **({'source': args.source} if args.source else {}))
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(train.TrainConfig)
-                 if getattr(args, f.name, None) is not None}
-    train_config = train.TrainConfig(**{**experiment['train'], **overrides})
+    model_config, train_config, source = experiment(args)
     train_text, eval_text = _texts(source, args)
-    summary = train.train_and_evaluate(experiment['model'], train_config, train_text, eval_text)
+    summary = train.train_and_evaluate(model_config, train_config, train_text, eval_text)
   except (data.DataError, checkpoint.CheckpointError, train.TrainingError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1

@@ -15,6 +15,8 @@ class TransformerConfig:
   d_model: int = 512                 # width of every sub-layer output and of the embeddings
   d_ff: int = 2048                   # inner width of the position-wise feed-forward network
   num_heads: int = 8                 # h: parallel attention heads
+  qk_dim: int | None = None          # d_k per head; None: d_model / h (Table 3 rows A, B)
+  v_dim: int | None = None           # d_v per head; None: d_model / h
   dropout_rate: float = 0.1          # P_drop: residual dropout and dropout on embeddings + PE (§5.4)
   attention_dropout_rate: float = 0.0  # on attention weights; 0.0 as in tensor2tensor at publication
   relu_dropout_rate: float = 0.0     # after the FFN's ReLU; 0.0 as in tensor2tensor at publication
@@ -22,6 +24,8 @@ class TransformerConfig:
   pre_ln: bool = False               # False: the paper's LayerNorm(x + Dropout(Sublayer(x)))
   dtype: Any = jnp.float32           # compute dtype; params, softmax, layer norm and loss stay float32
   max_len: int = 256                 # longest sentence (tokens) the data pipeline and decoder allow
+  learned_positions: bool = False    # a learned [max_len, D] table per stack (Table 3 row E)
+  attention_window: int | None = None  # restricted self-attention: keys within +-r only (§4)
   warmup_steps: int = 4000           # warmup_steps of the lrate schedule (§5.3)
   adam_b1: float = 0.9               # Adam beta_1 (§5.3)
   adam_b2: float = 0.98              # Adam beta_2 (§5.3)
@@ -30,16 +34,23 @@ class TransformerConfig:
   weight_decay: float = 0.0          # decoupled (AdamW) weight decay; the paper uses none
 
   def __post_init__(self):
-    if self.d_model % self.num_heads:
-      raise ValueError(
-          f'd_model={self.d_model} is not divisible by num_heads={self.num_heads}.')
+    if self.d_model % self.num_heads and (self.qk_dim is None or self.v_dim is None):
+      raise ValueError(f'd_model={self.d_model} is not divisible by num_heads='
+                       f'{self.num_heads}: set qk_dim and v_dim.')
+    if self.attention_window is not None and self.attention_window < 0:
+      raise ValueError(f'attention_window must be >= 0, got {self.attention_window}.')
     if jnp.dtype(self.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
       raise ValueError(f'dtype must be float32 or bfloat16, got {self.dtype}.')
 
   @property
-  def head_dim(self) -> int:
-    """d_k = d_v = d_model / h (§3.2.2)."""
-    return self.d_model // self.num_heads
+  def key_dim(self) -> int:
+    """d_k: query/key width per head (§3.2.2: d_model / h unless qk_dim is set)."""
+    return self.qk_dim or self.d_model // self.num_heads
+
+  @property
+  def value_dim(self) -> int:
+    """d_v: value width per head (§3.2.2: d_model / h unless v_dim is set)."""
+    return self.v_dim or self.d_model // self.num_heads
 
   def replace(self, **changes: Any) -> 'TransformerConfig':
     """A copy with some fields changed."""

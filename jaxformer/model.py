@@ -2,7 +2,7 @@
 
 Shape glossary (used in einsum strings and shape comments):
   B batch, S source length, T target (query) length, L key/value length,
-  D d_model, H heads, K head dim, F d_ff, V vocab.
+  D d_model, H heads, K query/key dim per head, J value dim per head, F d_ff, V vocab.
 
 Token id 0 is padding. Packed rows carry segment ids (0 = padding, 1, 2, ... = the pairs in
 the row) and positions that restart at 0 for every pair; without them a row holds one pair.
@@ -44,6 +44,14 @@ def causal_mask(length: int) -> Array:
   return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
 
 
+def window_mask(q_positions: Array, k_positions: Array, window: int | None) -> Array | bool:
+  """Restricted self-attention (§4): True where |query pos - key pos| <= r. [B, 1, T, L]"""
+  if window is None:
+    return True
+  distance = q_positions[:, :, None] - k_positions[:, None, :]  # [B, T, L]
+  return (jnp.abs(distance) <= window)[:, None]
+
+
 class MultiHeadAttention(nn.Module):
   """Scaled dot-product attention over h heads (§3.2)."""
   config: TransformerConfig
@@ -51,26 +59,27 @@ class MultiHeadAttention(nn.Module):
   def setup(self):
     cfg = self.config
     dense = functools.partial(nn.DenseGeneral, dtype=cfg.dtype, kernel_init=_dense_init)
-    self.query = dense(features=(cfg.num_heads, cfg.head_dim))
-    self.key = dense(features=(cfg.num_heads, cfg.head_dim))
-    self.value = dense(features=(cfg.num_heads, cfg.head_dim))
+    self.query = dense(features=(cfg.num_heads, cfg.key_dim))
+    self.key = dense(features=(cfg.num_heads, cfg.key_dim))
+    self.value = dense(features=(cfg.num_heads, cfg.value_dim))
     self.out = dense(features=cfg.d_model, axis=(-2, -1))
     self.dropout = nn.Dropout(cfg.attention_dropout_rate)
 
   def project_kv(self, context: Array) -> dict[str, Array]:
-    """Keys and values of the attended sequence: {'k', 'v'}, each [B, L, H, K]."""
+    """Keys [B, L, H, K] and values [B, L, H, J] of the attended sequence: {'k', 'v'}."""
     return {'k': self.key(context), 'v': self.value(context)}
 
   def __call__(self, x: Array, kv: dict[str, Array], mask: Array, *,
                deterministic: bool) -> Array:
     """Attends from x [B, T, D] to kv (from `project_kv`) where mask [B, 1, T, L] is True."""
-    q = self.query(x) * self.config.head_dim ** -0.5  # [B, T, H, K]
+    q = self.query(x) * self.config.key_dim ** -0.5  # [B, T, H, K]
     logits = jnp.einsum('BTHK,BLHK->BHTL', q, kv['k'],
                         preferred_element_type=jnp.float32)  # [B, H, T, L]
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1).astype(self.config.dtype)  # [B, H, T, L]
+    self.sow('intermediates', 'attention_weights', weights)  # only kept when asked for
     weights = self.dropout(weights, deterministic=deterministic)
-    heads = jnp.einsum('BHTL,BLHK->BTHK', weights, kv['v'])  # [B, T, H, K]
+    heads = jnp.einsum('BHTL,BLHJ->BTHJ', weights, kv['v'])  # [B, T, H, J]
     return self.out(heads)  # [B, T, D]
 
 
@@ -154,17 +163,29 @@ class DecoderLayer(nn.Module):
   def init_cache(self, encoded: Array, max_len: int) -> Cache:
     """Empty self-attention keys/values for max_len positions; cross ones computed once."""
     cfg, batch = self.config, encoded.shape[0]
-    empty = jnp.zeros((batch, max_len, cfg.num_heads, cfg.head_dim), cfg.dtype)  # [B, L, H, K]
-    return {'self': {'k': empty, 'v': empty},
+    empty = lambda dim: jnp.zeros((batch, max_len, cfg.num_heads, dim), cfg.dtype)  # noqa: E731
+    return {'self': {'k': empty(cfg.key_dim), 'v': empty(cfg.value_dim)},
             'cross': self.cross_attention.project_kv(encoded)}
 
 
-def _embed(embed: nn.Embed, tokens: Array, positions: Array, dropout: nn.Dropout,
-           deterministic: bool) -> Array:
-  """Shared embedding times sqrt(d_model) (§3.4), plus positional encoding, then dropout."""
-  d_model = embed.features
-  x = embed(tokens) * d_model ** 0.5 + sinusoidal_positions(positions, d_model)  # [B, T, D]
-  return dropout(x, deterministic=deterministic)
+class InputEmbedding(nn.Module):
+  """Shared token embedding times sqrt(d_model) (§3.4) plus positional encoding (§3.5, or a
+  learned table per stack for Table 3 row E), then dropout (§5.4)."""
+  config: TransformerConfig
+  embed: nn.Embed
+
+  @nn.compact
+  def __call__(self, tokens: Array, positions: Array, *, deterministic: bool) -> Array:
+    cfg = self.config
+    if cfg.learned_positions:
+      table = self.param('position_embedding', nn.initializers.normal(stddev=1.0),
+                         (cfg.max_len, cfg.d_model))  # unit scale, like the sinusoids
+      # Out-of-table positions (longer rows than max_len) give NaN, never a silent clamp.
+      pe = jnp.take(table, positions, axis=0, mode='fill', fill_value=jnp.nan)  # [B, T, D]
+    else:
+      pe = sinusoidal_positions(positions, cfg.d_model)  # [B, T, D]
+    x = self.embed(tokens) * cfg.d_model ** 0.5 + pe.astype(cfg.dtype)
+    return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
 class Encoder(nn.Module):
@@ -173,14 +194,15 @@ class Encoder(nn.Module):
   embed: nn.Embed
 
   def setup(self):
+    self.embedding = InputEmbedding(self.config, self.embed)
     self.layers = [EncoderLayer(self.config) for _ in range(self.config.num_layers)]
-    self.dropout = nn.Dropout(self.config.dropout_rate)
     self.final_norm = _layer_norm() if self.config.pre_ln else None
 
   def __call__(self, src: Array, segments: Array, positions: Array, *,
                deterministic: bool) -> Array:
-    x = _embed(self.embed, src, positions, self.dropout, deterministic)  # [B, S, D]
-    mask = segment_mask(segments, segments)  # [B, 1, S, S]
+    x = self.embedding(src, positions, deterministic=deterministic)  # [B, S, D]
+    mask = segment_mask(segments, segments) & window_mask(
+        positions, positions, self.config.attention_window)  # [B, 1, S, S]
     for layer in self.layers:
       x = layer(x, mask, deterministic=deterministic)
     return x if self.final_norm is None else self.final_norm(x)
@@ -192,14 +214,14 @@ class Decoder(nn.Module):
   embed: nn.Embed
 
   def setup(self):
+    self.embedding = InputEmbedding(self.config, self.embed)
     self.layers = [DecoderLayer(self.config) for _ in range(self.config.num_layers)]
-    self.dropout = nn.Dropout(self.config.dropout_rate)
     self.final_norm = _layer_norm() if self.config.pre_ln else None
 
   def __call__(self, tgt_in: Array, encoded: Array | None, self_mask: Array, cross_mask: Array,
                positions: Array, *, deterministic: bool,
                cache: Cache | None = None) -> tuple[Array, Cache | None]:
-    y = _embed(self.embed, tgt_in, positions, self.dropout, deterministic)  # [B, T, D]
+    y = self.embedding(tgt_in, positions, deterministic=deterministic)  # [B, T, D]
     layer_caches = [None] * len(self.layers) if cache is None else cache['layers']
     new_caches = []
     for layer, layer_cache in zip(self.layers, layer_caches):
@@ -227,6 +249,12 @@ def _default_positions(tokens: Array, positions: Array | None) -> Array:
       else positions
 
 
+def _check_length(config: TransformerConfig, length: int, what: str) -> None:
+  if config.learned_positions and length > config.max_len:
+    raise ValueError(f'{what} has {length} positions but the learned positional embeddings '
+                     f'cover max_len={config.max_len}; use a larger max_len or sinusoids.')
+
+
 class Transformer(nn.Module):
   """The encoder-decoder Transformer with one embedding shared by both inputs and the softmax."""
   config: TransformerConfig
@@ -241,6 +269,7 @@ class Transformer(nn.Module):
   def encode(self, src: Array, *, deterministic: bool = True, src_segments: Array | None = None,
              src_positions: Array | None = None) -> Array:
     """Source tokens [B, S] -> encoder output [B, S, D]."""
+    _check_length(self.config, src.shape[1], 'the source')
     return self.encoder(src, _default_segments(src, src_segments),
                         _default_positions(src, src_positions), deterministic=deterministic)
 
@@ -256,23 +285,29 @@ class Transformer(nn.Module):
     returned.
     """
     src_segments = _default_segments(src, src_segments)
+    window = self.config.attention_window
     if cache is not None:
       max_len = cache['layers'][0]['self']['k'].shape[1]
-      self_mask = (jnp.arange(max_len) <= cache['index'])[None, None, None, :]  # [1, 1, 1, L]
+      positions = jnp.full_like(tgt_in, cache['index'])  # [B, 1]
+      key_positions = jnp.broadcast_to(jnp.arange(max_len), (tgt_in.shape[0], max_len))
+      self_mask = ((key_positions <= cache['index'])[:, None, None, :]
+                   & window_mask(positions, key_positions, window))  # [B, 1, 1, L]
       cross_mask = segment_mask(jnp.ones_like(tgt_in), src_segments)  # [B, 1, 1, S]
-      positions = jnp.full_like(tgt_in, cache['index'])
       return self.decoder(tgt_in, None, self_mask, cross_mask, positions,
                           deterministic=deterministic, cache=cache)
+    _check_length(self.config, tgt_in.shape[1], 'the target')
     tgt_segments = jnp.ones_like(tgt_in) if tgt_segments is None else tgt_segments
-    self_mask = segment_mask(tgt_segments, tgt_segments) & causal_mask(tgt_in.shape[1])
+    positions = _default_positions(tgt_in, tgt_positions)
+    self_mask = (segment_mask(tgt_segments, tgt_segments) & causal_mask(tgt_in.shape[1])
+                 & window_mask(positions, positions, window))  # [B, 1, T, T]
     cross_mask = segment_mask(tgt_segments, src_segments)  # [B, 1, T, S]
-    logits, _ = self.decoder(tgt_in, encoded, self_mask, cross_mask,
-                             _default_positions(tgt_in, tgt_positions),
+    logits, _ = self.decoder(tgt_in, encoded, self_mask, cross_mask, positions,
                              deterministic=deterministic)
     return logits
 
   def init_cache(self, encoded: Array, max_len: int) -> Cache:
     """A key/value cache for decoding up to max_len tokens after `encode`."""
+    _check_length(self.config, max_len, 'the decoding cache')
     return self.decoder.init_cache(encoded, max_len)
 
   def __call__(self, src: Array, tgt_in: Array, *, deterministic: bool = True,

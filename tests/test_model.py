@@ -84,11 +84,12 @@ def test_decoder_is_causal(tiny_model):
 
   def logits_at(delta, t):
     def add_delta(next_fun, args, kwargs, context):
-      # The decoder's embedding dropout sees embeddings + PE: perturb them there.
-      if isinstance(context.module, nn.Dropout) and isinstance(
+      # Perturb the decoder's embedded inputs (embeddings + PE) by delta.
+      out = next_fun(*args, **kwargs)
+      if isinstance(context.module, model_lib.InputEmbedding) and isinstance(
           context.module.parent, model_lib.Decoder):
-        args = (args[0] + delta,) + args[1:]
-      return next_fun(*args, **kwargs)
+        out = out + delta
+      return out
     with nn.intercept_methods(add_delta):
       return model.apply({'params': params}, SRC, TGT)[0, t].sum()
 
