@@ -12,7 +12,7 @@ help:
 	@echo "make demo        offline end-to-end demo (not implemented yet)"
 	@echo "make train-base  the paper's base recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
 	@echo "make train-big   the paper's big recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
-	@echo "make eval        BLEU of a workdir (not implemented yet)"
+	@echo "make eval        BLEU on newstest2014 (WORKDIR=, AVERAGE_LAST=, TFDS_DATA_DIR=, ARGS=)"
 	@echo "make bench       benchmarks, printed as JSON (data pipeline so far)"
 
 # The venv is (re)installed when pyproject.toml changes.
@@ -31,18 +31,25 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow'
 
 # Targets that later issues fill in. They say so and fail, instead of failing obscurely.
-demo eval:
+demo:
 	@echo "make $@: not implemented yet in this version of jaxformer (see the project's open issues)." >&2
 	@exit 2
 
 # The paper's recipes (experiments/configs/*.py). They stop at once, with the command that
 # prepares WMT14, when tfds has not prepared it. ARGS passes more flags, e.g. ARGS="--accum_steps 8".
 # VARIANT=C3 trains a row of Table 3 (experiments/configs/table3.py) instead.
-WORKDIR ?= workdirs/$(or $(VARIANT),$(subst train-,,$@))
+train-base: WORKDIR ?= workdirs/$(or $(VARIANT),base)
+train-big: WORKDIR ?= workdirs/$(or $(VARIANT),big)
 TFDS_FLAG = $(if $(TFDS_DATA_DIR),--tfds_data_dir $(TFDS_DATA_DIR))
 train-base train-big: $(STAMP)
 	$(PY) experiments/train.py --config experiments/configs/$(subst train-,,$@).py \
 	  --workdir $(WORKDIR) $(TFDS_FLAG) $(if $(VARIANT),--variant $(VARIANT)) $(ARGS)
+
+# BLEU of a trained workdir on tfds newstest2014 (ARGS="--src F --ref F" for local files).
+eval: $(STAMP)
+	@test -n "$(WORKDIR)" || { echo "make eval: set WORKDIR=, e.g. make eval WORKDIR=workdirs/base" >&2; exit 2; }
+	$(PY) experiments/eval.py --workdir $(WORKDIR) $(if $(AVERAGE_LAST),--average-last $(AVERAGE_LAST)) \
+	  $(if $(TFDS_DATA_DIR),--tfds-data-dir $(TFDS_DATA_DIR)) $(ARGS)
 
 # Real corpora for benchmarks live beside the repository, never in it.
 SHARED_DATA ?= ../shared/data

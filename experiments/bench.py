@@ -8,9 +8,13 @@ Sections:
               (simulated, on CPU) devices; compile time reported apart.
   checkpoint: save (blocking part and total) and restore time of a base-size train state;
               time and peak RSS to average the last 5 and 20 base-size checkpoints.
+  decode:     target tokens/s at base dimensions (random weights, 64 output tokens): greedy
+              and beam 4, with and without the key/value cache; beam-4 sentences/s of the tiny
+              config on newstest2014 sources.
 """
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -27,9 +31,11 @@ if __name__ == '__main__' and '--devices' in sys.argv:  # before jax starts
                              f'{sys.argv[sys.argv.index("--devices") + 1]}')
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxformer import checkpoint, config, data, parallel, train  # noqa: E402
+from jaxformer import checkpoint, config, data, evaluate, parallel, train  # noqa: E402
+from jaxformer.model import Transformer  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -207,7 +213,65 @@ def bench_checkpoint(data_dir: pathlib.Path) -> dict:
   return results
 
 
-SECTIONS = {'data': bench_data, 'train': bench_train, 'checkpoint': bench_checkpoint}
+def _median_time(fn, runs: int) -> tuple[float, float]:
+  """(compile + first run, median of `runs` more), each ended with block_until_ready."""
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  first = time.perf_counter() - start
+  times = []
+  for _ in range(runs):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return first, statistics.median(times)
+
+
+def bench_decode(data_dir: pathlib.Path) -> dict:
+  results = {}
+  cfg = config.base()
+  params = jax.jit(Transformer(cfg).init)(jax.random.key(0), jnp.ones((1, 8), jnp.int32),
+                                          jnp.ones((1, 8), jnp.int32))['params']
+  batch, src_len, out_len = 4, 32, 64
+  src = jnp.asarray(np.random.default_rng(0).integers(3, cfg.vocab_size, (batch, src_len)),
+                    jnp.int32)
+  lengths = jnp.full((batch,), out_len, jnp.int32)  # random weights almost never emit EOS
+  for beam in (1, 4):
+    for cached in (True, False):
+      fn = jax.jit(functools.partial(evaluate.search, config=cfg, max_len=out_len,
+                                     beam_size=beam, alpha=0.6, cached=cached))
+      first, median = _median_time(lambda: fn(params, src, lengths), runs=2)
+      results[f'{"greedy" if beam == 1 else "beam4"}_{"cached" if cached else "uncached"}'] = {
+          'target_tokens_per_s': round(batch * out_len / median, 1),
+          'seconds': round(median, 3), 'compile_and_first_s': round(first, 2)}
+  for search in ('greedy', 'beam4'):
+    results[f'{search}_cache_speedup'] = round(
+        results[f'{search}_cached']['target_tokens_per_s']
+        / results[f'{search}_uncached']['target_tokens_per_s'], 1)
+  results['setup'] = {'batch': batch, 'source_tokens': src_len, 'output_tokens': out_len}
+
+  # The tiny config through the Translator (bucketing, batching) on newstest2014 sources.
+  news = data.read_parallel_text(data_dir / 'newstest2014' / 'newstest2014.en',
+                                 data_dir / 'newstest2014' / 'newstest2014.de')
+  with tempfile.TemporaryDirectory() as tmp:
+    tokenizer = data.train_tokenizer(news.src + news.tgt, pathlib.Path(tmp, 'spm.model'), 8000)
+  tiny = config.tiny(vocab_size=tokenizer.vocab_size).replace(max_len=256)
+  tiny_params = train.create_train_state(tiny, jax.random.key(0)).params
+  translator = evaluate.Translator(tiny_params, tiny, tokenizer, batch_size=32)
+  sources = news.src[:512]
+  translator.translate(sources[:64])  # compile the common widths
+  start = time.perf_counter()
+  outputs = translator.translate(sources)
+  seconds = time.perf_counter() - start
+  results['tiny_beam4_newstest2014'] = {
+      'sentences': len(sources), 'sentences_per_s': round(len(sources) / seconds, 2),
+      'seconds': round(seconds, 2),
+      'mean_output_pieces': round(float(np.mean([len(x) for x in tokenizer.encode(outputs)])), 1),
+      'weights': 'random (untrained): outputs run to the length limit, the slowest case'}
+  return results
+
+
+SECTIONS = {'data': bench_data, 'train': bench_train, 'checkpoint': bench_checkpoint,
+            'decode': bench_decode}
 
 
 def main() -> int:
@@ -222,7 +286,7 @@ def main() -> int:
                       help='folder with multi30k/ and newstest2014/ (default: ../shared/data)')
   args = parser.parse_args()
   sections = args.only or sorted(SECTIONS)
-  if 'data' in sections and not (args.data_dir / 'multi30k').is_dir():
+  if {'data', 'decode'} & set(sections) and not (args.data_dir / 'multi30k').is_dir():
     print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
     return 2
   results = {'machine': {'platform': platform.platform(), 'cpus': os.cpu_count(),

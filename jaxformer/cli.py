@@ -33,6 +33,26 @@ def _average(args: argparse.Namespace) -> int:
   return 0
 
 
+def _translate(args: argparse.Namespace) -> int:
+  import itertools  # pylint: disable=g-import-not-at-top
+
+  from jaxformer import checkpoint, data, evaluate  # pylint: disable=g-import-not-at-top
+
+  try:
+    translator = evaluate.Translator.from_checkpoint(
+        args.workdir, average_last=args.average_last, beam_size=args.beam, alpha=args.alpha,
+        batch_size=args.batch_size)
+  except (checkpoint.CheckpointError, data.DataError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  lines = (line.rstrip('\r\n') for line in sys.stdin)
+  while chunk := list(itertools.islice(lines, args.batch_size)):  # streams: a batch at a time
+    for translation in translator.translate(chunk):
+      sys.stdout.write(translation + '\n')
+    sys.stdout.flush()
+  return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='jaxformer',
@@ -47,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
   average.add_argument('--workdir', required=True)
   average.add_argument('--last', type=int, default=5, help='how many (paper: 5 base, 20 big)')
   average.set_defaults(run=_average)
+  translate = commands.add_parser(
+      'translate', help='translate stdin to stdout, one line per line (beam 4, alpha 0.6)')
+  translate.add_argument('--workdir', required=True, help='a workdir or checkpoint folder')
+  translate.add_argument('--average-last', type=int, help='average the last N checkpoints')
+  translate.add_argument('--beam', type=int, default=4)
+  translate.add_argument('--alpha', type=float, default=0.6)
+  translate.add_argument('--batch-size', type=int, default=32)
+  translate.set_defaults(run=_translate)
   return parser
 
 

@@ -276,3 +276,10 @@ def test_dropped_pairs_are_reported_as_a_warning(tokenizer, caplog):
   data.tokenize_corpus(text, tokenizer, max_len=32)
   assert 'one-empty: read 2 pairs, kept 1, dropped 1 empty and 0 longer than 32 tokens.' in [
       r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+
+
+def test_decoded_text_is_always_one_line(tokenizer):
+  newline_bytes = [tokenizer._sp.piece_to_id(f'<0x{b:02X}>') for b in (0x0A, 0x0D, 0x0B)]
+  ids = tokenizer.encode(['the man'])[0]
+  text = tokenizer.decode([ids + newline_bytes + ids])[0]
+  assert text.splitlines() == [text] and text.startswith('the man')

@@ -11,20 +11,27 @@ import sentencepiece as spm
 from jaxformer.data.sources import DataError
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+_ONE_LINE = {ord(c): ' ' for c in '\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029'}  # as str.splitlines
 
 
 class Tokenizer:
   """A loaded sentencepiece model: text <-> ids, with 0 = pad, 1 = eos, 2 = unk."""
 
-  def __init__(self, model_path: str | os.PathLike):
+  def __init__(self, model_path: str | os.PathLike, model_proto: bytes | None = None):
     self.path = pathlib.Path(model_path)
     try:
-      self._sp = spm.SentencePieceProcessor(model_file=str(self.path))
-    except (OSError, RuntimeError) as e:
+      self._sp = spm.SentencePieceProcessor(model_file=str(self.path)) if model_proto is None \
+          else spm.SentencePieceProcessor(model_proto=model_proto)
+    except (OSError, RuntimeError, TypeError) as e:
       raise DataError(f'{self.path}: not a sentencepiece model ({e}).') from None
     if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
       raise DataError(f'{self.path}: expected pad=0, eos=1, unk=2; train it with '
                       'jaxformer.data.train_tokenizer.')
+
+  @classmethod
+  def from_bytes(cls, model_proto: bytes, name: str = '<checkpoint>') -> 'Tokenizer':
+    """A model stored in memory (e.g. in a checkpoint); `name` is shown in messages."""
+    return cls(name, model_proto=model_proto)
 
   @property
   def vocab_size(self) -> int:
@@ -34,14 +41,22 @@ class Tokenizer:
     """Token ids of each text, without EOS."""
     return self._sp.encode(list(texts), num_threads=num_threads)
 
+  def pieces(self, ids: Sequence[int]) -> list[str]:
+    """The sentencepiece string of each id (for plots and debugging)."""
+    return [self._sp.id_to_piece(int(i)) for i in ids]
+
   def decode(self, ids: Sequence[Sequence[int]] | np.ndarray) -> list[str]:
-    """Text of each id sequence; stops at the first EOS and ignores padding."""
+    """Text of each id sequence; stops at the first EOS and ignores padding.
+
+    Byte-fallback pieces can spell line breaks; they become spaces, so that one sentence is
+    always one line of output.
+    """
     texts = []
     for row in ids:
       row = [int(i) for i in row]
       if EOS_ID in row:
         row = row[:row.index(EOS_ID)]
-      texts.append(self._sp.decode([i for i in row if i != PAD_ID]))
+      texts.append(self._sp.decode([i for i in row if i != PAD_ID]).translate(_ONE_LINE))
     return texts
 
 

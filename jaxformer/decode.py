@@ -1,0 +1,163 @@
+"""Greedy and beam search (§6.1) over a `tokens_to_logits` callback; no model code here.
+
+`tokens_to_logits(tokens [N, 1], cache) -> (logits [N, V], cache)` scores the next token after
+`tokens`, the last token of each hypothesis (0 before the first). The cache is any pytree whose
+arrays with a leading axis of size N are per-hypothesis (beam search reorders them as beams are
+chosen); scalars (e.g. a position counter) are shared.
+
+Lengths count generated tokens, EOS included. Sentence b stops at EOS or after max_lengths[b]
+tokens, whichever comes first; the paper uses max_lengths = source length + 50.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+Cache = Any
+TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
+NEG_INF = -1.0e7  # finite, so that -inf - -inf never makes a NaN
+
+
+def length_penalty(length: Array, alpha: float) -> Array:
+  """GNMT's ((5 + |Y|) / 6)^alpha (Wu et al., 2016), used by the paper with alpha = 0.6."""
+  return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
+
+
+# --- greedy --------------------------------------------------------------------------------------
+
+
+def greedy_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array,
+                  max_len: int, eos_id: int = 1) -> Array:
+  """The argmax token at every step. Returns [B, max_len] ids, 0 after EOS or the limit."""
+  batch = max_lengths.shape[0]
+
+  def cond(carry):
+    step, _, _, done, _ = carry
+    return (step < max_len) & ~jnp.all(done)
+
+  def body(carry):
+    step, last, out, done, cache = carry
+    logits, cache = tokens_to_logits(last[:, None], cache)  # --> [B, V]
+    token = jnp.where(done, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+    out = out.at[:, step].set(token)
+    done = done | (token == eos_id) | (step + 1 >= max_lengths)
+    return step + 1, token, out, done, cache
+
+  init = (jnp.array(0), jnp.zeros(batch, jnp.int32), jnp.zeros((batch, max_len), jnp.int32),
+          max_lengths <= 0, cache)
+  return jax.lax.while_loop(cond, body, init)[2]
+
+
+# --- beam search ---------------------------------------------------------------------------------
+
+
+@flax.struct.dataclass
+class BeamState:
+  step: Array             # [] tokens generated so far
+  alive_seqs: Array       # [B, K, L]
+  alive_log_probs: Array  # [B, K] sum of log-probabilities
+  finished_seqs: Array    # [B, K, L]
+  finished_scores: Array  # [B, K] log-probability / length penalty; NEG_INF where empty
+  cache: Cache            # per-hypothesis arrays have a leading axis of B * K
+
+
+def _flatten(x: Array) -> Array:
+  return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _unflatten(x: Array, beam: int) -> Array:
+  return x.reshape(x.shape[0] // beam, beam, *x.shape[1:])
+
+
+def _gather(x: Array, indices: Array) -> Array:
+  """x [B, K, ...] -> [B, N, ...], taking beam indices[b, n] for each sentence b."""
+  return jnp.take_along_axis(x, indices.reshape(*indices.shape, *([1] * (x.ndim - 2))), axis=1)
+
+
+def _gather_cache(cache: Cache, indices: Array, beam: int) -> Cache:
+  def gather(x):
+    if x.ndim == 0:
+      return x
+    return _flatten(_gather(_unflatten(x, beam), indices))
+  return jax.tree.map(gather, cache)
+
+
+def _top_k(scores: Array, k: int, *arrays: Array) -> tuple[Array, ...]:
+  """The k best entries of scores [B, N], and the same entries of each [B, N, ...] array."""
+  top_scores, indices = jax.lax.top_k(scores, k)
+  return (top_scores, indices, *(_gather(a, indices) for a in arrays))
+
+
+def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array,
+                max_len: int, *, beam_size: int = 4, alpha: float = 0.6,
+                eos_id: int = 1) -> tuple[Array, Array]:
+  """Beam search with GNMT's length penalty, stopping when no live beam can beat the best
+  finished one in any sentence.
+
+  Args:
+    tokens_to_logits: the callback above, called on B * beam_size hypotheses.
+    cache: its initial state for B * beam_size hypotheses (each sentence repeated beam_size
+      times, beams of a sentence adjacent).
+    max_lengths: [B] the most tokens each sentence may generate.
+    max_len: a static bound on max_lengths (the output length).
+
+  Returns:
+    (ids [B, max_len], score [B]) of the best hypothesis of each sentence, 0 after EOS.
+  """
+  batch, k = max_lengths.shape[0], beam_size
+  # Only beam 0 is live at first, so the first step does not choose k copies of one token.
+  init_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (batch, 1))
+  state = BeamState(
+      step=jnp.array(0), alive_seqs=jnp.zeros((batch, k, max_len), jnp.int32),
+      alive_log_probs=init_log_probs, finished_seqs=jnp.zeros((batch, k, max_len), jnp.int32),
+      finished_scores=jnp.full((batch, k), NEG_INF), cache=cache)
+  best_possible_penalty = length_penalty(max_lengths, alpha)  # [B]
+
+  def cond(s: BeamState) -> Array:
+    # A live beam's log-probability only falls; its penalty is at most that at max length.
+    best_alive = s.alive_log_probs[:, 0] / best_possible_penalty
+    can_improve = (best_alive > s.finished_scores[:, 0]) & (s.step < max_lengths)
+    return (s.step < max_len) & jnp.any(can_improve)
+
+  def body(s: BeamState) -> BeamState:
+    last = jnp.where(s.step > 0, s.alive_seqs[:, :, jnp.maximum(s.step - 1, 0)], 0)  # [B, K]
+    logits, cache = tokens_to_logits(_flatten(last)[:, None], s.cache)
+    vocab = logits.shape[-1]
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))  # --> [B * K, V]
+    log_probs = log_probs.at[:, 0].set(NEG_INF)  # padding is never generated
+    candidates = (s.alive_log_probs[:, :, None] + _unflatten(log_probs, k))  # --> [B, K, V]
+    candidates = candidates.reshape(batch, k * vocab)  # --> [B, K * V]
+
+    # The 2K best continuations: enough to keep K live ones even if K of them end here.
+    top_log_probs, top_indices = jax.lax.top_k(candidates, 2 * k)  # --> [B, 2K]
+    beam_of, token = top_indices // vocab, (top_indices % vocab).astype(jnp.int32)
+    seqs = _gather(s.alive_seqs, beam_of)  # --> [B, 2K, L]
+    seqs = seqs.at[:, :, s.step].set(token)
+    length = s.step + 1
+    ends = (token == eos_id) | (length >= max_lengths)[:, None]  # --> [B, 2K]
+
+    # Live beams: the K best that did not end.
+    _, alive_idx, alive_seqs, alive_log_probs = _top_k(
+        jnp.where(ends, NEG_INF, top_log_probs), k, seqs, top_log_probs)
+    alive_log_probs = jnp.where(_gather(ends, alive_idx), NEG_INF, alive_log_probs)
+    cache = _gather_cache(cache, _gather(beam_of, alive_idx), k)
+
+    # Finished: the K best of those finished before and those ending now, by penalised score.
+    new_scores = jnp.where(ends, top_log_probs / length_penalty(length, alpha), NEG_INF)
+    finished_scores, _, finished_seqs = _top_k(
+        jnp.concatenate([s.finished_scores, new_scores], axis=1), k,
+        jnp.concatenate([s.finished_seqs, seqs], axis=1))
+    return BeamState(step=length, alive_seqs=alive_seqs, alive_log_probs=alive_log_probs,
+                     finished_seqs=finished_seqs, finished_scores=finished_scores, cache=cache)
+
+  final = jax.lax.while_loop(cond, body, state)
+  # A sentence with nothing finished (only if max_len < max_lengths) returns its best live beam.
+  has_finished = final.finished_scores[:, 0] > NEG_INF / 2
+  seqs = jnp.where(has_finished[:, None], final.finished_seqs[:, 0], final.alive_seqs[:, 0])
+  scores = jnp.where(has_finished, final.finished_scores[:, 0],
+                     final.alive_log_probs[:, 0] / length_penalty(final.step, alpha))
+  return seqs, scores

@@ -1,0 +1,88 @@
+"""Pictures of what the model learned: encoder-decoder attention and the positional encoding."""
+
+import pathlib
+
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+
+from jaxformer.data.tokenizer import EOS_ID
+from jaxformer.evaluate import Translator
+from jaxformer.model import Transformer, sinusoidal_positions
+
+matplotlib.use('Agg')  # files only, no display
+from matplotlib import pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
+
+
+def cross_attention(translator: Translator, sentence: str, translation: str | None = None
+                    ) -> tuple[list[str], list[str], list[np.ndarray]]:
+  """(source pieces, target pieces, one [H, T, S] array per decoder layer): the encoder-decoder
+  attention while the model reads its own translation (or the one given) after `sentence`."""
+  tokenizer = translator.tokenizer
+  if translation is None:
+    translation = translator.translate([sentence])[0]
+  src = tokenizer.encode([sentence])[0] + [EOS_ID]
+  tgt = tokenizer.encode([translation])[0] + [EOS_ID]
+  _, state = Transformer(translator.config).apply(
+      {'params': translator.params}, jnp.array([src]), jnp.array([[0] + tgt[:-1]]),
+      mutable=['intermediates'])
+  decoder = state['intermediates']['decoder']
+  layers = [np.asarray(decoder[f'layers_{i}']['cross_attention']['attention_weights'][0][0])
+            for i in range(translator.config.num_layers)]
+  return tokenizer.pieces(src), tokenizer.pieces(tgt), layers
+
+
+def _heatmap(ax, weights: np.ndarray, src: list[str], tgt: list[str], title: str) -> None:
+  ax.imshow(weights, cmap='viridis', vmin=0.0, vmax=1.0, aspect='auto')
+  ax.set_xticks(range(len(src)), src, rotation=90, fontsize=7)
+  ax.set_yticks(range(len(tgt)), tgt, fontsize=7)
+  ax.set_title(title, fontsize=9)
+
+
+def save_attention(translator: Translator, sentence: str, out_dir: str | pathlib.Path,
+                   translation: str | None = None) -> list[pathlib.Path]:
+  """Writes, per decoder layer, the head-averaged map and a grid of every head's map."""
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  src, tgt, layers = cross_attention(translator, sentence, translation)
+  written = []
+  for i, weights in enumerate(layers):
+    fig, ax = plt.subplots(figsize=(1 + 0.3 * len(src), 1 + 0.3 * len(tgt)))
+    _heatmap(ax, weights.mean(0), src, tgt, f'encoder-decoder attention, layer {i + 1}, '
+             'mean over heads')
+    ax.set_xlabel('source')
+    ax.set_ylabel('target')
+    fig.tight_layout()
+    written.append(out_dir / f'attention_layer{i + 1}.png')
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+
+    heads = weights.shape[0]
+    cols = min(heads, 4)
+    rows = -(-heads // cols)
+    fig, axes = plt.subplots(rows, cols, squeeze=False,
+                             figsize=(cols * (1 + 0.25 * len(src)), rows * (1 + 0.25 * len(tgt))))
+    for h, ax in enumerate(axes.flat):
+      if h < heads:
+        _heatmap(ax, weights[h], src, tgt, f'layer {i + 1}, head {h + 1}')
+      else:
+        ax.axis('off')
+    fig.tight_layout()
+    written.append(out_dir / f'attention_layer{i + 1}_heads.png')
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+  return written
+
+
+def save_positional_encoding(d_model: int, path: str | pathlib.Path, length: int = 100) -> None:
+  """The sinusoid matrix of §3.5 as an image: positions down, dimensions across."""
+  pe = np.asarray(sinusoidal_positions(jnp.arange(length), d_model))
+  fig, ax = plt.subplots(figsize=(8, 4))
+  image = ax.imshow(pe, cmap='RdBu', vmin=-1, vmax=1, aspect='auto')
+  ax.set_xlabel('dimension i')
+  ax.set_ylabel('position')
+  ax.set_title('positional encoding: sin at even, cos at odd dimensions (§3.5)')
+  fig.colorbar(image, ax=ax)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

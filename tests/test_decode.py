@@ -1,0 +1,110 @@
+"""Greedy and beam search against hand-built distributions and brute force."""
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxformer import decode
+
+EOS = 1
+# A Markov chain over {0 pad/start, 1 eos, 2 a, 3 b}: LOG_P[previous token, next token].
+P = np.array([
+    [0.0, 0.05, 0.55, 0.40],   # start: greedy takes a, but b leads to a likelier sentence
+    [0.0, 1.00, 0.00, 0.00],   # after eos (never used)
+    [0.0, 0.30, 0.35, 0.35],   # after a
+    [0.0, 0.90, 0.05, 0.05],   # after b
+])
+LOG_P = np.log(np.where(P > 0, P, 1e-30))
+
+
+def markov(tokens, cache):
+  """tokens [N, 1] -> logits [N, V]; the cache counts calls (a shared scalar)."""
+  return jnp.asarray(LOG_P, jnp.float32)[tokens[:, 0]], cache + 1
+
+
+def brute_force_best(max_length: int, alpha: float) -> tuple[tuple[int, ...], float]:
+  """Every sequence that ends in EOS or at max_length, scored log p / lp(length)."""
+  best = ((), -math.inf)
+  for n in range(1, max_length + 1):
+    for seq in itertools.product((1, 2, 3), repeat=n):
+      if EOS in seq[:-1] or (seq[-1] != EOS and n < max_length):
+        continue
+      log_p = sum(LOG_P[prev, tok] for prev, tok in zip((0,) + seq, seq))
+      score = log_p / ((5 + n) / 6) ** alpha
+      if score > best[1]:
+        best = (seq, score)
+  return best
+
+
+def _beam(max_lengths, max_len, beam_size, alpha):
+  return jax.jit(lambda ml: decode.beam_search(
+      markov, jnp.int32(0), ml, max_len, beam_size=beam_size, alpha=alpha))(
+          jnp.array(max_lengths, jnp.int32))
+
+
+def test_greedy_takes_the_argmax_each_step():
+  out = jax.jit(lambda ml: decode.greedy_search(markov, jnp.int32(0), ml, 6))(
+      jnp.array([6, 2], jnp.int32))
+  # start -> a (0.55); a -> a or b tie at 0.35: argmax takes the first (a); ... never eos
+  np.testing.assert_array_equal(out, [[2, 2, 2, 2, 2, 2], [2, 2, 0, 0, 0, 0]])
+
+
+def test_beam_finds_the_better_sentence_greedy_misses():
+  seqs, scores = _beam([5], 5, beam_size=2, alpha=0.0)
+  np.testing.assert_array_equal(seqs[0], [3, 1, 0, 0, 0])  # b eos: 0.4 * 0.9 = 0.36
+  assert float(scores[0]) == pytest.approx(math.log(0.36), rel=1e-5)
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.6, 2.0])
+@pytest.mark.parametrize('max_length', [1, 2, 4])
+def test_wide_beam_equals_brute_force(alpha, max_length):
+  seq, score = brute_force_best(max_length, alpha)
+  seqs, scores = _beam([max_length], 4, beam_size=8, alpha=alpha)
+  assert tuple(int(t) for t in seqs[0][:len(seq)]) == seq
+  assert np.all(np.asarray(seqs[0][len(seq):]) == 0)
+  assert float(scores[0]) == pytest.approx(score, rel=1e-5)
+
+
+def test_length_penalty_changes_the_winner():
+  # Without a penalty the short "b eos" wins; a strong penalty favours longer sentences.
+  short, _ = brute_force_best(4, 0.0)
+  long, _ = brute_force_best(4, 8.0)
+  assert short == (3, 1) and len(long) > 2
+  for alpha, want in ((0.0, short), (8.0, long)):
+    seqs, _ = _beam([4], 4, beam_size=8, alpha=alpha)
+    assert tuple(int(t) for t in seqs[0][:len(want)]) == want
+
+
+def test_beam_size_one_equals_greedy():
+  greedy = jax.jit(lambda ml: decode.greedy_search(markov, jnp.int32(0), ml, 6))(
+      jnp.array([6, 3], jnp.int32))
+  seqs, _ = _beam([6, 3], 6, beam_size=1, alpha=0.6)
+  np.testing.assert_array_equal(seqs, greedy)
+
+
+def test_each_sentence_keeps_its_own_length_limit():
+  seqs, _ = _beam([1, 2, 6], 6, beam_size=3, alpha=0.6)
+  for row, limit in zip(np.asarray(seqs), (1, 2, 6)):
+    assert np.all(row[limit:] == 0)
+    assert np.count_nonzero(row) <= limit
+  np.testing.assert_array_equal(seqs[2][:2], [3, 1])
+
+
+def test_beam_search_stops_when_no_live_beam_can_win():
+  """b eos (p = 0.36) finishes at step 2; no live beam can beat it, so the search stops long
+  before the 50-token limit."""
+  steps = []
+
+  def counting(tokens, cache):
+    jax.debug.callback(lambda: steps.append(1))
+    return markov(tokens, cache)
+
+  seqs, _ = jax.jit(lambda ml: decode.beam_search(
+      counting, jnp.int32(0), ml, 50, beam_size=2, alpha=0.6))(jnp.array([50], jnp.int32))
+  jax.effects_barrier()
+  np.testing.assert_array_equal(seqs[0][:2], [3, 1])
+  assert 2 <= len(steps) <= 6, f'{len(steps)} steps'

@@ -1,0 +1,230 @@
+"""Translation with a trained model, and the BLEU plumbing."""
+
+import collections
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import synthetic_text
+from jaxformer import config, evaluate, train
+from jaxformer.model import Transformer
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  """A tiny model trained for a few steps (translation quality does not matter here)."""
+  path = tmp_path_factory.mktemp('trained')
+  settings = train.TrainConfig(workdir=str(path), num_steps=4, tokens_per_batch=1024, row_len=64,
+                               checkpoint_every_steps=2, checkpoint_every_secs=None,
+                               average_last=2, log_every_steps=2)
+  train.train_and_evaluate(config.tiny(vocab_size=400), settings, synthetic_text(800))
+  return path
+
+
+@pytest.fixture(scope='module')
+def translator(workdir):
+  return evaluate.Translator.from_checkpoint(str(workdir), batch_size=4)
+
+
+SENTENCES = ['the man sees a dog', 'a small red house under the garden with a big cat',
+             'Größe — ünïcode ✓', 'the dog']
+
+
+def test_cached_and_uncached_steps_give_the_same_logits(translator):
+  model, params = Transformer(translator.config), translator.params
+  src = jnp.array([[5, 9, 13, 1, 0, 0], [7, 8, 1, 0, 0, 0]])
+  encoded = model.apply({'params': params}, src, method=Transformer.encode)
+  cached = evaluate.cached_tokens_to_logits(model, params, src)
+  uncached = evaluate.uncached_tokens_to_logits(model, params, src, encoded)
+  c_cache = model.apply({'params': params}, encoded, 8, method=Transformer.init_cache)
+  u_cache = {'tokens': jnp.zeros((2, 8), jnp.int32), 'index': jnp.array(0)}
+  for token in ([0, 0], [17, 4], [33, 33], [9, 200]):
+    tokens = jnp.array(token)[:, None]
+    c_logits, c_cache = cached(tokens, c_cache)
+    u_logits, u_cache = uncached(tokens, u_cache)
+    np.testing.assert_allclose(c_logits, u_logits, atol=1e-5)
+
+
+def test_cached_and_uncached_beam_search_agree(translator):
+  src = jnp.array([[5, 9, 13, 1, 0, 0, 0, 0], [7, 8, 1, 0, 0, 0, 0, 0]])
+  lengths = jnp.array([9, 7])
+  run = lambda cached: evaluate.search(  # noqa: E731
+      translator.params, src, lengths, config=translator.config, max_len=10, beam_size=4,
+      alpha=0.6, cached=cached)
+  np.testing.assert_array_equal(jax.jit(lambda: run(True))(), jax.jit(lambda: run(False))())
+
+
+def test_batch_padding_does_not_change_a_translation(translator):
+  together = translator.translate(SENTENCES)
+  alone = [translator.translate([s])[0] for s in SENTENCES]
+  assert together == alone
+  assert len(set(together)) > 1
+
+
+def test_blank_lines_stay_blank_and_counts_are_kept(translator):
+  lines = ['', SENTENCES[0], '   ', SENTENCES[2], '']
+  out = translator.translate(lines)
+  assert len(out) == 5 and out[0] == out[2] == out[4] == ''
+  assert out[1] == translator.translate([SENTENCES[0]])[0]
+
+
+def test_outputs_respect_the_length_limit(workdir):
+  short = evaluate.Translator.from_checkpoint(str(workdir), batch_size=4, extra_length=2)
+  ids = short.tokenizer.encode(short.translate(SENTENCES))
+  sources = short.tokenizer.encode(SENTENCES)
+  assert all(len(out) <= len(src) + 1 + 2 for out, src in zip(ids, sources))
+
+
+def test_averaged_translator_loads(workdir):
+  averaged = evaluate.Translator.from_checkpoint(str(workdir), average_last=2, batch_size=4)
+  from_dir = evaluate.Translator.from_checkpoint(str(workdir / 'average-last2'), batch_size=4)
+  for a, b in zip(jax.tree.leaves(averaged.params), jax.tree.leaves(from_dir.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+  assert averaged.translate(SENTENCES[:2]) == from_dir.translate(SENTENCES[:2])
+
+
+# --- BLEU ---------------------------------------------------------------------------------------
+
+
+def test_references_against_themselves_score_100(shared_data):
+  refs = (shared_data / 'newstest2014' / 'newstest2014.de').read_text(encoding='utf-8')
+  refs = refs.splitlines()
+  assert len(refs) == 3003
+  score, signature = evaluate.sacre_bleu(refs, refs)
+  assert score == pytest.approx(100.0)
+  assert 'tok:13a' in signature and 'version:2.6.0' in signature
+  assert evaluate.tokenized_bleu(refs, refs) == pytest.approx(100.0)
+
+
+def test_sacre_bleu_equals_the_sacrebleu_command_line(shared_data, tmp_path):
+  refs = (shared_data / 'newstest2014' / 'newstest2014.de').read_text(encoding='utf-8')
+  refs = refs.splitlines()[:300]
+  # A fixed, imperfect hypothesis: every reference with its last word dropped and two swapped.
+  hyps = []
+  for i, ref in enumerate(refs):
+    words = ref.split()[:-1]
+    if i % 3 == 0 and len(words) > 2:
+      words[0], words[1] = words[1], words[0]
+    hyps.append(' '.join(words))
+  (tmp_path / 'ref.de').write_text('\n'.join(refs) + '\n', encoding='utf-8')
+  (tmp_path / 'hyp.de').write_text('\n'.join(hyps) + '\n', encoding='utf-8')
+  cli = subprocess.run([sys.executable, '-m', 'sacrebleu', str(tmp_path / 'ref.de'), '-i',
+                        str(tmp_path / 'hyp.de'), '-b'], capture_output=True, text=True,
+                       check=True)
+  score, _ = evaluate.sacre_bleu(hyps, refs)
+  assert f'{score:.1f}' == cli.stdout.strip()
+  assert 0 < score < 100
+
+
+def _hand_bleu(hyp: list[str], ref: list[str]) -> float:
+  """Unsmoothed BLEU-4 of one tokenized sentence pair, from its definition."""
+  log_precisions = []
+  for n in range(1, 5):
+    h = collections.Counter(tuple(hyp[i:i + n]) for i in range(len(hyp) - n + 1))
+    r = collections.Counter(tuple(ref[i:i + n]) for i in range(len(ref) - n + 1))
+    log_precisions.append(math.log(sum((h & r).values()) / sum(h.values())))
+  brevity = min(0.0, 1 - len(ref) / len(hyp))
+  return 100 * math.exp(brevity + sum(log_precisions) / 4)
+
+
+def test_tokenized_compound_split_bleu_on_a_hand_example():
+  hyp = 'Die Kinder-Garten-Gruppe spielt 3-4 Stunden im großen Park.'
+  ref = 'Die Kinder-Garten-Gruppe spielt 3-4 Stunden im Park.'
+  assert evaluate.paper_tokenize(hyp) == (
+      'Die Kinder - Garten - Gruppe spielt 3 ##AT##-##AT## 4 Stunden im großen Park .')
+  expected = _hand_bleu(evaluate.paper_tokenize(hyp).split(), evaluate.paper_tokenize(ref).split())
+  assert evaluate.tokenized_bleu([hyp], [ref]) == pytest.approx(expected, rel=1e-9)
+  # Splitting compounds makes more n-grams match than 13a, which keeps "Kinder-Garten-Gruppe".
+  assert evaluate.tokenized_bleu([hyp], [ref]) > evaluate.sacre_bleu([hyp], [ref])[0]
+
+
+# --- command lines --------------------------------------------------------------------------------
+
+
+def test_translate_command_keeps_lines_and_non_ascii(workdir):
+  lines = ['the man sees a dog', '', 'Größe — ünïcode ✓ 😀', '', '', 'the dog']
+  result = subprocess.run(
+      [sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir', str(workdir),
+       '--batch-size', '2'], input='\n'.join(lines) + '\n', capture_output=True, text=True,
+      encoding='utf-8', timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  out = result.stdout.split('\n')
+  assert out[-1] == '' and len(out[:-1]) == len(lines)
+  assert [o == '' for o in out[:-1]] == [line == '' for line in lines]
+  translator = evaluate.Translator.from_checkpoint(str(workdir), batch_size=2)
+  assert out[:-1] == translator.translate(lines)
+
+
+def test_translate_command_missing_checkpoint_is_one_line(tmp_path):
+  result = subprocess.run([sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir',
+                           str(tmp_path / 'none')], input='x\n', capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1].startswith('error: ')
+  assert 'no such checkpoint folder' in result.stderr
+
+
+def test_eval_script_scores_local_files(workdir, tmp_path):
+  text = synthetic_text(12, seed=4)
+  (tmp_path / 'test.src').write_text('\n'.join(text.src) + '\n')
+  (tmp_path / 'test.ref').write_text('\n'.join(text.tgt) + '\n')
+  result = subprocess.run(
+      [sys.executable, str(ROOT / 'experiments' / 'eval.py'), '--workdir', str(workdir),
+       '--src', str(tmp_path / 'test.src'), '--ref', str(tmp_path / 'test.ref'),
+       '--output', str(tmp_path / 'hyps.txt')], capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  summary = json.loads(result.stdout.strip().splitlines()[-1])
+  hyps = (tmp_path / 'hyps.txt').read_text().splitlines()
+  assert len(hyps) == 12 and summary['segments'] == 12
+  assert summary['sacrebleu'] == pytest.approx(round(evaluate.sacre_bleu(hyps, text.tgt)[0], 2))
+  assert result.stdout.startswith('sacreBLEU ')
+
+
+def test_eval_script_errors_are_one_line(workdir, tmp_path):
+  missing = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'eval.py'), '--workdir',
+                            str(tmp_path / 'nowhere')], capture_output=True, text=True,
+                           timeout=120)
+  assert missing.returncode == 1 and 'error: ' in missing.stderr.splitlines()[-1]
+  no_data = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'eval.py'), '--workdir',
+                            str(workdir), '--tfds-data-dir', str(tmp_path)], capture_output=True,
+                           text=True, timeout=120)
+  assert no_data.returncode == 1
+  assert 'not prepared' in no_data.stderr.splitlines()[-1]
+
+
+# --- attention plots ------------------------------------------------------------------------------
+
+
+def test_cross_attention_rows_are_distributions_over_real_source_pieces(translator):
+  from jaxformer import plots
+  src, tgt, layers = plots.cross_attention(translator, SENTENCES[0])
+  assert len(layers) == translator.config.num_layers
+  for weights in layers:
+    assert weights.shape == (translator.config.num_heads, len(tgt), len(src))
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+  assert src[-1] == '</s>' and tgt[-1] == '</s>'
+
+
+def test_plot_attention_writes_images(workdir, tmp_path):
+  from matplotlib import image
+  result = subprocess.run(
+      [sys.executable, str(ROOT / 'experiments' / 'plot_attention.py'), '--workdir', str(workdir),
+       '--sentence', 'the man who sees the dog walks', '--out', str(tmp_path)],
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  names = sorted(p.name for p in tmp_path.glob('*.png'))
+  assert names == ['attention_layer1.png', 'attention_layer1_heads.png', 'attention_layer2.png',
+                   'attention_layer2_heads.png', 'positional_encoding.png']
+  for name in names:
+    pixels = image.imread(tmp_path / name)
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+    assert pixels.std() > 0.01  # not a blank image
