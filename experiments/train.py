@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help='let tfds download and prepare WMT14 (needs internet; hours)')
   for name in ('num_steps', 'tokens_per_batch', 'accum_steps', 'row_len', 'seed',
                'checkpoint_every_steps', 'keep_checkpoints', 'average_last', 'eval_every_steps',
-               'log_every_steps'):
+               'log_every_steps', 'bleu_sentences'):
     parser.add_argument(f'--{name}', type=int)
   parser.add_argument('--checkpoint_every_secs', type=float)
   parser.add_argument('--skip_nonfinite', action='store_true', default=None,

@@ -150,6 +150,8 @@ class TrainConfig:
   eval_every_steps: int = 1000
   log_every_steps: int = 100
   skip_nonfinite: bool = False          # skip (and count) non-finite updates instead of stopping
+  bleu_sentences: int = 0               # at each evaluation, sacreBLEU of this many validation
+                                        # sentences decoded with beam 4 (0: none)
   spm_sample_size: int = 2_000_000      # sentences sampled to train the vocabulary
 
 
@@ -188,6 +190,16 @@ def evaluate(p_eval_step: Any, p_state: TrainState, corpus: Any, *, src_len: int
   tokens = max(tokens, 1.0)
   return {'loss': loss_sum / tokens, 'perplexity': float(np.exp(nll_sum / tokens)),
           'accuracy': correct / tokens, 'tokens': tokens}
+
+
+def _validation_bleu(params: Any, config: TransformerConfig, tokenizer: Any, text: Any,
+                     count: int) -> float:
+  """sacreBLEU of the first `count` validation sentences, decoded as in §6.1."""
+  from jaxformer import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
+
+  translator = evaluate_lib.Translator(params, config, tokenizer)
+  hypotheses = translator.translate(text.src[:count])
+  return evaluate_lib.sacre_bleu(hypotheses, text.tgt[:count])[0]
 
 
 def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: Any,
@@ -326,6 +338,10 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
       if eval_corpus is not None and (step % tc.eval_every_steps == 0 or step == tc.num_steps):
         summary['eval'] = evaluate(p_eval_step, p_state, eval_corpus, src_len=src_len,
                                    tgt_len=tgt_len, rows_per_device=rows)
+        if tc.bleu_sentences and is_main:
+          summary['eval']['bleu'] = _validation_bleu(
+              parallel.unreplicate(p_state.params), config, tokenizer, eval_text,
+              tc.bleu_sentences)
         report(step, summary['eval'], 'eval')
 
       preempted = parallel.any_host(stop['signal'] is not None)

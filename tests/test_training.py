@@ -1,6 +1,7 @@
 """The training loop: resume, averaging, checkpoint errors, the NaN guard, many devices and hosts,
 and preemption."""
 
+import json
 import os
 import pathlib
 import shutil
@@ -46,10 +47,11 @@ def _assert_trees_equal(a, b, **tolerance):
 def trained(tmp_path_factory) -> pathlib.Path:
   """6 steps with checkpoints at 2, 4 and 6, the last 3 averaged, validation at the end."""
   workdir = tmp_path_factory.mktemp('trained')
-  summary = train.train_and_evaluate(CFG, _tc(workdir, average_last=3), TEXT,
+  summary = train.train_and_evaluate(CFG, _tc(workdir, average_last=3, bleu_sentences=8), TEXT,
                                      synthetic_text(50, seed=9))
   assert summary['step'] == 6 and summary['averaged'].endswith('average-last3')
   assert 0 < summary['eval']['accuracy'] < 1 and summary['eval']['perplexity'] > 1
+  assert 0 <= summary['eval']['bleu'] <= 100
   return workdir
 
 
@@ -57,6 +59,8 @@ def test_workdir_holds_logs_checkpoints_and_vocabulary(trained):
   assert sorted(os.listdir(trained / 'checkpoints')) == ['2', '4', '6']
   lines = (trained / 'metrics.jsonl').read_text().splitlines()
   assert len(lines) == 4  # train at steps 2, 4, 6 and one evaluation
+  assert set(json.loads(lines[-1])) == {'step', 'split', 'loss', 'perplexity', 'accuracy',
+                                        'tokens', 'bleu'}
   assert any(p.name.startswith('events.out.tfevents') for p in (trained / 'tensorboard').iterdir())
   _, _, spm_model, step = checkpoint.load(trained)
   assert spm_model == (trained / 'spm.model').read_bytes() and step == 6
