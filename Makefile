@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 help:
 	@echo "make test        set up $(VENV) (if needed) and run the whole test suite"
 	@echo "make test-fast   the tests not marked slow"
-	@echo "make demo        offline end-to-end demo (not implemented yet)"
+	@echo "make demo        offline end-to-end demo on the embedded corpus (WORKDIR=, DEMO_STEPS=)"
 	@echo "make train-base  the paper's base recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
 	@echo "make train-big   the paper's big recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
 	@echo "make eval        BLEU on newstest2014 (WORKDIR=, AVERAGE_LAST=, TFDS_DATA_DIR=, ARGS=)"
@@ -30,10 +30,10 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m 'not slow'
 
-# Targets that later issues fill in. They say so and fail, instead of failing obscurely.
-demo:
-	@echo "make $@: not implemented yet in this version of jaxformer (see the project's open issues)." >&2
-	@exit 2
+# The offline demo: generate the embedded corpus, train, average, score, plot (experiments/demo.py).
+demo: WORKDIR ?= workdirs/demo
+demo: $(STAMP)
+	$(PY) experiments/demo.py --workdir $(WORKDIR) $(if $(DEMO_STEPS),--num_steps $(DEMO_STEPS)) $(ARGS)
 
 # The paper's recipes (experiments/configs/*.py). They stop at once, with the command that
 # prepares WMT14, when tfds has not prepared it. ARGS passes more flags, e.g. ARGS="--accum_steps 8".

@@ -86,3 +86,30 @@ def save_positional_encoding(d_model: int, path: str | pathlib.Path, length: int
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
+
+
+def save_learning_curve(metrics_jsonl: str | pathlib.Path, path: str | pathlib.Path) -> None:
+  """Train and validation loss against step, with the learning rate on a second axis, from a
+  training run's metrics.jsonl."""
+  import json  # pylint: disable=g-import-not-at-top
+  rows = [json.loads(line) for line in pathlib.Path(metrics_jsonl).read_text().splitlines()]
+  train = [(r['step'], r['loss'], r['lr']) for r in rows if r['split'] == 'train']
+  evals = [(r['step'], r['loss']) for r in rows if r['split'] == 'eval']
+  fig, ax = plt.subplots(figsize=(8, 4.5))
+  if train:
+    steps, loss, lr = zip(*train)
+    ax.plot(steps, loss, label='train loss (label-smoothed)')
+    lr_ax = ax.twinx()
+    lr_ax.plot(steps, lr, color='grey', linestyle=':', label='learning rate')
+    lr_ax.set_ylabel('learning rate')
+    lr_ax.legend(loc='upper center')
+  if evals:
+    steps, loss = zip(*evals)
+    ax.plot(steps, loss, marker='o', label='validation loss')
+  ax.set_xlabel('step')
+  ax.set_ylabel('loss')
+  ax.set_title('learning curve')
+  ax.legend(loc='upper right')
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
