@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help install test test-fast demo train-base train-big eval bench clean
+.PHONY: help install test test-fast demo train-base train-big train-multi30k eval bench clean
 
 help:
 	@echo "make test        set up $(VENV) (if needed) and run the whole test suite"
@@ -12,8 +12,9 @@ help:
 	@echo "make demo        offline end-to-end demo on the embedded corpus (WORKDIR=, DEMO_STEPS=)"
 	@echo "make train-base  the paper's base recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
 	@echo "make train-big   the paper's big recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
+	@echo "make train-multi30k  Multi30k EN-DE on CPU, then BLEU on test_2016_flickr (DATA_DIR=)"
 	@echo "make eval        BLEU on newstest2014 (WORKDIR=, AVERAGE_LAST=, TFDS_DATA_DIR=, ARGS=)"
-	@echo "make bench       benchmarks, printed as JSON (data pipeline so far)"
+	@echo "make bench       benchmarks (data, train step, checkpoints, decoding), printed as JSON"
 
 # The venv is (re)installed when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -51,10 +52,20 @@ eval: $(STAMP)
 	$(PY) experiments/eval.py --workdir $(WORKDIR) $(if $(AVERAGE_LAST),--average-last $(AVERAGE_LAST)) \
 	  $(if $(TFDS_DATA_DIR),--tfds-data-dir $(TFDS_DATA_DIR)) $(ARGS)
 
+# Multi30k EN->DE on CPU (experiments/configs/multi30k.py): train, then BLEU on test_2016_flickr.
+DATA_DIR ?= ../shared/data/multi30k
+train-multi30k: WORKDIR ?= workdirs/multi30k
+train-multi30k: $(STAMP)
+	$(PY) experiments/train.py --config experiments/configs/multi30k.py --workdir $(WORKDIR) \
+	  --source text --train_src $(DATA_DIR)/train.en --train_tgt $(DATA_DIR)/train.de \
+	  --eval_src $(DATA_DIR)/val.en --eval_tgt $(DATA_DIR)/val.de $(ARGS)
+	$(PY) experiments/eval.py --checkpoint $(WORKDIR)/average-last5 \
+	  --src $(DATA_DIR)/test_2016_flickr.en --ref $(DATA_DIR)/test_2016_flickr.de
+
 # Real corpora for benchmarks live beside the repository, never in it.
 SHARED_DATA ?= ../shared/data
 bench: $(STAMP)
-	$(PY) experiments/bench.py --data-dir $(SHARED_DATA)
+	$(PY) experiments/bench.py --data-dir $(SHARED_DATA) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,4 +1,7 @@
-"""Benchmarks; prints one JSON object. `make bench`, or e.g. `python experiments/bench.py --only data`.
+"""Benchmarks; prints one JSON object.
+
+  make bench   (or: python experiments/bench.py --only data --only decode)
+
 
 Sections:
   data:       tokenise-and-cache time and peak memory on Multi30k; packing efficiency (real-token
@@ -187,7 +190,8 @@ def bench_checkpoint(data_dir: pathlib.Path) -> dict:
     start = time.perf_counter()
     checkpoint.restore(manager, 1, params=params, train=train_item, with_data=True)
     results['base_train_state'] = {
-        'mb': round(sum(np.asarray(x).nbytes for x in jax.tree.leaves((params, train_item))) / 2**20, 1),
+        'mb': round(sum(np.asarray(x).nbytes
+                        for x in jax.tree.leaves((params, train_item))) / 2**20, 1),
         'save_blocking_s': round(blocking, 3), 'save_total_s': round(total, 3),
         'restore_s': round(time.perf_counter() - start, 3)}
     del train_item

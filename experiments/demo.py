@@ -42,10 +42,12 @@ def run(workdir: pathlib.Path, *, num_steps: int | None = None, train_pairs: int
 
   # 2-4. Vocabulary, training with checkpoints, averaging of the last N.
   train_settings = dict(settings['train'], workdir=str(workdir))
-  if num_steps is not None:
+  if num_steps is not None:  # a shorter (or longer) run: keep 5 checkpoints and 2 evaluations
     train_settings.update(num_steps=num_steps,
                           checkpoint_every_steps=max(1, num_steps // 5),
                           eval_every_steps=max(1, num_steps // 2))
+  if test_pairs is not None:
+    train_settings['bleu_sentences'] = min(train_settings['bleu_sentences'], test_pairs)
   summary = train.train_and_evaluate(settings['model'], train.TrainConfig(**train_settings),
                                      corpus['train'], corpus['validation'])
   if summary['preempted']:

@@ -3,7 +3,8 @@
   python experiments/eval.py --workdir workdirs/base                  # tfds newstest2014 EN->DE
   python experiments/eval.py --workdir workdirs/base --average-last 5
   python experiments/eval.py --checkpoint workdirs/base/average-last5 \\
-      --src ../shared/data/newstest2014/newstest2014.en --ref ../shared/data/newstest2014/newstest2014.de
+      --src ../shared/data/newstest2014/newstest2014.en \\
+      --ref ../shared/data/newstest2014/newstest2014.de
 
 Prints sacreBLEU (detokenized, 13a, with its signature) as the headline and, beside it, the
 paper-comparable tokenized BLEU (intl tokens, compounds split); writes the hypotheses.

@@ -36,7 +36,8 @@ def _table3():
   return module
 
 
-def _texts(source: dict, args: argparse.Namespace) -> tuple[data.ParallelText, data.ParallelText | None]:
+def _texts(source: dict, args: argparse.Namespace
+           ) -> tuple[data.ParallelText, data.ParallelText | None]:
   if source['source'] == 'wmt14':
     load = lambda split: data.load_wmt14(source['target_language'], split,  # noqa: E731
                                          data_dir=args.tfds_data_dir, download=args.download)

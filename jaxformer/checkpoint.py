@@ -74,8 +74,9 @@ def check_compatible(meta: dict[str, Any], where: str, *, config: TransformerCon
   if meta['spm_sha256'] != hashlib.sha256(spm_model).hexdigest():
     diffs.append('the sentencepiece vocabulary differs')
   if diffs:
-    raise IncompatibleCheckpointError(f'{where} does not match this run ({"; ".join(diffs)}). Use a new '
-                          'workdir, or the settings the checkpoint was trained with.')
+    raise IncompatibleCheckpointError(
+        f'{where} does not match this run ({"; ".join(diffs)}). Use a new workdir, or the '
+        'settings the checkpoint was trained with.')
 
 
 # --- managers -----------------------------------------------------------------------------------

@@ -17,12 +17,12 @@ class TransformerConfig:
   num_heads: int = 8                 # h: parallel attention heads
   qk_dim: int | None = None          # d_k per head; None: d_model / h (Table 3 rows A, B)
   v_dim: int | None = None           # d_v per head; None: d_model / h
-  dropout_rate: float = 0.1          # P_drop: residual dropout and dropout on embeddings + PE (§5.4)
-  attention_dropout_rate: float = 0.0  # on attention weights; 0.0 as in tensor2tensor at publication
-  relu_dropout_rate: float = 0.0     # after the FFN's ReLU; 0.0 as in tensor2tensor at publication
+  dropout_rate: float = 0.1          # P_drop: on sub-layer outputs and embeddings + PE (§5.4)
+  attention_dropout_rate: float = 0.0  # on attention weights; 0.0 as in t2t at publication
+  relu_dropout_rate: float = 0.0     # after the FFN's ReLU; 0.0 as in t2t at publication
   label_smoothing: float = 0.1       # epsilon_ls (§5.4)
   pre_ln: bool = False               # False: the paper's LayerNorm(x + Dropout(Sublayer(x)))
-  dtype: Any = jnp.float32           # compute dtype; params, softmax, layer norm and loss stay float32
+  dtype: Any = jnp.float32           # compute dtype; params, softmax, LayerNorm, loss: float32
   max_len: int = 256                 # longest sentence (tokens) the data pipeline and decoder allow
   learned_positions: bool = False    # a learned [max_len, D] table per stack (Table 3 row E)
   attention_window: int | None = None  # restricted self-attention: keys within +-r only (§4)

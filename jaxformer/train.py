@@ -1,4 +1,4 @@
-"""Training state and the pure train/eval steps. Parallelism is applied where the loop wraps them."""
+"""Training: the state, the pure train/eval steps, and the loop that wraps them in pmap."""
 
 import collections
 import dataclasses

@@ -3,7 +3,6 @@ splits and size."""
 
 import re
 
-import numpy as np
 import pytest
 
 from jaxformer.data import embedded as E

@@ -1,6 +1,7 @@
-"""Data: sources (tfds WMT14, text files, in-memory pairs), the shared sentencepiece
-vocabulary, the tokenised cache, and packed, resumable batches."""
+"""Data: sources (tfds WMT14, text files, the generated embedded corpus, any in-memory pairs),
+the shared sentencepiece vocabulary, the token cache, and packed, resumable batches."""
 
+from jaxformer.data import embedded
 from jaxformer.data.cache import TokenizedCorpus, tokenize_corpus
 from jaxformer.data.packing import (PackedBatches, pack_rows, padding_efficiency, row_lengths,
                                     rows_per_device)
@@ -9,7 +10,8 @@ from jaxformer.data.sources import (DataError, ParallelText, load_tfds, load_wmt
 from jaxformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 
 __all__ = ['DataError', 'EOS_ID', 'PAD_ID', 'PackedBatches', 'ParallelText', 'TokenizedCorpus',
-           'Tokenizer', 'UNK_ID', 'load_tfds', 'load_wmt14', 'pack_rows', 'padding_efficiency',
+           'Tokenizer', 'UNK_ID', 'embedded', 'load_tfds', 'load_wmt14', 'pack_rows',
+           'padding_efficiency',
            'read_lines',
            'read_parallel_text', 'row_lengths', 'rows_per_device', 'tokenize_corpus',
            'train_tokenizer']

@@ -107,9 +107,9 @@ class PackedBatches(Iterator[Batch]):
   src_segments, src_positions) and [num_devices, rows_per_device, tgt_len] (tgt_in: the
   targets shifted right within each segment, starting with 0; tgt_out, tgt_segments,
   tgt_positions; and float32 weights, 1 on real target tokens). Host `process_index` of
-  `process_count` reads the pairs i with i % process_count == process_index. Epochs are reshuffled with (seed, epoch); with
-  num_epochs=None the stream is endless and rows run on from one epoch into the next,
-  otherwise the last batch is completed with empty rows.
+  `process_count` reads the pairs i with i % process_count == process_index. Epochs are
+  reshuffled with (seed, epoch); with num_epochs=None the stream is endless and rows run on
+  from one epoch into the next, otherwise the last batch is completed with empty rows.
   """
 
   def __init__(self, corpus: TokenizedCorpus, *, src_len: int, tgt_len: int,
