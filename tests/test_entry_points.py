@@ -33,13 +33,6 @@ def test_params_command_prints_the_readme_counts(capsys, preset, count):
   assert count in (ROOT / 'README.md').read_text()
 
 
-@pytest.mark.parametrize('target', ['demo'])
-def test_unfinished_make_targets_say_so(target):
-  result = subprocess.run(['make', '-s', target], cwd=ROOT, capture_output=True, text=True)
-  assert result.returncode != 0
-  assert 'not implemented yet' in result.stderr
-
-
 def test_readme_python_snippets_run(tmp_path, monkeypatch, shared_data):
   """Runs every python block of the README in order, in a folder holding Multi30k's train files
   (as the data example expects train.en and train.de)."""
@@ -53,6 +46,7 @@ def test_readme_python_snippets_run(tmp_path, monkeypatch, shared_data):
   for block in blocks:  # later blocks use names from earlier ones
     exec(compile(block, 'README.md', 'exec'), namespace)  # pylint: disable=exec-used
   assert namespace['logits'].shape == (1, 1, 37000)
+  assert float(namespace['peak']) == pytest.approx(6.988e-4, rel=1e-3)
   assert namespace['batch']['src'].shape[:2] == (8, 12)
   assert namespace['state'] == {'epoch': 0, 'row': 96, 'seed': 0, 'shard_size': 29000}
 
@@ -78,3 +72,33 @@ def test_make_eval_asks_for_a_workdir():
   result = subprocess.run(['make', '-s', 'eval'], cwd=ROOT, capture_output=True, text=True)
   assert result.returncode != 0
   assert 'set WORKDIR=' in result.stderr
+
+
+def _readme_commands() -> list[str]:
+  blocks = re.findall(r'```sh\n(.*?)```', (ROOT / 'README.md').read_text(), flags=re.S)
+  text = '\n'.join(blocks).replace('\\\n', ' ')
+  return [line.split('#')[0].strip() for line in text.splitlines() if line.strip()]
+
+
+def test_every_make_target_in_the_readme_exists():
+  makefile = (ROOT / 'Makefile').read_text()
+  targets = set(re.findall(r'^([a-z][\w-]*(?: [a-z][\w-]*)*):', makefile, flags=re.M))
+  defined = {t for group in targets for t in group.split()}
+  named = set(re.findall(r'\bmake ([a-z][\w-]*)', (ROOT / 'README.md').read_text()))
+  assert named and named <= defined, named - defined
+
+
+def test_every_script_and_subcommand_in_the_readme_answers_help():
+  commands = _readme_commands()
+  scripts = {m for c in commands for m in re.findall(r'python (experiments/\w+\.py)', c)}
+  subcommands = {m for c in commands for m in re.findall(r'jaxformer (\w[\w-]*)', c)}
+  assert {'experiments/train.py', 'experiments/eval.py', 'experiments/plot_attention.py'} <= scripts
+  assert 'translate' in subcommands
+  for script in sorted(scripts):
+    result = subprocess.run([sys.executable, str(ROOT / script), '--help'], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and 'usage:' in result.stdout, script
+  for command in sorted(subcommands):
+    result = subprocess.run([sys.executable, '-m', 'jaxformer.cli', command, '--help'],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and 'usage:' in result.stdout, command
