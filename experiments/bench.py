@@ -230,7 +230,18 @@ def _median_time(fn, runs: int) -> tuple[float, float]:
   return first, statistics.median(times)
 
 
-def bench_decode(data_dir: pathlib.Path) -> dict:
+def _newstest_throughput(translator: evaluate.Translator, sources: list[str]) -> dict:
+  """Beam-4 sentences/s of a Translator (bucketing and batching included), compiled first."""
+  translator.translate(sources[:64])
+  start = time.perf_counter()
+  outputs = translator.translate(sources)
+  seconds = time.perf_counter() - start
+  return {'sentences': len(sources), 'sentences_per_s': round(len(sources) / seconds, 2),
+          'seconds': round(seconds, 2), 'mean_output_pieces': round(float(np.mean(
+              [len(x) for x in translator.tokenizer.encode(outputs)])), 1)}
+
+
+def bench_decode(data_dir: pathlib.Path, demo_model: str | None = None) -> dict:
   results = {}
   cfg = config.base()
   params = jax.jit(Transformer(cfg).init)(jax.random.key(0), jnp.ones((1, 8), jnp.int32),
@@ -261,16 +272,13 @@ def bench_decode(data_dir: pathlib.Path) -> dict:
   tiny = config.tiny(vocab_size=tokenizer.vocab_size).replace(max_len=256)
   tiny_params = train.create_train_state(tiny, jax.random.key(0)).params
   translator = evaluate.Translator(tiny_params, tiny, tokenizer, batch_size=32)
-  sources = news.src[:512]
-  translator.translate(sources[:64])  # compile the common widths
-  start = time.perf_counter()
-  outputs = translator.translate(sources)
-  seconds = time.perf_counter() - start
   results['tiny_beam4_newstest2014'] = {
-      'sentences': len(sources), 'sentences_per_s': round(len(sources) / seconds, 2),
-      'seconds': round(seconds, 2),
-      'mean_output_pieces': round(float(np.mean([len(x) for x in tokenizer.encode(outputs)])), 1),
+      **_newstest_throughput(translator, news.src[:512]),
       'weights': 'random (untrained): outputs run to the length limit, the slowest case'}
+  if demo_model:  # the trained demo model (make demo), e.g. workdirs/demo/average-last5
+    results['demo_model_beam4_newstest2014'] = {
+        **_newstest_throughput(evaluate.Translator.from_checkpoint(demo_model, batch_size=32),
+                               news.src[:512]), 'model': demo_model}
   return results
 
 
@@ -285,6 +293,8 @@ def main() -> int:
                       help='run only these sections (repeatable); default: all')
   parser.add_argument('--devices', type=int,
                       help='train section only: run on this many simulated CPU devices')
+  parser.add_argument('--demo-model', help='decode section: also time this trained model '
+                      '(e.g. workdirs/demo/average-last5 after make demo)')
   parser.add_argument('--data-dir', type=pathlib.Path,
                       default=os.environ.get('JAXFORMER_SHARED_DATA', ROOT.parent / 'shared/data'),
                       help='folder with multi30k/ and newstest2014/ (default: ../shared/data)')
@@ -298,7 +308,11 @@ def main() -> int:
                          'python': platform.python_version(), 'jax': jax.__version__,
                          'numpy': np.__version__}}
   for name in sections:
-    kwargs = {'devices': args.devices} if name == 'train' and args.devices else {}
+    kwargs = {}
+    if name == 'train' and args.devices:
+      kwargs['devices'] = args.devices
+    if name == 'decode' and args.demo_model:
+      kwargs['demo_model'] = args.demo_model
     results[name] = SECTIONS[name](args.data_dir, **kwargs)
   print(json.dumps(results, indent=2))
   return 0
