@@ -6,10 +6,10 @@ Rerunning in the same workdir resumes (or, when finished, just re-evaluates).
 """
 
 import argparse
-import importlib.util
 import json
 import logging
 import pathlib
+import runpy
 import sys
 import time
 
@@ -20,17 +20,10 @@ CONFIG = pathlib.Path(__file__).resolve().parent / 'configs' / 'demo.py'
 VERB_FINAL = (' weil ', ' obwohl ', ' wenn ')
 
 
-def _config() -> dict:
-  spec = importlib.util.spec_from_file_location('demo_config', CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
-
-
 def run(workdir: pathlib.Path, *, num_steps: int | None = None, train_pairs: int | None = None,
         test_pairs: int | None = None, samples: int = 5) -> dict:
   start = time.monotonic()
-  settings = _config()
+  settings = runpy.run_path(str(CONFIG))['get_config']()
   sizes = settings['data']
   log = logging.getLogger('demo')
 

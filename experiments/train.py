@@ -9,31 +9,22 @@ Rerunning the same command resumes from the newest checkpoint in the workdir.
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import logging
 import pathlib
+import runpy
 import sys
 from typing import Any
 
 from jaxformer import checkpoint, data, parallel, train
 
+TABLE3 = pathlib.Path(__file__).resolve().parent / 'configs' / 'table3.py'
+
 
 def _load_config(path: str) -> dict:
-  spec = importlib.util.spec_from_file_location('experiment_config', path)
-  if spec is None or not pathlib.Path(path).is_file():
+  if not pathlib.Path(path).is_file():
     raise data.DataError(f'{path}: no such config file.')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
-
-
-def _table3():
-  path = pathlib.Path(__file__).resolve().parent / 'configs' / 'table3.py'
-  spec = importlib.util.spec_from_file_location('table3', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return runpy.run_path(path)['get_config']()
 
 
 def _texts(source: dict, args: argparse.Namespace
@@ -53,13 +44,13 @@ def experiment(args: argparse.Namespace) -> tuple[Any, train.TrainConfig, dict]:
   """(model config, train config, data source) from the config file, --variant and the flags."""
   settings = _load_config(args.config)
   if args.variant:
-    table3 = _table3()
+    table3 = runpy.run_path(str(TABLE3))
     try:
-      model = table3.variant_config(args.variant, settings['model'].vocab_size)
+      model = table3['variant_config'](args.variant, settings['model'].vocab_size)
     except ValueError as e:
       raise data.DataError(str(e)) from None
     settings = dict(settings, model=model,
-                    train={**settings['train'], **table3.train_overrides(args.variant)})
+                    train={**settings['train'], **table3['train_overrides'](args.variant)})
   source = dict(settings['data'], **({'source': args.source} if args.source else {}))
   overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(train.TrainConfig)
                if getattr(args, f.name, None) is not None}
