@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxformer.config import TransformerConfig
+from jaxformer.config import EXECUTION_FIELDS, TransformerConfig
 
 log = logging.getLogger(__name__)
 PyTree = Any
@@ -66,11 +66,13 @@ def spm_model_bytes(meta: dict[str, Any]) -> bytes:
 def check_compatible(meta: dict[str, Any], where: str, *, config: TransformerConfig,
                      spm_model: bytes) -> None:
   """Raises IncompatibleCheckpointError naming every config field (and the vocabulary) that
-  differs between the checkpoint at `where` and this run."""
+  differs between the checkpoint at `where` and this run. Fields that only change how the model
+  is computed (config.EXECUTION_FIELDS, e.g. the compute dtype) may differ."""
   saved = meta['config']
   now = config_to_dict(config)
   diffs = [f'{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}'
-           for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+           for k in sorted(set(saved) | set(now))
+           if saved.get(k) != now.get(k) and k not in EXECUTION_FIELDS]
   if meta['spm_sha256'] != hashlib.sha256(spm_model).hexdigest():
     diffs.append('the sentencepiece vocabulary differs')
   if diffs:

@@ -1,6 +1,8 @@
 """Losses and metrics that return (sum, weight) so callers normalise once, across devices."""
 
+import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,12 @@ Array = jax.Array
 
 def _xlogx(p: float) -> float:
   return p * math.log(p) if p > 0 else 0.0
+
+
+def _smoothing(epsilon: float, vocab: int) -> tuple[float, float, float]:
+  """(confidence, low, entropy) of the smoothed target distribution."""
+  confidence, low = 1.0 - epsilon, epsilon / (vocab - 1)
+  return confidence, low, -(_xlogx(confidence) + (vocab - 1) * _xlogx(low))
 
 
 def _log_probs_at(logits: Array, targets: Array) -> tuple[Array, Array]:
@@ -36,12 +44,10 @@ def smoothed_cross_entropy(logits: Array, targets: Array, weights: Array,
   Returns:
     (loss_sum, weight_sum), both float32 scalars.
   """
-  vocab = logits.shape[-1]
-  confidence, low = 1.0 - epsilon, epsilon / (vocab - 1)
+  confidence, low, entropy = _smoothing(epsilon, logits.shape[-1])
   log_probs, target_log_prob = _log_probs_at(logits, targets)
   others_log_prob = jnp.sum(log_probs, axis=-1) - target_log_prob
   cross_entropy = -(confidence * target_log_prob + low * others_log_prob)
-  entropy = -(_xlogx(confidence) + (vocab - 1) * _xlogx(low))
   weights = weights.astype(jnp.float32)
   return jnp.sum((cross_entropy - entropy) * weights), jnp.sum(weights)
 
@@ -58,3 +64,94 @@ def accuracy(logits: Array, targets: Array, weights: Array) -> tuple[Array, Arra
   weights = weights.astype(jnp.float32)
   correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
   return jnp.sum(correct * weights), jnp.sum(weights)
+
+
+def _projected_chunk(hidden: Array, targets: Array, weights: Array, *, embedding: Array,
+                     epsilon: float, with_grads: bool) -> Any:
+  """[loss_sum, correct_sum] of one chunk (hidden [C, D], targets and weights [C]), and with
+  with_grads the loss sum's gradients with respect to hidden [C, D] and embedding [V, D]."""
+  vocab = embedding.shape[0]
+  confidence, low, entropy = _smoothing(epsilon, vocab)
+  softmax_weights = embedding.astype(hidden.dtype)
+  logits = jnp.dot(hidden, softmax_weights.T, preferred_element_type=jnp.float32)  # [C, V]
+  top = jnp.max(logits, axis=-1)
+  exp = jnp.exp(logits - top[:, None])
+  log_z = top + jnp.log(jnp.sum(exp, axis=-1))  # [C]
+  target_logit = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+  # -(confidence log p_t + low sum_{v != t} log p_v), where sum_v log p_v = sum_v z_v - V log Z.
+  cross_entropy = -((confidence - low) * (target_logit - log_z)
+                    + low * (jnp.sum(logits, axis=-1) - vocab * log_z))
+  sums = jnp.stack([jnp.sum((cross_entropy - entropy) * weights),
+                    jnp.sum((target_logit >= top) * weights)])  # a tie with the max is a hit
+  if not with_grads:
+    return sums
+  # d loss / d logits = softmax - smoothed target; the one-hot is an iota compare, fused away.
+  target_mass = low + (confidence - low) * (jnp.arange(vocab) == targets[:, None])
+  probs = exp * jnp.exp(top - log_z)[:, None]
+  d_logits = ((probs - target_mass) * weights[:, None]).astype(hidden.dtype)  # [C, V]
+  d_hidden = jnp.dot(d_logits, softmax_weights)  # [C, D]
+  d_embedding = jnp.dot(d_logits.T, hidden, preferred_element_type=jnp.float32)  # [V, D]
+  return sums, d_hidden, d_embedding.astype(embedding.dtype)
+
+
+def _chunks(x: Array, chunk: int) -> Array:
+  """[N, ...] -> [N / chunk, chunk, ...], zero-padded to whole chunks (zero weight)."""
+  x = jnp.pad(x, [(0, -x.shape[0] % chunk)] + [(0, 0)] * (x.ndim - 1))
+  return x.reshape(-1, chunk, *x.shape[1:])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _projected_sums(hidden: Array, embedding: Array, targets: Array, weights: Array,
+                    epsilon: float) -> Array:
+  """[loss_sum, correct_sum] over chunks: hidden [N, C, D], targets and weights [N, C]."""
+  def body(total, chunk):
+    return total + _projected_chunk(*chunk, embedding=embedding, epsilon=epsilon,
+                                    with_grads=False), None
+  return jax.lax.scan(body, jnp.zeros(2), (hidden, targets, weights))[0]
+
+
+def _projected_sums_fwd(hidden, embedding, targets, weights, epsilon):
+  def body(carry, chunk):
+    total, d_embedding = carry
+    sums, d_hidden, d_emb = _projected_chunk(*chunk, embedding=embedding, epsilon=epsilon,
+                                             with_grads=True)
+    return (total + sums, d_embedding + d_emb), d_hidden
+  (sums, d_embedding), d_hidden = jax.lax.scan(
+      body, (jnp.zeros(2), jnp.zeros_like(embedding)), (hidden, targets, weights))
+  return sums, (d_hidden, d_embedding)
+
+
+def _projected_sums_bwd(epsilon, grads, cotangent):
+  del epsilon
+  d_hidden, d_embedding = grads
+  g = cotangent[0]  # correct_sum has no gradient
+  return (g.astype(d_hidden.dtype) * d_hidden, g * d_embedding, None, None)
+
+
+_projected_sums.defvjp(_projected_sums_fwd, _projected_sums_bwd)
+
+
+def chunked_smoothed_cross_entropy(hidden: Array, embedding: Array, targets: Array,
+                                   weights: Array, epsilon: float, *,
+                                   chunk: int = 1024) -> tuple[Array, Array, Array]:
+  """`smoothed_cross_entropy` and `accuracy` of logits = hidden @ embedding.T, without them.
+
+  The softmax projection and the loss run over `chunk` positions at a time, so the [..., V]
+  logits and their gradient never exist whole. The gradient is computed in the same pass as the
+  loss (a custom VJP): the projection costs three matrix products, as with autodiff.
+
+  Args:
+    hidden: [..., D] decoder outputs, in the compute dtype.
+    embedding: [V, D] the shared embedding (the softmax weights); cast to hidden's dtype.
+    targets, weights: [...] as for `smoothed_cross_entropy`.
+    epsilon: the smoothing mass epsilon_ls.
+    chunk: positions per chunk.
+
+  Returns:
+    (loss_sum, weight_sum, correct_sum), float32 scalars; only loss_sum has a gradient.
+  """
+  weights = weights.reshape(-1).astype(jnp.float32)
+  loss_sum, correct = _projected_sums(
+      _chunks(hidden.reshape(-1, hidden.shape[-1]), chunk), embedding,
+      _chunks(targets.reshape(-1), chunk), _chunks(weights, chunk), epsilon)
+  return loss_sum, jnp.sum(weights), correct

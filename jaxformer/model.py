@@ -73,14 +73,20 @@ class MultiHeadAttention(nn.Module):
                deterministic: bool) -> Array:
     """Attends from x [B, T, D] to kv (from `project_kv`) where mask [B, 1, T, L] is True."""
     q = self.query(x) * self.config.key_dim ** -0.5  # [B, T, H, K]
-    logits = jnp.einsum('BTHK,BLHK->BHTL', q, kv['k'],
+    if self.config.attention == 'fused':  # cuDNN's fused kernel where it applies (GPU)
+      heads = jax.nn.dot_product_attention(q, kv['k'], kv['v'], mask=mask, scale=1.0)
+      return self.out(heads)  # [B, T, D]
+    # Heads-first operands make both products plain batched matmuls: on CPU this runs ~1.5x
+    # faster than einsums with the head axis in the middle (docs/BENCHMARKS.md).
+    q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, kv['k'], kv['v']))  # [B, H, T|L, K|J]
+    logits = jnp.einsum('BHTK,BHLK->BHTL', q, k,
                         preferred_element_type=jnp.float32)  # [B, H, T, L]
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1).astype(self.config.dtype)  # [B, H, T, L]
     self.sow('intermediates', 'attention_weights', weights)  # only kept when asked for
     weights = self.dropout(weights, deterministic=deterministic)
-    heads = jnp.einsum('BHTL,BLHJ->BTHJ', weights, kv['v'])  # [B, T, H, J]
-    return self.out(heads)  # [B, T, D]
+    heads = jnp.einsum('BHTL,BHLJ->BHTJ', weights, v)  # [B, H, T, J]
+    return self.out(jnp.swapaxes(heads, 1, 2))  # [B, T, D]
 
 
 class FeedForward(nn.Module):
@@ -125,7 +131,7 @@ class EncoderLayer(nn.Module):
     self.ffn = FeedForward(self.config)
     self.residuals = [Residual(self.config) for _ in range(2)]
 
-  def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
+  def __call__(self, x: Array, mask: Array, deterministic: bool) -> Array:
     attn, ffn, (r1, r2), det = self.self_attention, self.ffn, self.residuals, deterministic
     h = r1.normed(x)
     x = r1(x, attn(h, attn.project_kv(h), mask, deterministic=det), deterministic=det)
@@ -142,7 +148,7 @@ class DecoderLayer(nn.Module):
     self.ffn = FeedForward(self.config)
     self.residuals = [Residual(self.config) for _ in range(3)]
 
-  def __call__(self, y: Array, encoded: Array | None, self_mask: Array, cross_mask: Array, *,
+  def __call__(self, y: Array, encoded: Array | None, self_mask: Array, cross_mask: Array,
                deterministic: bool, cache: Cache | None = None,
                index: Array | None = None) -> tuple[Array, Cache | None]:
     """With a cache, y is the one new position `index` [B, 1, D]; returns the updated cache."""
@@ -166,6 +172,15 @@ class DecoderLayer(nn.Module):
     empty = lambda dim: jnp.zeros((batch, max_len, cfg.num_heads, dim), cfg.dtype)  # noqa: E731
     return {'self': {'k': empty(cfg.key_dim), 'v': empty(cfg.value_dim)},
             'cross': self.cross_attention.project_kv(encoded)}
+
+
+def _maybe_remat(layer: type[nn.Module], config: TransformerConfig, *,
+                 deterministic_argnum: int) -> type[nn.Module]:
+  """The layer, rematerialised in the backward pass if config.remat (activation memory of one
+  layer instead of N, for a second forward pass). Param names do not change."""
+  if not config.remat:
+    return layer
+  return nn.remat(layer, static_argnums=(deterministic_argnum,))  # self is argument 0
 
 
 class InputEmbedding(nn.Module):
@@ -195,7 +210,8 @@ class Encoder(nn.Module):
 
   def setup(self):
     self.embedding = InputEmbedding(self.config, self.embed)
-    self.layers = [EncoderLayer(self.config) for _ in range(self.config.num_layers)]
+    layer = _maybe_remat(EncoderLayer, self.config, deterministic_argnum=3)
+    self.layers = [layer(self.config) for _ in range(self.config.num_layers)]
     self.final_norm = _layer_norm() if self.config.pre_ln else None
 
   def __call__(self, src: Array, segments: Array, positions: Array, *,
@@ -204,7 +220,7 @@ class Encoder(nn.Module):
     mask = segment_mask(segments, segments) & window_mask(
         positions, positions, self.config.attention_window)  # [B, 1, S, S]
     for layer in self.layers:
-      x = layer(x, mask, deterministic=deterministic)
+      x = layer(x, mask, deterministic)
     return x if self.final_norm is None else self.final_norm(x)
 
 
@@ -215,21 +231,24 @@ class Decoder(nn.Module):
 
   def setup(self):
     self.embedding = InputEmbedding(self.config, self.embed)
-    self.layers = [DecoderLayer(self.config) for _ in range(self.config.num_layers)]
+    layer = _maybe_remat(DecoderLayer, self.config, deterministic_argnum=5)
+    self.layers = [layer(self.config) for _ in range(self.config.num_layers)]
     self.final_norm = _layer_norm() if self.config.pre_ln else None
 
   def __call__(self, tgt_in: Array, encoded: Array | None, self_mask: Array, cross_mask: Array,
-               positions: Array, *, deterministic: bool,
-               cache: Cache | None = None) -> tuple[Array, Cache | None]:
+               positions: Array, *, deterministic: bool, cache: Cache | None = None,
+               return_hidden: bool = False) -> tuple[Array, Cache | None]:
     y = self.embedding(tgt_in, positions, deterministic=deterministic)  # [B, T, D]
     layer_caches = [None] * len(self.layers) if cache is None else cache['layers']
     new_caches = []
     for layer, layer_cache in zip(self.layers, layer_caches):
-      y, layer_cache = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic,
+      y, layer_cache = layer(y, encoded, self_mask, cross_mask, deterministic,
                              cache=layer_cache, index=None if cache is None else cache['index'])
       new_caches.append(layer_cache)
     if self.final_norm is not None:
       y = self.final_norm(y)
+    if return_hidden:  # the softmax's input [B, T, D], for a loss that projects it in chunks
+      return y, None
     logits = self.embed.attend(y).astype(jnp.float32)  # [B, T, V]
     if cache is None:
       return logits, None
@@ -276,8 +295,10 @@ class Transformer(nn.Module):
   def decode(self, encoded: Array | None, src: Array, tgt_in: Array, *,
              deterministic: bool = True, src_segments: Array | None = None,
              tgt_segments: Array | None = None, tgt_positions: Array | None = None,
-             cache: Cache | None = None) -> Array | tuple[Array, Cache]:
-    """Decoder inputs [B, T] -> logits [B, T, V] (float32).
+             cache: Cache | None = None,
+             return_hidden: bool = False) -> Array | tuple[Array, Cache]:
+    """Decoder inputs [B, T] -> logits [B, T, V] (float32), or with return_hidden the decoder's
+    output [B, T, D] before the softmax projection (see losses.chunked_smoothed_cross_entropy).
 
     Without segments, target padding needs no mask: it comes after the real tokens, which the
     causal mask already hides from them. With `cache` (from `init_cache`), tgt_in is the next
@@ -301,9 +322,9 @@ class Transformer(nn.Module):
     self_mask = (segment_mask(tgt_segments, tgt_segments) & causal_mask(tgt_in.shape[1])
                  & window_mask(positions, positions, window))  # [B, 1, T, T]
     cross_mask = segment_mask(tgt_segments, src_segments)  # [B, 1, T, S]
-    logits, _ = self.decoder(tgt_in, encoded, self_mask, cross_mask, positions,
-                             deterministic=deterministic)
-    return logits
+    outputs, _ = self.decoder(tgt_in, encoded, self_mask, cross_mask, positions,
+                              deterministic=deterministic, return_hidden=return_hidden)
+    return outputs
 
   def init_cache(self, encoded: Array, max_len: int) -> Cache:
     """A key/value cache for decoding up to max_len tokens after `encode`."""
@@ -312,11 +333,12 @@ class Transformer(nn.Module):
 
   def __call__(self, src: Array, tgt_in: Array, *, deterministic: bool = True,
                src_segments: Array | None = None, tgt_segments: Array | None = None,
-               src_positions: Array | None = None,
-               tgt_positions: Array | None = None) -> Array:
-    """Teacher-forced logits [B, T, V] for source [B, S] and decoder inputs [B, T]."""
+               src_positions: Array | None = None, tgt_positions: Array | None = None,
+               return_hidden: bool = False) -> Array:
+    """Teacher-forced logits [B, T, V] for source [B, S] and decoder inputs [B, T] (or, with
+    return_hidden, the decoder's output [B, T, D] before the softmax projection)."""
     encoded = self.encode(src, deterministic=deterministic, src_segments=src_segments,
                           src_positions=src_positions)
     return self.decode(encoded, src, tgt_in, deterministic=deterministic,
                        src_segments=src_segments, tgt_segments=tgt_segments,
-                       tgt_positions=tgt_positions)
+                       tgt_positions=tgt_positions, return_hidden=return_hidden)

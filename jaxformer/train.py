@@ -45,7 +45,7 @@ def create_train_state(config: TransformerConfig, rng: Array, src_len: int = 8,
                            tx=optim.make_optimizer(config), config=config)
 
 
-def _logits(state: TrainState, params: Any, batch: Batch, **kwargs: Any) -> Array:
+def _apply(state: TrainState, params: Any, batch: Batch, **kwargs: Any) -> Array:
   layout = {key: batch[key] for key in _LAYOUT_KEYS if key in batch}
   return state.apply_fn({'params': params}, batch['src'], batch['tgt_in'], **layout, **kwargs)
 
@@ -73,13 +73,13 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
   def sums(params, micro_batch, micro_rng):
     """Gradient of the loss sum, and the sums behind the metrics, for one micro-batch."""
     def loss_fn(params):
-      logits = _logits(state, params, micro_batch, deterministic=False,
+      hidden = _apply(state, params, micro_batch, deterministic=False, return_hidden=True,
                        rngs={'dropout': micro_rng})
-      loss_sum, weight_sum = losses.smoothed_cross_entropy(
-          logits, micro_batch['tgt_out'], micro_batch['weights'], state.config.label_smoothing)
-      return loss_sum, (logits, weight_sum)
-    (loss_sum, (logits, weight_sum)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    correct, _ = losses.accuracy(logits, micro_batch['tgt_out'], micro_batch['weights'])
+      loss_sum, weight_sum, correct = losses.chunked_smoothed_cross_entropy(
+          hidden, params['embed']['embedding'], micro_batch['tgt_out'], micro_batch['weights'],
+          state.config.label_smoothing, chunk=state.config.loss_chunk)
+      return loss_sum, (weight_sum, correct)
+    (loss_sum, (weight_sum, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return grads, jnp.stack([loss_sum, weight_sum, correct])
 
   if accum_steps == 1:
@@ -117,7 +117,7 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
 
 def eval_step(state: TrainState, batch: Batch) -> dict[str, Array]:
   """Sums for one batch: smoothed loss, NLL, correct tokens and tokens."""
-  logits = _logits(state, state.params, batch, deterministic=True)
+  logits = _apply(state, state.params, batch, deterministic=True)
   targets, weights = batch['tgt_out'], batch['weights']
   loss_sum, tokens = losses.smoothed_cross_entropy(
       logits, targets, weights, state.config.label_smoothing)
