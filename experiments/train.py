@@ -54,7 +54,8 @@ def experiment(args: argparse.Namespace) -> tuple[Any, train.TrainConfig, dict]:
   source = dict(settings['data'], **({'source': args.source} if args.source else {}))
   overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(train.TrainConfig)
                if getattr(args, f.name, None) is not None}
-  return settings['model'], train.TrainConfig(**{**settings['train'], **overrides}), source
+  model = settings['model'].replace(remat=True) if args.remat else settings['model']
+  return model, train.TrainConfig(**{**settings['train'], **overrides}), source
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument('--checkpoint_every_secs', type=float)
   parser.add_argument('--skip_nonfinite', action='store_true', default=None,
                       help='skip and count updates with a non-finite loss instead of stopping')
+  parser.add_argument('--fast_path', action=argparse.BooleanOptionalAction,
+                      help='bfloat16 compute and fused attention (default: on GPU only)')
+  parser.add_argument('--remat', action='store_true',
+                      help='recompute layer activations in the backward pass (less memory)')
   group = parser.add_argument_group('multi-host (jax.distributed)')
   group.add_argument('--distributed', action='store_true',
                      help='call jax.distributed.initialize (auto-detects on SLURM, TPU, ...)')

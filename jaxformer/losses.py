@@ -145,12 +145,13 @@ def chunked_smoothed_cross_entropy(hidden: Array, embedding: Array, targets: Arr
     embedding: [V, D] the shared embedding (the softmax weights); cast to hidden's dtype.
     targets, weights: [...] as for `smoothed_cross_entropy`.
     epsilon: the smoothing mass epsilon_ls.
-    chunk: positions per chunk.
+    chunk: positions per chunk (the last one is padded).
 
   Returns:
     (loss_sum, weight_sum, correct_sum), float32 scalars; only loss_sum has a gradient.
   """
   weights = weights.reshape(-1).astype(jnp.float32)
+  chunk = min(chunk, weights.shape[0])
   loss_sum, correct = _projected_sums(
       _chunks(hidden.reshape(-1, hidden.shape[-1]), chunk), embedding,
       _chunks(targets.reshape(-1), chunk), _chunks(weights, chunk), epsilon)

@@ -1,7 +1,8 @@
 """Device and host plumbing: jax.distributed, replication, prefetching, cross-host agreement."""
 
-import collections
-from collections.abc import Iterator
+import queue
+import threading
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import jax
@@ -25,20 +26,56 @@ def unreplicate(tree: Any) -> Any:
   return jax.device_get(jax.tree.map(lambda x: x[0], tree))
 
 
+def shard(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+  """Puts a host batch [local devices, ...] on the local devices, one slice each (for pmap)."""
+  mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ('batch',))
+  sharding = jax.NamedSharding(mesh, jax.P('batch'))
+  return jax.tree.map(lambda x: jax.device_put(x, sharding), batch)
+
+
 def prefetch(batches: Iterator[dict[str, np.ndarray]], size: int = 2
-             ) -> Iterator[tuple[dict[str, jax.Array], Any]]:
-  """Puts the next `size` batches on the local devices ahead of use. Yields (device batch,
-  the iterator's state just after that batch), so a checkpoint records the consumed position,
-  not the prefetched one."""
-  states: collections.deque = collections.deque()
+             ) -> Generator[tuple[dict[str, jax.Array], Any], None, None]:
+  """Makes and transfers the next `size` batches in a background thread while steps run.
 
-  def with_states():
-    for batch in batches:
-      states.append(batches.get_state())
-      yield batch
+  Yields (device batch, the iterator's state just after that batch), so that a checkpoint
+  records the consumed position, not the prefetched one. An error in the iterator is raised
+  here, at the batch it stopped. Close the generator to stop the thread.
+  """
+  ready: queue.Queue = queue.Queue(maxsize=size)
+  stop = threading.Event()
 
-  for batch in jax_utils.prefetch_to_device(with_states(), size):
-    yield batch, states.popleft()
+  def put(item: Any) -> bool:
+    while not stop.is_set():
+      try:
+        ready.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        pass
+    return False
+
+  def produce() -> None:
+    try:
+      for batch in batches:
+        if not put((shard(batch), batches.get_state())):
+          return
+    except Exception as e:  # pylint: disable=broad-except  (re-raised in the consumer)
+      put(e)
+      return
+    put(StopIteration())
+
+  thread = threading.Thread(target=produce, name='prefetch', daemon=True)
+  thread.start()
+  try:
+    while True:
+      item = ready.get()
+      if isinstance(item, StopIteration):
+        return
+      if isinstance(item, Exception):
+        raise item
+      yield item
+  finally:
+    stop.set()
+    thread.join()
 
 
 def all_hosts(values: np.ndarray) -> np.ndarray:

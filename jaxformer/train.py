@@ -20,7 +20,7 @@ from flax.training import train_state
 
 from jaxformer import checkpoint, losses, optim, parallel
 from jaxformer import data as data_lib
-from jaxformer.config import TransformerConfig
+from jaxformer.config import TransformerConfig, fast_path
 from jaxformer.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
       hidden = _apply(state, params, micro_batch, deterministic=False, return_hidden=True,
                        rngs={'dropout': micro_rng})
       loss_sum, weight_sum, correct = losses.chunked_smoothed_cross_entropy(
-          hidden, params['embed']['embedding'], micro_batch['tgt_out'], micro_batch['weights'],
+          hidden.astype(state.config.dtype), params['embed']['embedding'], micro_batch['tgt_out'], micro_batch['weights'],
           state.config.label_smoothing, chunk=state.config.loss_chunk)
       return loss_sum, (weight_sum, correct)
     (loss_sum, (weight_sum, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -153,6 +153,7 @@ class TrainConfig:
   bleu_sentences: int = 0               # at each evaluation, sacreBLEU of this many validation
                                         # sentences decoded with beam 4 (0: none)
   spm_sample_size: int = 2_000_000      # sentences sampled to train the vocabulary
+  fast_path: bool | None = None         # config.fast_path (bf16, fused attention); None: on GPU
 
 
 def _train_item(state: TrainState, rng: Array) -> dict[str, Any]:
@@ -235,7 +236,10 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
 
   # --- state: fresh, or the newest checkpoint ------------------------------------------------
   init_rng, rng = jax.random.split(jax.random.key(tc.seed))
-  state = create_train_state(config, init_rng)
+  # Checkpoints record `config`; the steps run `run_config` (execution fields may differ).
+  use_fast_path = jax.default_backend() == 'gpu' if tc.fast_path is None else tc.fast_path
+  run_config = fast_path(config, 'gpu') if use_fast_path else config
+  state = create_train_state(run_config, init_rng)
   manager = checkpoint.make_manager(workdir / 'checkpoints',
                                     max_to_keep=max(tc.keep_checkpoints, tc.average_last, 1))
   found = checkpoint.restore_latest(
@@ -291,19 +295,20 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
                        for sig in (signal.SIGTERM, signal.SIGINT)}
 
   # --- the loop ------------------------------------------------------------------------------
+  # Step n's metrics are read only after step n + 1 has been dispatched (or when step n logs,
+  # evaluates or saves), so the accelerator always has the next step queued.
   summary: dict[str, Any] = {'preempted': False, 'skipped_updates': 0}
   last_save_time = time.monotonic()
   interval = collections.defaultdict(float)
   interval_start = time.monotonic()
   data_state = batches.get_state()
   train_metrics: dict[str, float] = {}
-  device_batches = parallel.prefetch(batches)
-  progress = tqdm.tqdm(total=tc.num_steps, initial=start_step, desc='training', unit='step',
-                       disable=not is_main, dynamic_ncols=True)
-  try:
-    for step in range(start_step + 1, tc.num_steps + 1):
-      batch, data_state = next(device_batches)
-      p_state, metrics = p_train_step(p_state, batch, p_rng)
+  pending: list[tuple[int, dict[str, Array]]] = []  # dispatched steps whose metrics are unread
+
+  def read_metrics() -> None:
+    """Reads the pending steps' metrics: a non-finite loss stops training (or is counted)."""
+    while pending:
+      step, metrics = pending.pop(0)
       metrics = jax.device_get(jax.tree.map(lambda x: x[0], metrics))
       if metrics['nonfinite']:
         if not tc.skip_nonfinite:
@@ -315,27 +320,47 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
         summary['skipped_updates'] += 1
         log.warning('step %d: non-finite loss, update skipped (%d so far)', step,
                     summary['skipped_updates'])
-      for key in ('loss', 'accuracy', 'grad_norm'):
+      for key in ('loss', 'accuracy', 'grad_norm', 'tokens'):
         interval[key] += metrics[key]
-      interval['tokens'] += metrics['tokens']
       interval['steps'] += 1
+      interval['lr'] = metrics['lr']
       progress.update(1)
 
-      if step % tc.log_every_steps == 0 or step == tc.num_steps:
+  device_batches = parallel.prefetch(batches)
+  progress = tqdm.tqdm(total=tc.num_steps, initial=start_step, desc='training', unit='step',
+                       disable=not is_main, dynamic_ncols=True)
+  try:
+    for step in range(start_step + 1, tc.num_steps + 1):
+      batch, data_state = next(device_batches)
+      p_state, metrics = p_train_step(p_state, batch, p_rng)
+      read_metrics()  # the previous step's
+      pending.append((step, metrics))
+      log_now = step % tc.log_every_steps == 0 or step == tc.num_steps
+      eval_now = eval_corpus is not None and (step % tc.eval_every_steps == 0
+                                              or step == tc.num_steps)
+      preempted = parallel.any_host(stop['signal'] is not None)
+      due = (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0) or (
+          tc.checkpoint_every_secs is not None
+          and time.monotonic() - last_save_time >= tc.checkpoint_every_secs)
+      save_now = step == tc.num_steps or preempted or parallel.any_host(bool(due))
+      if log_now or eval_now or save_now:
+        read_metrics()  # this step's: never save or report past an unchecked update
+
+      if log_now:
         seconds = time.monotonic() - interval_start
         train_metrics = {key: float(interval[key] / interval['steps'])
                          for key in ('loss', 'accuracy', 'grad_norm')}
-        train_metrics.update(lr=float(metrics['lr']),
+        train_metrics.update(lr=float(interval['lr']),
                              tokens_per_s=float(interval['tokens'] / seconds),
                              steps_per_s=interval['steps'] / seconds,
                              skipped_updates=summary['skipped_updates'])
         report(step, train_metrics, 'train')
-        progress.set_postfix(loss=f'{train_metrics["loss"]:.3f}', lr=f'{metrics["lr"]:.2e}',
+        progress.set_postfix(loss=f'{train_metrics["loss"]:.3f}', lr=f'{interval["lr"]:.2e}',
                              tok_s=f'{train_metrics["tokens_per_s"]:.0f}')
         interval.clear()
         interval_start = time.monotonic()
 
-      if eval_corpus is not None and (step % tc.eval_every_steps == 0 or step == tc.num_steps):
+      if eval_now:
         summary['eval'] = evaluate(p_eval_step, p_state, eval_corpus, src_len=src_len,
                                    tgt_len=tgt_len, rows_per_device=rows)
         if tc.bleu_sentences and is_main:
@@ -344,11 +369,7 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
               tc.bleu_sentences)
         report(step, summary['eval'], 'eval')
 
-      preempted = parallel.any_host(stop['signal'] is not None)
-      due = (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0) or (
-          tc.checkpoint_every_secs is not None
-          and time.monotonic() - last_save_time >= tc.checkpoint_every_secs)
-      if step == tc.num_steps or preempted or parallel.any_host(bool(due)):
+      if save_now:
         save(step, data_state)
         last_save_time = time.monotonic()
       if preempted:
@@ -358,6 +379,7 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
                     stop['signal'] or 'stop', step, manager.directory / str(step))
         break
   finally:
+    device_batches.close()
     progress.close()
     manager.wait_until_finished()
     for sig, handler in previous_handlers.items():
