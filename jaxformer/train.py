@@ -76,8 +76,9 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
       hidden = _apply(state, params, micro_batch, deterministic=False, return_hidden=True,
                        rngs={'dropout': micro_rng})
       loss_sum, weight_sum, correct = losses.chunked_smoothed_cross_entropy(
-          hidden.astype(state.config.dtype), params['embed']['embedding'], micro_batch['tgt_out'], micro_batch['weights'],
-          state.config.label_smoothing, chunk=state.config.loss_chunk)
+          hidden.astype(state.config.dtype), params['embed']['embedding'],
+          micro_batch['tgt_out'], micro_batch['weights'], state.config.label_smoothing,
+          chunk=state.config.loss_chunk)
       return loss_sum, (weight_sum, correct)
     (loss_sum, (weight_sum, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return grads, jnp.stack([loss_sum, weight_sum, correct])
