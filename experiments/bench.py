@@ -1,14 +1,17 @@
 """Benchmarks; prints one JSON object.
 
-  make bench   (or: python experiments/bench.py --only data --only decode)
+  make bench   (or: python experiments/bench.py --only train --train-case base)
 
 
 Sections:
   data:       tokenise-and-cache time and peak memory on Multi30k; packing efficiency (real-token
               fraction per side) on Multi30k train and newstest2014; packed target tokens/s
               from the cache on one core; packing-plan time for 1M WMT-like pairs.
-  train:      steps/s and target tokens/s of the pmap'd train step for tiny and base, on 1 and 8
-              (simulated, on CPU) devices; compile time reported apart.
+  train:      the pmap'd train step on random full rows (TRAIN_CASES: tiny, base, big; CPU:
+              2k-4k target tokens per step, GPU: the paper's ~25k): compile time apart, then
+              the median of timed steps, tokens/s, steps/s, and MFU: analytic model FLOPs
+              (jaxformer.flops) / step time / the peak of a square jnp.dot in the compute dtype
+              measured in the same run. bf16 + fused attention on GPU (--fast-path to choose).
   checkpoint: save (blocking part and total) and restore time of a base-size train state;
               time and peak RSS to average the last 5 and 20 base-size checkpoints.
   decode:     target tokens/s at base dimensions (random weights, 64 output tokens): greedy
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 if __name__ == '__main__' and '--devices' in sys.argv:  # before jax starts
   os.environ['XLA_FLAGS'] = ('--xla_force_host_platform_device_count='
@@ -37,7 +41,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxformer import checkpoint, config, data, evaluate, parallel, train  # noqa: E402
+from jaxformer import checkpoint, config, data, evaluate, flops, parallel, train  # noqa: E402
 from jaxformer.model import Transformer  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -127,14 +131,29 @@ def _random_batch(num_devices: int, rows: int, length: int, vocab: int) -> dict:
           'tgt_positions': positions}
 
 
-def _time_train_step(cfg: config.TransformerConfig, target_tokens: int, length: int,
-                     timed_steps: int) -> dict:
+def matmul_peak(dtype: Any, sizes: tuple[int, ...]) -> dict:
+  """FLOP/s of square jnp.dot in `dtype` on one device (median of 5 runs per size); the
+  peak is the best size's."""
+  results = {}
+  for n in sizes:
+    a = jax.device_put(jnp.ones((n, n), dtype))
+    dot = jax.jit(jnp.dot)
+    _, median = _median_time(lambda a=a: dot(a, a), runs=5)
+    results[str(n)] = round(2 * n ** 3 / median / 1e9, 1)
+  return {'dtype': jnp.dtype(dtype).name, 'gflops_by_size': results,
+          'peak_gflops': max(results.values())}
+
+
+def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accum_steps: int,
+                     timed_steps: int, peak_gflops: float) -> dict:
+  """Median step time of the pmap'd train step on `rows` x `length`-token rows per side, split
+  over the local devices; MFU against `peak_gflops` (one device's) x devices."""
   devices = jax.local_device_count()
-  rows = max(1, target_tokens // length // devices)
   state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
   rng = parallel.replicate(jax.random.key(1))
-  batch = jax.tree.map(jax.device_put, _random_batch(devices, rows, length, cfg.vocab_size))
-  step = jax.pmap(lambda s, b, r: train.train_step(s, b, r, axis_name='batch'),
+  batch = parallel.shard(_random_batch(devices, rows // devices, length, cfg.vocab_size))
+  step = jax.pmap(functools.partial(train.train_step, axis_name='batch',
+                                    accum_steps=accum_steps),
                   axis_name='batch', donate_argnums=0)
   start = time.perf_counter()
   compiled = step.lower(state, batch, rng).compile()
@@ -147,25 +166,61 @@ def _time_train_step(cfg: config.TransformerConfig, target_tokens: int, length: 
     if i >= 2:
       times.append(time.perf_counter() - start)
   median = statistics.median(times)
-  tokens = devices * rows * length
-  return {'devices': devices, 'target_tokens_per_step': tokens, 'compile_s': round(compile_s, 2),
-          'step_s_median': round(median, 4), 'steps_per_s': round(1 / median, 3),
-          'target_tokens_per_s': round(tokens / median, 1)}
+  tokens = rows * length
+  model_flops = flops.train_flops(cfg, rows, length, length)
+  result = {
+      'devices': devices, 'dtype': jnp.dtype(cfg.dtype).name, 'attention': cfg.attention,
+      'remat': cfg.remat, 'rows': rows, 'row_len': length, 'accum_steps': accum_steps,
+      'target_tokens_per_step': tokens, 'compile_s': round(compile_s, 2),
+      'timed_steps': timed_steps, 'step_s_median': round(median, 4),
+      'step_s_range': [round(min(times), 4), round(max(times), 4)],
+      'steps_per_s': round(1 / median, 3), 'target_tokens_per_s': round(tokens / median, 1),
+      'model_tflops_per_step': round(model_flops / 1e12, 4),
+      'achieved_gflops': round(model_flops / median / 1e9, 1),
+      'mfu': round(model_flops / median / 1e9 / (peak_gflops * devices), 4)}
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if 'peak_bytes_in_use' in stats:  # GPU/TPU only
+    result['peak_memory_gb'] = round(stats['peak_bytes_in_use'] / 1e9, 2)
+  return result
 
 
-def bench_train(data_dir: pathlib.Path, devices: int | None = None) -> dict:
-  """In this process for the current device count; otherwise once per count, each in a child
-  process (the simulated device count is fixed when jax starts)."""
+# What `make bench` times per backend: (name, preset, rows, row length, accum steps, timed).
+# CPU: batches of 2k-4k target tokens (the issue's CPU target: base, float32, >= 2048 tokens).
+# GPU: the paper's ~25k target tokens per step, on one device.
+TRAIN_CASES = {
+    'cpu': [('tiny', 'tiny', 32, 64, 1, 20), ('base', 'base', 16, 256, 1, 3),
+            ('base_accum2', 'base', 16, 256, 2, 3), ('base_2k', 'base', 8, 256, 1, 3),
+            ('big_2k', 'big', 8, 256, 1, 2)],
+    'gpu': [('tiny', 'tiny', 512, 64, 1, 20), ('base', 'base', 100, 256, 1, 10),
+            ('big', 'big', 100, 256, 1, 5), ('big_remat', 'big', 100, 256, 1, 5)],
+}
+PAPER_RECIPES = {'base': 100_000, 'big': 300_000}  # steps of ~25k target tokens (§5.2)
+
+
+def bench_train(data_dir: pathlib.Path, *, fast_path: bool | None = None,
+                only: list[str] | None = None) -> dict:
+  """Train-step throughput and MFU of the cases for this backend (TRAIN_CASES)."""
   del data_dir
-  if devices is None:
-    results = {}
-    for count in (1, 8):
-      child = subprocess.run([sys.executable, __file__, '--only', 'train', '--devices',
-                              str(count)], capture_output=True, text=True, check=True)
-      results[f'{count}_devices'] = json.loads(child.stdout)['train']
-    return results
-  return {'tiny': _time_train_step(config.tiny(), 2048, 64, timed_steps=20),
-          'base': _time_train_step(config.base(), 4096, 256, timed_steps=3)}
+  backend = jax.default_backend()
+  use_fast = backend == 'gpu' if fast_path is None else fast_path
+  presets = {'tiny': config.tiny, 'base': config.base, 'big': config.big}
+  cases = [c for c in TRAIN_CASES['gpu' if backend == 'gpu' else 'cpu']
+           if not only or c[0] in only]
+  dtype = config.fast_path(config.base(), 'gpu').dtype if use_fast else jnp.float32
+  peak = matmul_peak(dtype, (2048, 4096, 8192) if backend == 'gpu' else (1024, 2048, 4096))
+  results = {'matmul_peak': peak, 'fast_path': use_fast}
+  for name, preset, rows, length, accum, timed in cases:
+    cfg = presets[preset]()
+    cfg = config.fast_path(cfg, 'gpu') if use_fast else cfg
+    cfg = cfg.replace(remat=name.endswith('_remat'))
+    result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'])
+    if preset in PAPER_RECIPES:  # at this speed, the paper's recipe would take this long
+      result['paper_recipe_hours'] = round(
+          PAPER_RECIPES[preset] * 25_000 / result['target_tokens_per_s'] / 3600, 2)
+    results[name] = result
+    print(f'train {name}: {result["target_tokens_per_s"]} tokens/s, MFU {result["mfu"]}',
+          file=sys.stderr, flush=True)
+  return results
 
 
 def _base_train_state() -> tuple[dict, dict]:
@@ -292,7 +347,12 @@ def main() -> int:
   parser.add_argument('--only', choices=sorted(SECTIONS), action='append',
                       help='run only these sections (repeatable); default: all')
   parser.add_argument('--devices', type=int,
-                      help='train section only: run on this many simulated CPU devices')
+                      help='simulate this many CPU devices (XLA_FLAGS; set before jax starts)')
+  parser.add_argument('--fast-path', action=argparse.BooleanOptionalAction,
+                      help='train section: bfloat16 compute and fused attention '
+                      '(default: on GPU only)')
+  parser.add_argument('--train-case', action='append',
+                      help='train section: only these cases (repeatable), e.g. base big')
   parser.add_argument('--demo-model', help='decode section: also time this trained model '
                       '(e.g. workdirs/demo/average-last5 after make demo)')
   parser.add_argument('--data-dir', type=pathlib.Path,
@@ -303,14 +363,17 @@ def main() -> int:
   if {'data', 'decode'} & set(sections) and not (args.data_dir / 'multi30k').is_dir():
     print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
     return 2
-  results = {'machine': {'platform': platform.platform(), 'cpus': os.cpu_count(),
+  results = {'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+             'machine': {'platform': platform.platform(), 'cpus': os.cpu_count(),
+                         'backend': jax.default_backend(),
                          'device': jax.devices()[0].device_kind,
+                         'local_devices': jax.local_device_count(),
                          'python': platform.python_version(), 'jax': jax.__version__,
                          'numpy': np.__version__}}
   for name in sections:
     kwargs = {}
-    if name == 'train' and args.devices:
-      kwargs['devices'] = args.devices
+    if name == 'train':
+      kwargs.update(fast_path=args.fast_path, only=args.train_case)
     if name == 'decode' and args.demo_model:
       kwargs['demo_model'] = args.demo_model
     results[name] = SECTIONS[name](args.data_dir, **kwargs)
