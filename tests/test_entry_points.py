@@ -1,5 +1,6 @@
 """The console script, the Makefile targets and the README's code all work as written."""
 
+import json
 import pathlib
 import re
 import subprocess
@@ -7,7 +8,8 @@ import sys
 
 import pytest
 
-from jaxformer import cli
+from jaxformer import cli, config
+from jaxformer.flops import forward_flops
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -54,7 +56,34 @@ def test_readme_python_snippets_run(tmp_path, monkeypatch, shared_data):
 def test_bench_answers_help():
   result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench.py'), '--help'],
                           capture_output=True, text=True, check=True)
-  assert '--only' in result.stdout and 'data' in result.stdout
+  assert '--only' in result.stdout and 'data' in result.stdout and '--fast-path' in result.stdout
+
+
+def test_bench_train_reports_mfu_against_its_measured_peak():
+  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench.py'), '--only',
+                           'train', '--train-case', 'tiny'], capture_output=True, text=True,
+                          check=True, timeout=300)
+  report = json.loads(result.stdout)
+  train, tiny = report['train'], report['train']['tiny']
+  assert report['machine']['backend'] == 'cpu' and train['fast_path'] is False
+  peak = train['matmul_peak']['peak_gflops']
+  assert peak == max(train['matmul_peak']['gflops_by_size'].values()) > 0
+  flops = 3 * forward_flops(config.tiny(), 32, 64, 64)
+  assert tiny['model_tflops_per_step'] == round(flops / 1e12, 4)
+  assert tiny['target_tokens_per_step'] == 2048
+  assert tiny['mfu'] == pytest.approx(flops / tiny['step_s_median'] / 1e9 / peak, rel=1e-2)
+  assert tiny['step_s_range'][0] <= tiny['step_s_median'] <= tiny['step_s_range'][1]
+
+
+def test_profile_step_splits_a_step_by_model_part():
+  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'profile_step.py'),
+                           '--preset', 'tiny', '--rows', '4', '--row-len', '16'],
+                          capture_output=True, text=True, check=True, timeout=300)
+  report = json.loads(result.stdout)
+  parts = report['op_seconds_by_part']
+  assert {'feed-forward', 'softmax projection + loss',
+          'attention: q, k, v, out projections'} <= set(parts)
+  assert report['op_seconds_total'] == pytest.approx(sum(parts.values()), abs=0.01)
 
 
 @pytest.mark.parametrize('target', ['train-base', 'train-big'])
