@@ -14,6 +14,8 @@ Sections:
               measured in the same run. bf16 + fused attention on GPU (--fast-path to choose).
   checkpoint: save (blocking part and total) and restore time of a base-size train state;
               time and peak RSS to average the last 5 and 20 base-size checkpoints.
+  memory:     XLA's buffer sizes (compiled, not run) of big's train step at the paper's batch,
+              with and without remat and 4-way gradient accumulation.
   decode:     target tokens/s at base dimensions (random weights, 64 output tokens): greedy
               and beam 4, with and without the key/value cache; beam-4 sentences/s of the tiny
               config on newstest2014 sources.
@@ -226,6 +228,29 @@ def bench_train(data_dir: pathlib.Path, *, fast_path: bool | None = None,
   return results
 
 
+def bench_memory(data_dir: pathlib.Path, preset: str = 'big', rows: int = 100,
+                 row_len: int = 256) -> dict:
+  """XLA's buffer sizes for one train step of big at the paper's batch (100 rows x 256 tokens
+  per side on one device, the GPU fast path's bfloat16 and fused attention), with and without
+  remat and 4-way accumulation: compiled for this backend, not run. On a CPU host these are
+  XLA:CPU's buffer assignments, a guide to (not a measurement of) GPU memory."""
+  del data_dir
+  results = {}
+  for remat, accum in ((False, 1), (True, 1), (False, 4), (True, 4)):
+    cfg = config.fast_path(getattr(config, preset)(), 'gpu').replace(remat=remat)
+    state = jax.eval_shape(lambda cfg=cfg: train.create_train_state(cfg, jax.random.key(0)))
+    batch = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype)
+             for k, v in _random_batch(1, rows, row_len, cfg.vocab_size).items()}
+    start = time.perf_counter()
+    step = jax.jit(functools.partial(train.train_step, accum_steps=accum), donate_argnums=0)
+    analysis = step.lower(state, batch, jax.random.key(1)).compile().memory_analysis()
+    results[f'{preset}_{rows * row_len}_tokens_remat_{remat}_accum_{accum}'] = {
+        'compile_s': round(time.perf_counter() - start, 1),
+        'temp_mb': round(analysis.temp_size_in_bytes / 1e6, 2),
+        'arguments_mb': round(analysis.argument_size_in_bytes / 1e6, 2)}
+  return results
+
+
 def _base_train_state() -> tuple[dict, dict]:
   state = train.create_train_state(config.base(), jax.random.key(0))
   host = jax.device_get(state)
@@ -341,7 +366,7 @@ def bench_decode(data_dir: pathlib.Path, demo_model: str | None = None) -> dict:
 
 
 SECTIONS = {'data': bench_data, 'train': bench_train, 'checkpoint': bench_checkpoint,
-            'decode': bench_decode}
+            'decode': bench_decode, 'memory': bench_memory}
 
 
 def main() -> int:

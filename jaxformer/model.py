@@ -76,9 +76,9 @@ class MultiHeadAttention(nn.Module):
     if self.config.attention == 'fused':  # cuDNN's fused kernel where it applies (GPU)
       heads = jax.nn.dot_product_attention(q, kv['k'], kv['v'], mask=mask, scale=1.0)
       return self.out(heads)  # [B, T, D]
-    # Heads-first operands make both products plain batched matmuls: on CPU this runs ~1.5x
-    # faster than einsums with the head axis in the middle (docs/BENCHMARKS.md).
-    q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, kv['k'], kv['v']))  # [B, H, T|L, K|J]
+    # Heads-first operands make both products plain batched matmuls, which XLA:CPU runs
+    # without the transposes it put around the head-in-the-middle einsums (docs/BENCHMARKS.md).
+    q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, kv['k'], kv['v']))  # [B, H, T|L, K|J]
     logits = jnp.einsum('BHTK,BHLK->BHTL', q, k,
                         preferred_element_type=jnp.float32)  # [B, H, T, L]
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)

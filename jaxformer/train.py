@@ -74,7 +74,7 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
     """Gradient of the loss sum, and the sums behind the metrics, for one micro-batch."""
     def loss_fn(params):
       hidden = _apply(state, params, micro_batch, deterministic=False, return_hidden=True,
-                       rngs={'dropout': micro_rng})
+                      rngs={'dropout': micro_rng})
       loss_sum, weight_sum, correct = losses.chunked_smoothed_cross_entropy(
           hidden.astype(state.config.dtype), params['embed']['embedding'],
           micro_batch['tgt_out'], micro_batch['weights'], state.config.label_smoothing,

@@ -75,6 +75,16 @@ def test_bench_train_reports_mfu_against_its_measured_peak():
   assert tiny['step_s_range'][0] <= tiny['step_s_median'] <= tiny['step_s_range'][1]
 
 
+def test_bench_memory_compiles_each_remat_and_accumulation_case():
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  import bench  # pylint: disable=g-import-not-at-top
+  report = bench.bench_memory(ROOT, preset='tiny', rows=16, row_len=64)
+  assert len(report) == 4
+  sizes = {name.split('tokens_')[1]: case['temp_mb'] for name, case in report.items()}
+  assert all(case['arguments_mb'] > 0 for case in report.values())
+  assert sizes['remat_False_accum_4'] < sizes['remat_False_accum_1']  # a quarter of the batch
+
+
 def test_profile_step_splits_a_step_by_model_part():
   result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'profile_step.py'),
                            '--preset', 'tiny', '--rows', '4', '--row-len', '16'],
