@@ -14,7 +14,7 @@ help:
 	@echo "make train-big   the paper's big recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
 	@echo "make train-multi30k  Multi30k EN-DE on CPU, then BLEU on test_2016_flickr (DATA_DIR=)"
 	@echo "make eval        BLEU on newstest2014 (WORKDIR=, AVERAGE_LAST=, TFDS_DATA_DIR=, ARGS=)"
-	@echo "make bench       benchmarks (data, train step, checkpoints, decoding), printed as JSON"
+	@echo "make bench       benchmarks (data, train step + MFU, memory, checkpoints, decoding) as JSON"
 
 # The venv is (re)installed when pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -25,11 +25,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Two pytest workers (pytest-xdist), each running whole test files: ~7.5 min on 2 cores.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m 'not slow'
+	$(PY) -m pytest -q -n 2 --dist loadfile -m 'not slow'
 
 # The offline demo: generate the embedded corpus, train, average, score, plot (experiments/demo.py).
 demo: WORKDIR ?= workdirs/demo

@@ -229,14 +229,15 @@ def bench_train(data_dir: pathlib.Path, *, fast_path: bool | None = None,
 
 
 def bench_memory(data_dir: pathlib.Path, preset: str = 'big', rows: int = 100,
-                 row_len: int = 256) -> dict:
+                 row_len: int = 256,
+                 cases: tuple = ((False, 1), (True, 1), (False, 4), (True, 4))) -> dict:
   """XLA's buffer sizes for one train step of big at the paper's batch (100 rows x 256 tokens
   per side on one device, the GPU fast path's bfloat16 and fused attention), with and without
   remat and 4-way accumulation: compiled for this backend, not run. On a CPU host these are
   XLA:CPU's buffer assignments, a guide to (not a measurement of) GPU memory."""
   del data_dir
   results = {}
-  for remat, accum in ((False, 1), (True, 1), (False, 4), (True, 4)):
+  for remat, accum in cases:  # (remat, micro-batches)
     cfg = config.fast_path(getattr(config, preset)(), 'gpu').replace(remat=remat)
     state = jax.eval_shape(lambda cfg=cfg: train.create_train_state(cfg, jax.random.key(0)))
     batch = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype)
