@@ -140,9 +140,9 @@ def matmul_peak(dtype: Any, sizes: tuple[int, ...]) -> dict:
   """FLOP/s of square jnp.dot in `dtype` on one device (median of 5 runs per size); the
   peak is the best size's."""
   results = {}
+  dot = jax.jit(jnp.dot)
   for n in sizes:
     a = jax.device_put(jnp.ones((n, n), dtype))
-    dot = jax.jit(jnp.dot)
     _, median = _median_time(lambda a=a: dot(a, a), runs=5)
     results[str(n)] = round(2 * n ** 3 / median / 1e9, 1)
   return {'dtype': jnp.dtype(dtype).name, 'gflops_by_size': results,
@@ -183,21 +183,23 @@ def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accu
       'model_tflops_per_step': round(model_flops / 1e12, 4),
       'achieved_gflops': round(model_flops / median / 1e9, 1),
       'mfu': round(model_flops / median / 1e9 / (peak_gflops * devices), 4)}
-  stats = jax.local_devices()[0].memory_stats() or {}
-  if 'peak_bytes_in_use' in stats:  # GPU/TPU only
-    result['peak_memory_gb'] = round(stats['peak_bytes_in_use'] / 1e9, 2)
+  memory = compiled.memory_analysis()  # this step's own buffers, per device
+  if memory is not None:
+    result['step_buffers_gb'] = round(
+        (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 1e9, 2)
   return result
 
 
-# What `make bench` times per backend: (name, preset, rows, row length, accum steps, timed).
+# What `make bench` times per backend:
+# (name, preset, rows, row length, accum steps, remat, timed steps).
 # CPU: batches of 2k-4k target tokens (the issue's CPU target: base, float32, >= 2048 tokens).
 # GPU: the paper's ~25k target tokens per step, on one device.
 TRAIN_CASES = {
-    'cpu': [('tiny', 'tiny', 32, 64, 1, 20), ('base', 'base', 16, 256, 1, 3),
-            ('base_accum2', 'base', 16, 256, 2, 3), ('base_2k', 'base', 8, 256, 1, 3),
-            ('big_2k', 'big', 8, 256, 1, 2)],
-    'gpu': [('tiny', 'tiny', 512, 64, 1, 20), ('base', 'base', 100, 256, 1, 10),
-            ('big', 'big', 100, 256, 1, 5), ('big_remat', 'big', 100, 256, 1, 5)],
+    'cpu': [('tiny', 'tiny', 32, 64, 1, False, 20), ('base', 'base', 16, 256, 1, False, 3),
+            ('base_accum2', 'base', 16, 256, 2, False, 3),
+            ('base_2k', 'base', 8, 256, 1, False, 3), ('big_2k', 'big', 8, 256, 1, False, 2)],
+    'gpu': [('tiny', 'tiny', 512, 64, 1, False, 20), ('base', 'base', 100, 256, 1, False, 10),
+            ('big', 'big', 100, 256, 1, False, 5), ('big_remat', 'big', 100, 256, 1, True, 5)],
 }
 PAPER_RECIPES = {'base': 100_000, 'big': 300_000}  # steps of ~25k target tokens (§5.2)
 
@@ -208,16 +210,14 @@ def bench_train(data_dir: pathlib.Path, *, fast_path: bool | None = None,
   del data_dir
   backend = jax.default_backend()
   use_fast = backend == 'gpu' if fast_path is None else fast_path
-  presets = {'tiny': config.tiny, 'base': config.base, 'big': config.big}
   cases = [c for c in TRAIN_CASES['gpu' if backend == 'gpu' else 'cpu']
            if not only or c[0] in only]
   dtype = config.fast_path(config.base(), 'gpu').dtype if use_fast else jnp.float32
   peak = matmul_peak(dtype, (2048, 4096, 8192) if backend == 'gpu' else (1024, 2048, 4096))
   results = {'matmul_peak': peak, 'fast_path': use_fast}
-  for name, preset, rows, length, accum, timed in cases:
-    cfg = presets[preset]()
-    cfg = config.fast_path(cfg, 'gpu') if use_fast else cfg
-    cfg = cfg.replace(remat=name.endswith('_remat'))
+  for name, preset, rows, length, accum, remat, timed in cases:
+    cfg = getattr(config, preset)()
+    cfg = (config.fast_path(cfg, 'gpu') if use_fast else cfg).replace(remat=remat)
     result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'])
     if preset in PAPER_RECIPES:  # at this speed, the paper's recipe would take this long
       result['paper_recipe_hours'] = round(

@@ -80,8 +80,8 @@ def main() -> int:
         parts[part] += event.duration_ns / 1e9
   print(json.dumps({'preset': args.preset, 'rows': args.rows, 'row_len': args.row_len,
                     'device': jax.devices()[0].device_kind, 'step_wall_s': round(wall, 3),
-                    'op_seconds_total': round(sum(parts.values()), 3),
-                    'op_seconds_by_part': {k: round(v, 3) for k, v in parts.most_common()}},
+                    'op_seconds_total': round(sum(parts.values()), 6),
+                    'op_seconds_by_part': {k: round(v, 6) for k, v in parts.most_common()}},
                    indent=2))
   return 0
 
