@@ -2,9 +2,23 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 
-.PHONY: help install test test-fast demo train-base train-big train-multi30k eval bench clean
+# Which jax build the venv gets: cpu, cuda12 or cuda13 (extras of pyproject.toml). By default the
+# CUDA build on a host where nvidia-smi answers (CUDA 13 from driver 580 on, else CUDA 12), the
+# CPU build elsewhere; JAX_EXTRA=... overrides. A venv built for another kind is rebuilt.
+ifeq ($(origin JAX_EXTRA),undefined)
+JAX_EXTRA := $(shell driver=$$(nvidia-smi --query-gpu=driver_version --format=csv,noheader \
+  2>/dev/null | head -n 1); if [ -z "$$driver" ]; then echo cpu; \
+  elif [ "$${driver%%.*}" -ge 580 ] 2>/dev/null; then echo cuda13; else echo cuda12; fi)
+endif
+ifeq ($(filter $(JAX_EXTRA),cpu cuda12 cuda13),)
+$(error JAX_EXTRA must be cpu, cuda12 or cuda13, got '$(JAX_EXTRA)')
+endif
+STAMP := $(VENV)/.installed-$(JAX_EXTRA)
+OTHER_BUILD := $(filter-out $(STAMP),$(wildcard $(VENV)/.installed-*))
+
+.PHONY: help install jax-extra test test-fast demo train-base train-big train-multi30k eval bench \
+  gpu-check clean
 
 help:
 	@echo "make test        set up $(VENV) (if needed) and run the whole test suite"
@@ -15,15 +29,24 @@ help:
 	@echo "make train-multi30k  Multi30k EN-DE on CPU, then BLEU on test_2016_flickr (DATA_DIR=)"
 	@echo "make eval        BLEU on newstest2014 (WORKDIR=, AVERAGE_LAST=, TFDS_DATA_DIR=, ARGS=)"
 	@echo "make bench       benchmarks (data, train step + MFU, memory, checkpoints, decoding) as JSON"
+	@echo "make gpu-check   a new host's first command: device line, then fast path, training,"
+	@echo "                 decoding and checkpoints checked on it, as a pass/fail table"
+	@echo "make jax-extra   print the jax build make installs here (JAX_EXTRA=cpu|cuda12|cuda13)"
 
-# The venv is (re)installed when pyproject.toml changes.
+# The venv is (re)installed when pyproject.toml changes, and rebuilt from scratch when it holds
+# another jax build than JAX_EXTRA's.
 $(STAMP): pyproject.toml
+	$(if $(OTHER_BUILD),@echo "$(VENV) holds jax's $(patsubst $(VENV)/.installed-%,%,$(OTHER_BUILD)) build: rebuilding it for $(JAX_EXTRA)")
+	$(if $(OTHER_BUILD),rm -rf $(VENV))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,$(JAX_EXTRA)]'
 	touch $(STAMP)
 
 install: $(STAMP)
+
+jax-extra:
+	@echo $(JAX_EXTRA)
 
 # Two pytest workers (pytest-xdist), each running whole test files: ~7.5 min on 2 cores.
 test: $(STAMP)

@@ -54,6 +54,8 @@ def experiment(args: argparse.Namespace) -> tuple[Any, train.TrainConfig, dict]:
   source = dict(settings['data'], **({'source': args.source} if args.source else {}))
   overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(train.TrainConfig)
                if getattr(args, f.name, None) is not None}
+  if args.allow_cpu:
+    overrides['require_accelerator'] = False
   model = settings['model'].replace(remat=True) if args.remat else settings['model']
   return model, train.TrainConfig(**{**settings['train'], **overrides}), source
 
@@ -82,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help='bfloat16 compute and fused attention (default: on GPU only)')
   parser.add_argument('--remat', action='store_true',
                       help='recompute layer activations in the backward pass (less memory)')
+  parser.add_argument('--allow_cpu', action='store_true',
+                      help="train the paper's recipes even on a CPU backend (they refuse it)")
   group = parser.add_argument_group('multi-host (jax.distributed)')
   group.add_argument('--distributed', action='store_true',
                      help='call jax.distributed.initialize (auto-detects on SLURM, TPU, ...)')
@@ -100,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parallel.initialize(args.coordinator_address, args.num_processes, args.process_id)
   try:
     model_config, train_config, source = experiment(args)
+    train.check_backend(train_config)  # before any data is read
     train_text, eval_text = _texts(source, args)
     summary = train.train_and_evaluate(model_config, train_config, train_text, eval_text)
   except (data.DataError, checkpoint.CheckpointError, train.TrainingError) as e:

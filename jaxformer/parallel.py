@@ -1,5 +1,6 @@
 """Device and host plumbing: jax.distributed, replication, prefetching, cross-host agreement."""
 
+import collections
 import queue
 import threading
 from collections.abc import Generator, Iterator
@@ -76,6 +77,15 @@ def prefetch(batches: Iterator[dict[str, np.ndarray]], size: int = 2
   finally:
     stop.set()
     thread.join()
+
+
+def devices_line() -> str:
+  """Where jax computes, e.g. 'gpu: 8 × NVIDIA H100 80GB HBM3, 1 process' (all processes'
+  devices; kinds listed apart when they differ)."""
+  kinds = collections.Counter(device.device_kind for device in jax.devices())
+  listed = ', '.join(f'{count} × {kind}' for kind, count in kinds.items())
+  processes = jax.process_count()
+  return f'{jax.default_backend()}: {listed}, {processes} process{"es" if processes > 1 else ""}'
 
 
 def all_hosts(values: np.ndarray) -> np.ndarray:

@@ -155,6 +155,40 @@ class TrainConfig:
                                         # sentences decoded with beam 4 (0: none)
   spm_sample_size: int = 2_000_000      # sentences sampled to train the vocabulary
   fast_path: bool | None = None         # config.fast_path (bf16, fused attention); None: on GPU
+  require_accelerator: bool = False     # refuse a CPU backend (the paper's recipes set it)
+
+
+def check_backend(tc: TrainConfig, backend: str | None = None) -> None:
+  """Stops a run that requires an accelerator (the paper's recipes) on a CPU backend."""
+  backend = backend or jax.default_backend()
+  if tc.require_accelerator and backend == 'cpu':
+    raise TrainingError(
+        "this recipe needs a GPU, but jax's backend is cpu (no GPU here, or jax's CPU build): on "
+        'a GPU host run `make install` (it installs jaxformer[cuda12] or [cuda13]; or pip install '
+        "'jaxformer[cuda12]'), or pass --allow_cpu to train on the CPU anyway.")
+
+
+def run_facts(config: TransformerConfig, tc: TrainConfig, *, src_len: int, tgt_len: int,
+              rows: int) -> dict[str, Any]:
+  """Where and how a run computes: devices, processes, dtype, attention and the batch."""
+  slots = rows * tc.accum_steps * jax.device_count()  # rows per update, all devices
+  return {'devices': parallel.devices_line(), 'backend': jax.default_backend(),
+          'device_count': jax.device_count(), 'process_count': jax.process_count(),
+          'dtype': jnp.dtype(config.dtype).name, 'attention': config.attention,
+          'remat': config.remat, 'source_tokens_per_update': slots * src_len,
+          'target_tokens_per_update': slots * tgt_len, 'accum_steps': tc.accum_steps,
+          'rows_per_device': rows, 'row_lengths': [src_len, tgt_len]}
+
+
+def describe_run(facts: dict[str, Any]) -> str:
+  """The run's facts as the one line the trainer logs at start."""
+  micro = f'{facts["accum_steps"]} micro-batches' if facts['accum_steps'] > 1 else \
+      '1 micro-batch'
+  return (f'{facts["devices"]}; compute {facts["dtype"]}, {facts["attention"]} attention'
+          f'{", remat" if facts["remat"] else ""}; {facts["source_tokens_per_update"]:,} source + '
+          f'{facts["target_tokens_per_update"]:,} target token slots per update ({micro} of '
+          f'{facts["rows_per_device"]} rows per device, rows of {facts["row_lengths"][0]} / '
+          f'{facts["row_lengths"][1]} tokens)')
 
 
 def _train_item(state: TrainState, rng: Array) -> dict[str, Any]:
@@ -204,6 +238,15 @@ def _validation_bleu(params: Any, config: TransformerConfig, tokenizer: Any, tex
   return evaluate_lib.sacre_bleu(hypotheses, text.tgt[:count])[0]
 
 
+def _hparams(config: TransformerConfig, tc: TrainConfig, facts: dict[str, Any]
+             ) -> dict[str, Any]:
+  """The run's settings as TensorBoard hparams (numbers, booleans and strings only)."""
+  settings = {'model': checkpoint.config_to_dict(config), 'train': dataclasses.asdict(tc),
+              'run': facts}
+  return jax.tree.map(lambda v: v if isinstance(v, (bool, int, float, str)) else str(v),
+                      settings, is_leaf=lambda v: v is None or isinstance(v, list))
+
+
 def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: Any,
                        eval_text: Any | None = None) -> dict[str, Any]:
   """Trains `config` on `train_text` (a data.ParallelText), resuming from the workdir.
@@ -211,6 +254,7 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
   Returns a summary: final step, last train metrics, last evaluation, the newest checkpoint,
   the averaged checkpoint (if any), and whether training stopped early on SIGTERM/SIGINT.
   """
+  check_backend(tc)
   workdir = pathlib.Path(tc.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   is_main = jax.process_index() == 0
@@ -256,6 +300,8 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
     log.info('resumed from step %d (%s)', step, manager.directory / str(step))
   start_step = int(state.step)
   meta = checkpoint.make_meta(config, spm_model)
+  facts = run_facts(run_config, tc, src_len=src_len, tgt_len=tgt_len, rows=rows)
+  log.info('training on %s', describe_run(facts))
 
   p_state = parallel.replicate(state)
   p_rng = parallel.replicate(rng)
@@ -276,6 +322,9 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
     from flax.metrics import tensorboard  # pylint: disable=g-import-not-at-top  (imports TF: slow)
     writer = tensorboard.SummaryWriter(str(workdir / 'tensorboard'))
     metrics_file = open(workdir / 'metrics.jsonl', 'a', encoding='utf-8')  # noqa: SIM115
+    metrics_file.write(json.dumps({'step': start_step, 'split': 'run', **facts}) + '\n')
+    writer.text('run', describe_run(facts), start_step)
+    writer.hparams(_hparams(config, tc, facts))
 
   def report(step: int, scalars: dict[str, float], prefix: str) -> None:
     if not is_main:

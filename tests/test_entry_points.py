@@ -99,11 +99,37 @@ def test_profile_step_splits_a_step_by_model_part():
   assert report['step_wall_s'] > 0
 
 
+def test_make_train_base_refuses_a_cpu_backend_before_reading_data(tmp_path):
+  result = subprocess.run(['make', '-s', 'train-base', f'TFDS_DATA_DIR={tmp_path}',
+                           f'WORKDIR={tmp_path / "w"}'], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-2] == (
+      "error: this recipe needs a GPU, but jax's backend is cpu (no GPU here, or jax's CPU "
+      'build): on a GPU host run `make install` (it installs jaxformer[cuda12] or [cuda13]; or '
+      "pip install 'jaxformer[cuda12]'), or pass --allow_cpu to train on the CPU anyway.")
+  assert 'tfds' not in result.stderr and not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('config_file,variant', [
+    ('big.py', None), ('big_enfr.py', None), ('base.py', 'E'), ('base.py', 'big'),
+    ('demo.py', None), ('multi30k.py', None)])
+def test_only_the_paper_recipes_require_an_accelerator(config_file, variant):
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  import train as train_script  # pylint: disable=g-import-not-at-top
+  argv = ['--config', str(ROOT / 'experiments' / 'configs' / config_file), '--workdir', 'w']
+  args = train_script.build_parser().parse_args(argv + (['--variant', variant] if variant else []))
+  _, train_config, _ = train_script.experiment(args)
+  assert train_config.require_accelerator == (config_file not in ('demo.py', 'multi30k.py'))
+  args = train_script.build_parser().parse_args(argv + ['--allow_cpu'])
+  assert not train_script.experiment(args)[1].require_accelerator
+
+
 @pytest.mark.parametrize('target', ['train-base', 'train-big'])
 def test_recipes_fail_fast_without_wmt14(target, tmp_path):
   result = subprocess.run(['make', '-s', target, f'TFDS_DATA_DIR={tmp_path}',
-                           f'WORKDIR={tmp_path / "w"}'], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                           f'WORKDIR={tmp_path / "w"}', 'ARGS=--allow_cpu'], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
   assert result.returncode != 0
   assert result.stderr.strip().splitlines()[-2].startswith(
       'error: tfds dataset wmt14_translate/de-en is not prepared')

@@ -58,12 +58,49 @@ def trained(tmp_path_factory) -> pathlib.Path:
 def test_workdir_holds_logs_checkpoints_and_vocabulary(trained):
   assert sorted(os.listdir(trained / 'checkpoints')) == ['2', '4', '6']
   lines = (trained / 'metrics.jsonl').read_text().splitlines()
-  assert len(lines) == 4  # train at steps 2, 4, 6 and one evaluation
+  assert len(lines) == 5  # the run's facts, train at steps 2, 4, 6 and one evaluation
   assert set(json.loads(lines[-1])) == {'step', 'split', 'loss', 'perplexity', 'accuracy',
                                         'tokens', 'bleu'}
   assert any(p.name.startswith('events.out.tfevents') for p in (trained / 'tensorboard').iterdir())
   _, _, spm_model, step = checkpoint.load(trained)
   assert spm_model == (trained / 'spm.model').read_bytes() and step == 6
+
+
+def test_first_record_says_where_and_how_the_run_computes(trained):
+  """The device line's facts: backend, devices, processes, dtype, attention and the batch."""
+  facts = json.loads((trained / 'metrics.jsonl').read_text().splitlines()[0])
+  src_len, tgt_len = facts['row_lengths']
+  rows = data.rows_per_device(1024, max(src_len, tgt_len), 1)  # tokens_per_batch 1024, 1 CPU
+  assert facts == {
+      'step': 0, 'split': 'run', 'devices': 'cpu: 1 × cpu, 1 process', 'backend': 'cpu',
+      'device_count': 1, 'process_count': 1, 'dtype': 'float32', 'attention': 'einsum',
+      'remat': False, 'source_tokens_per_update': rows * src_len,
+      'target_tokens_per_update': rows * tgt_len, 'accum_steps': 1, 'rows_per_device': rows,
+      'row_lengths': [src_len, tgt_len]}
+  line = train.describe_run(facts)
+  assert line.startswith('cpu: 1 × cpu, 1 process; compute float32, einsum attention; ')
+  assert f'{rows * tgt_len:,} target token slots per update (1 micro-batch of {rows} rows' in line
+
+
+def test_describe_run_names_the_fast_path_and_accumulation():
+  facts = {'devices': 'gpu: 8 × NVIDIA H100 80GB HBM3, 1 process', 'dtype': 'bfloat16',
+           'attention': 'fused', 'remat': True, 'source_tokens_per_update': 198_400,
+           'target_tokens_per_update': 204_800, 'accum_steps': 4, 'rows_per_device': 25,
+           'row_lengths': [248, 256]}
+  assert train.describe_run(facts) == (
+      'gpu: 8 × NVIDIA H100 80GB HBM3, 1 process; compute bfloat16, fused attention, remat; '
+      '198,400 source + 204,800 target token slots per update (4 micro-batches of 25 rows per '
+      'device, rows of 248 / 256 tokens)')
+
+
+def test_a_run_that_requires_an_accelerator_refuses_cpu_before_any_work(tmp_path):
+  settings = _tc(tmp_path / 'w', require_accelerator=True)
+  with pytest.raises(train.TrainingError, match=r'needs a GPU.*--allow_cpu'):
+    train.train_and_evaluate(CFG, settings, TEXT)
+  assert not (tmp_path / 'w').exists()
+  train.check_backend(settings, backend='gpu')  # a GPU (or TPU) backend passes
+  train.check_backend(settings, backend='tpu')
+  train.check_backend(_tc(tmp_path), backend='cpu')  # small runs train on CPU as before
 
 
 def test_resume_continues_exactly(trained, tmp_path):
