@@ -91,5 +91,10 @@ SHARED_DATA ?= ../shared/data
 bench: $(STAMP)
 	$(PY) experiments/bench.py --data-dir $(SHARED_DATA) $(ARGS)
 
+# A new host's first command: the device line, then fused attention, bf16 training, decoding and
+# checkpoints checked on jax's backend, as a pass/fail table (under a minute on 2 CPU cores).
+gpu-check: $(STAMP)
+	$(PY) experiments/gpu_check.py $(ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
