@@ -12,6 +12,8 @@ Sections:
               the median of timed steps, tokens/s, steps/s, and MFU: analytic model FLOPs
               (jaxformer.flops) / step time / the peak of a square jnp.dot in the compute dtype
               measured in the same run. bf16 + fused attention on GPU (--fast-path to choose).
+              When torch is installed (jaxformer[bench]), bench_torch.py times PyTorch's
+              nn.Transformer on the same cases in the same run: `ratio_to_torch` per case.
   checkpoint: save (blocking part and total) and restore time of a base-size train state;
               time and peak RSS to average the last 5 and 20 base-size checkpoints.
   memory:     XLA's buffer sizes (compiled, not run) of big's train step at the paper's batch,
@@ -23,6 +25,7 @@ Sections:
 
 import argparse
 import functools
+import importlib.util
 import json
 import os
 import pathlib
@@ -225,7 +228,22 @@ def bench_train(data_dir: pathlib.Path, *, fast_path: bool | None = None,
     results[name] = result
     print(f'train {name}: {result["target_tokens_per_s"]} tokens/s, MFU {result["mfu"]}',
           file=sys.stderr, flush=True)
+  if importlib.util.find_spec('torch') is not None:
+    results['torch'] = _torch_peer(results, [c[0] for c in cases])
   return results
+
+
+def _torch_peer(results: dict, names: list[str]) -> dict:
+  """bench_torch.py on the same cases, in a process of its own, and jaxformer / torch per case
+  (added to each case as `ratio_to_torch`)."""
+  command = [sys.executable, str(ROOT / 'experiments' / 'bench_torch.py')]
+  peer = json.loads(subprocess.run(command + [f'--case={n}' for n in names], check=True,
+                                   stdout=subprocess.PIPE, text=True).stdout)
+  for name, case in peer['cases'].items():
+    ratio = results[name]['target_tokens_per_s'] / case['target_tokens_per_s']
+    results[name]['ratio_to_torch'] = round(ratio, 3)
+    print(f'train {name}: jaxformer / torch = {ratio:.2f}', file=sys.stderr, flush=True)
+  return peer
 
 
 def bench_memory(data_dir: pathlib.Path, preset: str = 'big', rows: int = 100,

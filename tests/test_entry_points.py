@@ -76,6 +76,53 @@ def test_bench_train_reports_mfu_against_its_measured_peak():
   assert tiny['step_buffers_gb'] >= 0 and not tiny['remat']
 
 
+def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):
+  """The ratio jaxformer / torch per case, from bench_torch.py's JSON (faked here: torch is an
+  optional extra; test_torch_peer_matches_jaxformer checks the peer where torch is installed)."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  import bench  # pylint: disable=g-import-not-at-top
+  peer = {'torch': 'x', 'cases': {'tiny': {'target_tokens_per_s': 400.0}}}
+  calls = []
+
+  def fake_run(command, **kwargs):
+    calls.append(command)
+    return subprocess.CompletedProcess(command, 0, stdout=json.dumps(peer))
+  monkeypatch.setattr(bench.subprocess, 'run', fake_run)
+  results = {'tiny': {'target_tokens_per_s': 1000.0}, 'base': {'target_tokens_per_s': 5.0}}
+  assert bench._torch_peer(results, ['tiny', 'base']) == peer  # pylint: disable=protected-access
+  assert calls[0][-2:] == ['--case=tiny', '--case=base']
+  assert calls[0][1].endswith('experiments/bench_torch.py')
+  assert results['tiny']['ratio_to_torch'] == 2.5 and 'ratio_to_torch' not in results['base']
+
+
+def test_torch_peer_matches_jaxformer():
+  """Where torch is installed (jaxformer[bench]): the peer has jaxformer's parameters plus the
+  two stack LayerNorms nn.Transformer adds, the paper's lrate, and times the tiny case."""
+  pytest.importorskip('torch')
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from jaxformer import optim  # pylint: disable=g-import-not-at-top
+  from jaxformer.model import Transformer  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  import bench_torch  # pylint: disable=g-import-not-at-top
+  for cfg in (config.tiny(), config.base()):
+    dummy = jnp.ones((1, 1), jnp.int32)
+    ours = sum(x.size for x in jax.tree.leaves(
+        jax.eval_shape(Transformer(cfg).init, jax.random.key(0), dummy, dummy)))
+    peer = sum(p.numel() for p in bench_torch.PaperTransformer(cfg).parameters())
+    assert peer == ours + 2 * 2 * cfg.d_model
+    schedule = optim.lrate_schedule(cfg.d_model, cfg.warmup_steps)
+    for count in (0, 99, 3999, 50_000):
+      assert bench_torch._lrate(cfg)(count) == pytest.approx(float(schedule(count)), rel=1e-5)  # pylint: disable=protected-access
+  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench_torch.py'),
+                           '--case', 'tiny'], capture_output=True, text=True, check=True,
+                          timeout=300)
+  tiny = json.loads(result.stdout)['cases']['tiny']
+  assert tiny['target_tokens_per_step'] == 2048 and tiny['dtype'] == 'float32'
+  assert tiny['target_tokens_per_s'] == pytest.approx(2048 / tiny['step_s_median'], rel=1e-2)
+
+
 def test_bench_memory_compiles_the_step_and_reports_its_buffers():
   sys.path.insert(0, str(ROOT / 'experiments'))
   import bench  # pylint: disable=g-import-not-at-top
