@@ -13,7 +13,7 @@ import runpy
 import sys
 import time
 
-from jaxformer import evaluate, plots, train
+from jaxformer import cli, evaluate, plots, train
 from jaxformer.data import embedded
 
 CONFIG = pathlib.Path(__file__).resolve().parent / 'configs' / 'demo.py'
@@ -85,10 +85,12 @@ def run(workdir: pathlib.Path, *, num_steps: int | None = None, train_pairs: int
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--workdir', default='workdirs/demo')
-  parser.add_argument('--num_steps', type=int, help='shorter or longer training (default: the '
-                      'config\'s)')
-  parser.add_argument('--train_pairs', type=int)
-  parser.add_argument('--test_pairs', type=int)
+  parser.add_argument('--num_steps', type=cli.positive_int,
+                      help="shorter or longer training (default: the config's)")
+  parser.add_argument('--train_pairs', type=cli.positive_int,
+                      help="generated training pairs (default: the config's)")
+  parser.add_argument('--test_pairs', type=cli.positive_int,
+                      help="generated test pairs (default: the config's)")
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s',
                       force=True)

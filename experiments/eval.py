@@ -16,7 +16,7 @@ import logging
 import pathlib
 import sys
 
-from jaxformer import checkpoint, data, evaluate
+from jaxformer import checkpoint, cli, data, evaluate
 
 NEWSTEST2014_FULL, NEWSTEST2014_FILTERED = 3003, 2737
 
@@ -27,17 +27,18 @@ def build_parser() -> argparse.ArgumentParser:
   where = parser.add_mutually_exclusive_group(required=True)
   where.add_argument('--workdir', help='a training workdir (its newest checkpoint)')
   where.add_argument('--checkpoint', help='a checkpoint folder, e.g. WORKDIR/average-last5')
-  parser.add_argument('--average-last', type=int, help='average the last N checkpoints first')
+  parser.add_argument('--average-last', type=cli.positive_int,
+                      help='average the last N checkpoints first')
   parser.add_argument('--target-language', choices=('de', 'fr'), default='de',
                       help='tfds newstest2014 direction: EN->DE or EN->FR (default de)')
   parser.add_argument('--tfds-data-dir', help='tfds data folder (default: $TFDS_DATA_DIR)')
   parser.add_argument('--src', help='a local source file instead of tfds')
   parser.add_argument('--ref', help='its reference translations, line-aligned')
   parser.add_argument('--output', help='hypotheses file (default: next to the checkpoint)')
-  parser.add_argument('--beam', type=int, default=4)
+  parser.add_argument('--beam', type=cli.positive_int, default=4)
   parser.add_argument('--alpha', type=float, default=0.6)
   parser.add_argument('--extra-length', type=int, default=50, help='max output = input + this')
-  parser.add_argument('--batch-size', type=int, default=32)
+  parser.add_argument('--batch-size', type=cli.positive_int, default=32)
   return parser
 
 
@@ -62,9 +63,16 @@ def main(argv: list[str] | None = None) -> int:
   except (data.DataError, checkpoint.CheckpointError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
-  hypotheses = translator.translate(text.src, progress=True)
   output = pathlib.Path(args.output or pathlib.Path(path) / f'hyps-{name}.txt')
-  output.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
+  if not output.parent.is_dir():  # found out before the translation, not after
+    print(f'error: {output.parent}: no such folder for the hypotheses.', file=sys.stderr)
+    return 1
+  hypotheses = translator.translate(text.src, progress=True)
+  try:
+    output.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
+  except OSError as e:
+    print(f'error: cannot write the hypotheses to {output} ({e.strerror}).', file=sys.stderr)
+    return 1
   score, signature = evaluate.sacre_bleu(hypotheses, text.tgt)
   tokenized = evaluate.tokenized_bleu(hypotheses, text.tgt)
   variant = {NEWSTEST2014_FULL: 'the full newstest2014 (3003 segments, as tfds and the paper)',

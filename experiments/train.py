@@ -22,9 +22,21 @@ TABLE3 = pathlib.Path(__file__).resolve().parent / 'configs' / 'table3.py'
 
 
 def _load_config(path: str) -> dict:
+  """The settings of a config file; DataError for a file that does not give them."""
   if not pathlib.Path(path).is_file():
     raise data.DataError(f'{path}: no such config file.')
-  return runpy.run_path(path)['get_config']()
+  try:
+    settings = runpy.run_path(path)['get_config']()
+  except Exception as e:  # pylint: disable=broad-except  (any error in the user's file)
+    raise data.DataError(f'{path}: cannot load the config ({type(e).__name__}: {e}).') from None
+  if not isinstance(settings, dict) or {'model', 'train', 'data'} - set(settings):
+    raise data.DataError(f"{path}: get_config() must return a dict with 'model', 'train' and "
+                         "'data' (see experiments/configs/base.py).")
+  unknown = set(settings['train']) - {f.name for f in dataclasses.fields(train.TrainConfig)}
+  if unknown:
+    raise data.DataError(f'{path}: unknown training settings {sorted(unknown)}; valid: '
+                         f'{", ".join(f.name for f in dataclasses.fields(train.TrainConfig))}.')
+  return settings
 
 
 def _texts(source: dict, args: argparse.Namespace
@@ -75,11 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help='let tfds download and prepare WMT14 (needs internet; hours)')
   for name in ('num_steps', 'tokens_per_batch', 'accum_steps', 'row_len', 'seed',
                'checkpoint_every_steps', 'keep_checkpoints', 'average_last', 'eval_every_steps',
-               'log_every_steps', 'bleu_sentences'):
+               'log_every_steps', 'bleu_sentences', 'host_sync_every_steps'):
     parser.add_argument(f'--{name}', type=int)
   parser.add_argument('--checkpoint_every_secs', type=float)
   parser.add_argument('--skip_nonfinite', action='store_true', default=None,
                       help='skip and count updates with a non-finite loss instead of stopping')
+  parser.add_argument('--reset_data', action='store_true', default=None,
+                      help="resume the checkpoint's params, optimiser state and step on a fresh "
+                      'data stream (after changing the corpus or the seed)')
   parser.add_argument('--fast_path', action=argparse.BooleanOptionalAction,
                       help='bfloat16 compute and fused attention (default: on GPU only)')
   parser.add_argument('--remat', action='store_true',
@@ -105,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     model_config, train_config, source = experiment(args)
     train.check_backend(train_config)  # before any data is read
+    train.check_settings(model_config, train_config)
     train_text, eval_text = _texts(source, args)
     summary = train.train_and_evaluate(model_config, train_config, train_text, eval_text)
   except (data.DataError, checkpoint.CheckpointError, train.TrainingError) as e:

@@ -93,12 +93,26 @@ def checkpoint_dir(path: str | pathlib.Path) -> pathlib.Path:
 
 
 def make_manager(directory: str | pathlib.Path, *, max_to_keep: int | None = None,
-                 items: tuple[str, ...] = TRAIN_ITEMS) -> ocp.CheckpointManager:
-  """An async orbax manager; it commits each step atomically and ignores unfinished ones."""
-  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                         enable_async_checkpointing=True)
+                 items: tuple[str, ...] = TRAIN_ITEMS,
+                 read_only: bool = False) -> ocp.CheckpointManager:
+  """An async orbax manager; it commits each step atomically and ignores unfinished ones.
+  A read-only one creates, saves and deletes nothing."""
+  if read_only:
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False)
+  else:
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=True)
   return ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options,
                                item_names=items)
+
+
+def open_checkpoints(path: str | pathlib.Path) -> ocp.CheckpointManager:
+  """A read-only manager of the params and meta under `path`: a training workdir, its
+  checkpoints folder, or an averaged checkpoint folder."""
+  directory = checkpoint_dir(path)
+  if not directory.is_dir():
+    raise CheckpointError(f'{path}: no such checkpoint folder.')
+  return make_manager(directory, items=('params', 'meta'), read_only=True)
 
 
 def save(manager: ocp.CheckpointManager, step: int, *, params: PyTree, meta: dict[str, Any],
@@ -163,11 +177,7 @@ def restore_latest(manager: ocp.CheckpointManager, **kwargs: Any) -> tuple[int, 
 def load(path: str | pathlib.Path) -> tuple[PyTree, TransformerConfig, bytes, int]:
   """(params, config, sentencepiece model bytes, step) of the newest checkpoint under `path`: a
   training workdir, its checkpoints folder, or an averaged checkpoint folder."""
-  directory = checkpoint_dir(path)
-  if not directory.is_dir():
-    raise CheckpointError(f'{path}: no such checkpoint folder.')
-  manager = make_manager(directory, items=('params', 'meta'))
-  found = restore_latest(manager)
+  found = restore_latest(open_checkpoints(path))
   if found is None:
     raise CheckpointError(f'{path}: no checkpoint found.')
   step, restored = found
@@ -182,7 +192,9 @@ def average_checkpoints(workdir: str | pathlib.Path, last_n: int) -> PyTree:
   Checkpoints are read one at a time into a running float32 sum, so memory stays at about two
   copies of the params however large last_n is.
   """
-  manager = make_manager(checkpoint_dir(workdir), items=('params', 'meta'))
+  if last_n < 1:
+    raise CheckpointError(f'the number of checkpoints to average must be >= 1, got {last_n}.')
+  manager = open_checkpoints(workdir)
   steps = sorted(manager.all_steps())[-last_n:]
   if len(steps) < last_n:
     raise CheckpointError(f'{workdir}: asked to average the last {last_n} checkpoints, but '
@@ -200,7 +212,7 @@ def average_checkpoints(workdir: str | pathlib.Path, last_n: int) -> PyTree:
 
 def save_average(workdir: str | pathlib.Path, last_n: int) -> pathlib.Path:
   """Averages the last `last_n` checkpoints into `<workdir>/average-last<N>/<last step>/`."""
-  source = make_manager(checkpoint_dir(workdir), items=('params', 'meta'))
+  source = open_checkpoints(workdir)
   steps = sorted(source.all_steps())
   if not steps:
     raise CheckpointError(f'{workdir}: no checkpoint to average.')

@@ -6,6 +6,17 @@ import sys
 _PRESETS = ('tiny', 'base', 'big')
 
 
+def positive_int(text: str) -> int:
+  """An argparse type: an integer >= 1 (argparse reports anything else in one line)."""
+  try:
+    value = int(text)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'must be an integer >= 1, got {text!r}')
+  return value
+
+
 def _params(args: argparse.Namespace) -> int:
   import jax
   import jax.numpy as jnp
@@ -45,11 +56,16 @@ def _translate(args: argparse.Namespace) -> int:
   except (checkpoint.CheckpointError, data.DataError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
-  lines = (line.rstrip('\r\n') for line in sys.stdin)
-  while chunk := list(itertools.islice(lines, args.batch_size)):  # streams: a batch at a time
-    for translation in translator.translate(chunk):
-      sys.stdout.write(translation + '\n')
-    sys.stdout.flush()
+  lines = (data.decode_line(raw, f'stdin:{number}')
+           for number, raw in enumerate(sys.stdin.buffer, start=1))
+  try:
+    while chunk := list(itertools.islice(lines, args.batch_size)):  # streams: a batch at a time
+      for translation in translator.translate(chunk):
+        sys.stdout.write(translation + '\n')
+      sys.stdout.flush()
+  except data.DataError as e:  # input that is not UTF-8: stop at that line
+    print(f'error: {e}', file=sys.stderr)
+    return 1
   return 0
 
 
@@ -60,20 +76,22 @@ def build_parser() -> argparse.ArgumentParser:
   commands = parser.add_subparsers(dest='command', metavar='COMMAND')
   params = commands.add_parser('params', help='count the parameters of a preset')
   params.add_argument('--preset', choices=_PRESETS, default='base')
-  params.add_argument('--vocab-size', type=int, default=37000)
+  params.add_argument('--vocab-size', type=positive_int, default=37000)
   params.set_defaults(run=_params)
   average = commands.add_parser(
       'average', help='average the last N checkpoints of a workdir into a new checkpoint')
   average.add_argument('--workdir', required=True)
-  average.add_argument('--last', type=int, default=5, help='how many (paper: 5 base, 20 big)')
+  average.add_argument('--last', type=positive_int, default=5,
+                       help='how many (paper: 5 base, 20 big)')
   average.set_defaults(run=_average)
   translate = commands.add_parser(
       'translate', help='translate stdin to stdout, one line per line (beam 4, alpha 0.6)')
   translate.add_argument('--workdir', required=True, help='a workdir or checkpoint folder')
-  translate.add_argument('--average-last', type=int, help='average the last N checkpoints')
-  translate.add_argument('--beam', type=int, default=4)
+  translate.add_argument('--average-last', type=positive_int,
+                         help='average the last N checkpoints')
+  translate.add_argument('--beam', type=positive_int, default=4)
   translate.add_argument('--alpha', type=float, default=0.6)
-  translate.add_argument('--batch-size', type=int, default=32)
+  translate.add_argument('--batch-size', type=positive_int, default=32)
   translate.set_defaults(run=_translate)
   return parser
 

@@ -42,6 +42,7 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: A
   def body(carry):
     step, last, out, done, cache = carry
     logits, cache = tokens_to_logits(last[:, None], cache)  # --> [B, V]
+    logits = logits.at[:, 0].set(NEG_INF)  # padding is never generated (as in beam search)
     token = jnp.where(done, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
     out = out.at[:, step].set(token)
     done = done | (token == eos_id) | (step + 1 >= max_lengths)

@@ -7,6 +7,7 @@
 """
 
 import functools
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.model import Transformer
 
 Array = jax.Array
+log = logging.getLogger(__name__)
 
 
 # --- model glue: tokens_to_logits over the Transformer --------------------------------------------
@@ -97,21 +99,34 @@ class Translator:
     return cls(params, config, Tokenizer.from_bytes(spm_model), **kwargs)
 
   def translate(self, sentences: Sequence[str], progress: bool = False) -> list[str]:
-    """One output line per input line; blank inputs give empty outputs without decoding."""
+    """One output line per input line; blank inputs give empty outputs without decoding.
+
+    A source longer than the model's max_len (with its EOS) is cut to that length, with a
+    warning naming the lines (0-based indices); outputs stop at max_len tokens as well.
+    """
     ids = self.tokenizer.encode(sentences)
+    limit = self.config.max_len - 1  # pieces, leaving room for EOS
+    cut = [i for i, x in enumerate(ids) if len(x) > limit]
+    if cut:
+      log.warning('%d source(s) longer than the model\'s %d tokens were cut to that length '
+                  '(indices %s%s).', len(cut), self.config.max_len,
+                  ', '.join(map(str, cut[:10])), ', ...' if len(cut) > 10 else '')
+      for i in cut:
+        ids[i] = ids[i][:limit]
     todo = sorted((i for i, x in enumerate(ids) if x), key=lambda i: len(ids[i]))
     out = [''] * len(sentences)
     bar = tqdm(total=len(todo), desc='translating', unit='sent', disable=not progress)
     for start in range(0, len(todo), self.batch_size):
       chosen = todo[start:start + self.batch_size]
       rows = [ids[i] + [EOS_ID] for i in chosen]
-      width = _bucket(max(map(len, rows)))
+      width = min(_bucket(max(map(len, rows))), self.config.max_len)
       src = np.zeros((self.batch_size, width), np.int32)  # a fixed batch: one compile per width
       for r, row in enumerate(rows):
         src[r, :len(row)] = row
       max_lengths = np.zeros(self.batch_size, np.int32)
       max_lengths[:len(rows)] = [len(row) + self.extra_length for row in rows]
-      result = self._search(self.params, src, max_lengths, max_len=width + self.extra_length)
+      max_len = min(width + self.extra_length, self.config.max_len)
+      result = self._search(self.params, src, np.minimum(max_lengths, max_len), max_len=max_len)
       for i, text in zip(chosen, self.tokenizer.decode(np.asarray(result)[:len(rows)])):
         out[i] = text
       bar.update(len(chosen))

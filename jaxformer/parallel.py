@@ -94,7 +94,3 @@ def all_hosts(values: np.ndarray) -> np.ndarray:
     return np.asarray(values)[None]
   return np.asarray(multihost_utils.process_allgather(np.asarray(values)))
 
-
-def any_host(flag: bool) -> bool:
-  """True on every process if `flag` is True on any (so that all hosts decide alike)."""
-  return bool(all_hosts(np.array([flag])).any())

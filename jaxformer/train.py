@@ -54,6 +54,13 @@ def _sum(x: Any, axis_name: str | None) -> Any:
   return x if axis_name is None else jax.lax.psum(x, axis_name)
 
 
+def _applied_updates(state: TrainState) -> Array:
+  """The optimiser's own count of applied updates, which the schedule reads (state.step also
+  counts skipped non-finite updates); state.step for an optimiser that keeps no count."""
+  counts = optax.tree_utils.tree_get_all_with_path(state.opt_state, 'count')
+  return counts[0][1] if counts else state.step
+
+
 def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | None = None,
                accum_steps: int = 1,
                skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, Array]]:
@@ -104,7 +111,8 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
       'accuracy': correct / tokens,
       'tokens': tokens,
       'grad_norm': grad_norm,
-      'lr': optim.lrate_schedule(state.config.d_model, state.config.warmup_steps)(state.step),
+      'lr': optim.lrate_schedule(state.config.d_model, state.config.warmup_steps)(
+          _applied_updates(state)),
   }
   new_state = state.apply_gradients(grads=grads)
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(grad_norm)
@@ -156,6 +164,9 @@ class TrainConfig:
   spm_sample_size: int = 2_000_000      # sentences sampled to train the vocabulary
   fast_path: bool | None = None         # config.fast_path (bf16, fused attention); None: on GPU
   require_accelerator: bool = False     # refuse a CPU backend (the paper's recipes set it)
+  reset_data: bool = False              # resume params, optimiser and step on a fresh data stream
+  host_sync_every_steps: int = 10       # several hosts agree on preemption and timed saves (one
+                                        # all-gather) every this many steps; one host: every step
 
 
 def check_backend(tc: TrainConfig, backend: str | None = None) -> None:
@@ -166,6 +177,53 @@ def check_backend(tc: TrainConfig, backend: str | None = None) -> None:
         "this recipe needs a GPU, but jax's backend is cpu (no GPU here, or jax's CPU build): on "
         'a GPU host run `make install` (it installs jaxformer[cuda12] or [cuda13]; or pip install '
         "'jaxformer[cuda12]'), or pass --allow_cpu to train on the CPU anyway.")
+
+
+def check_settings(config: TransformerConfig, tc: TrainConfig) -> None:
+  """Settings that cannot work together, refused before any work."""
+  for name in ('num_steps', 'tokens_per_batch', 'accum_steps', 'row_len', 'log_every_steps',
+               'eval_every_steps', 'host_sync_every_steps'):
+    if getattr(tc, name) < 1:
+      raise TrainingError(f'{name} must be >= 1, got {getattr(tc, name)}.')
+  for name in ('checkpoint_every_steps', 'checkpoint_every_secs'):
+    if getattr(tc, name) is not None and getattr(tc, name) <= 0:
+      raise TrainingError(f'{name} must be > 0 (or unset), got {getattr(tc, name)}.')
+  if tc.average_last < 0 or tc.bleu_sentences < 0 or tc.keep_checkpoints < 1:
+    raise TrainingError('average_last and bleu_sentences must be >= 0 and keep_checkpoints >= 1.')
+  if tc.row_len < config.max_len:
+    raise TrainingError(f'row_len={tc.row_len} is shorter than max_len={config.max_len}: the '
+                        'longest pairs would not fit in a row; set row_len >= max_len.')
+
+
+def host_sync_due(step: int, tc: TrainConfig, process_count: int) -> bool:
+  """Whether the hosts agree on preemption and timed saves after `step`: always with one host
+  (no communication), every host_sync_every_steps steps and at the last with several."""
+  return process_count == 1 or step % tc.host_sync_every_steps == 0 or step == tc.num_steps
+
+
+def resume_data(batches: data_lib.PackedBatches, hosts: list[dict[str, int]],
+                tc: TrainConfig) -> None:
+  """Moves `batches` to this host's saved position; a fresh stream with reset_data or after a
+  change of host count (with a warning); a one-line error when the data changed."""
+  if tc.reset_data:
+    log.warning('--reset_data: the checkpoint\'s params, optimiser state and step continue on a '
+                'fresh data stream.')
+    return
+  if len(hosts) != jax.process_count():
+    log.warning('the checkpoint was written by %d host(s) and this run has %d: its data '
+                'positions do not apply, so training continues on a fresh data stream.',
+                len(hosts), jax.process_count())
+    return
+  saved, now = hosts[jax.process_index()], batches.get_state()
+  changed = [f'{name} {saved[key]} -> {now[key]}' for key, name in
+             (('seed', 'seed'), ('shard_size', 'training pairs per host'))
+             if saved[key] != now[key]]
+  if changed:
+    raise TrainingError(
+        f'the training data changed since the checkpoint ({", ".join(changed)}): resume with the '
+        'same corpus and seed, or pass --reset_data to continue from the checkpoint on a fresh '
+        'data stream.')
+  batches.set_state(saved)
 
 
 def run_facts(config: TransformerConfig, tc: TrainConfig, *, src_len: int, tgt_len: int,
@@ -255,6 +313,7 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
   the averaged checkpoint (if any), and whether training stopped early on SIGTERM/SIGINT.
   """
   check_backend(tc)
+  check_settings(config, tc)
   workdir = pathlib.Path(tc.workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   is_main = jax.process_index() == 0
@@ -267,11 +326,14 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
   if tokenizer.vocab_size != config.vocab_size:
     raise TrainingError(f'{tokenizer.path} has {tokenizer.vocab_size} pieces but the model '
                         f'expects vocab_size={config.vocab_size}.')
-  spm_model = tokenizer.path.read_bytes()
+  spm_model = tokenizer.model_proto
   corpus = data_lib.tokenize_corpus(train_text, tokenizer, config.max_len, workdir / 'cache')
   src_len, tgt_len = data_lib.row_lengths(corpus, tc.row_len)
-  rows = data_lib.rows_per_device(tc.tokens_per_batch // tc.accum_steps,
-                                  max(src_len, tgt_len), jax.device_count())
+  try:
+    rows = data_lib.rows_per_device(tc.tokens_per_batch // tc.accum_steps,
+                                    max(src_len, tgt_len), jax.device_count())
+  except ValueError as e:
+    raise TrainingError(f'{e} Raise tokens_per_batch or lower accum_steps.') from None
   batches = data_lib.PackedBatches(
       corpus, src_len=src_len, tgt_len=tgt_len, rows_per_device=rows * tc.accum_steps,
       num_devices=local_devices, seed=tc.seed, process_index=jax.process_index(),
@@ -296,7 +358,7 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
     state = state.replace(params=restored['params'], opt_state=train_item['opt_state'],
                           step=train_item['step'])
     rng = jax.random.wrap_key_data(train_item['rng'])
-    batches.set_state(restored['data']['hosts'][jax.process_index()])
+    resume_data(batches, restored['data']['hosts'], tc)
     log.info('resumed from step %d (%s)', step, manager.directory / str(step))
   start_step = int(state.step)
   meta = checkpoint.make_meta(config, spm_model)
@@ -388,11 +450,16 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
       log_now = step % tc.log_every_steps == 0 or step == tc.num_steps
       eval_now = eval_corpus is not None and (step % tc.eval_every_steps == 0
                                               or step == tc.num_steps)
-      preempted = parallel.any_host(stop['signal'] is not None)
-      due = (tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0) or (
-          tc.checkpoint_every_secs is not None
-          and time.monotonic() - last_save_time >= tc.checkpoint_every_secs)
-      save_now = step == tc.num_steps or preempted or parallel.any_host(bool(due))
+      # Step-based saves need no agreement; a signal and the save clock are local, so the
+      # hosts agree on them (one all-gather) only every host_sync_every_steps steps.
+      preempted = timed_save = False
+      if host_sync_due(step, tc, jax.process_count()):
+        preempted, timed_save = parallel.all_hosts(np.array([
+            stop['signal'] is not None,
+            tc.checkpoint_every_secs is not None
+            and time.monotonic() - last_save_time >= tc.checkpoint_every_secs])).any(0)
+      save_now = (step == tc.num_steps or preempted or timed_save or bool(
+          tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0))
       if log_now or eval_now or save_now:
         read_metrics()  # this step's: never save or report past an unchecked update
 

@@ -2,6 +2,10 @@
 
 import collections
 import gzip
+import pathlib
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -103,6 +107,64 @@ def test_tokenizer_rejects_a_file_that_is_not_a_model(tmp_path):
   (tmp_path / 'bad.model').write_text('not a model')
   with pytest.raises(DataError, match='not a sentencepiece model'):
     data.Tokenizer(tmp_path / 'bad.model')
+
+
+@pytest.mark.parametrize('vocab_size,message', [
+    (5000, r'^vocab_size=5000 is more pieces than sentencepiece can make of these 600 sentences '
+           r'\(at most \d+\): lower vocab_size, or train on more text\.$'),
+    (100, r'^vocab_size=100 is too small: the 256 byte-fallback pieces, the special ids and the '
+          r'characters of this text need at least \d+: raise vocab_size\.$')])
+def test_vocabulary_sizes_sentencepiece_cannot_make_say_what_to_change(tmp_path, vocab_size,
+                                                                       message):
+  text = synthetic_text(300, seed=2)
+  with pytest.raises(DataError, match=message):
+    data.train_tokenizer(text.src + text.tgt, tmp_path / 'spm.model', vocab_size)
+  assert not list(tmp_path.iterdir())  # no model, no temporary file left behind
+
+
+_RACE = """
+import pathlib, sys, time
+sys.path.insert(0, {tests!r})
+from helpers import synthetic_text
+from jaxformer import data
+text = synthetic_text(3000, seed=11)
+go = pathlib.Path({go!r})
+(go.parent / f'ready-{{sys.argv[1]}}').touch()
+while not go.exists():
+  time.sleep(0.001)
+tokenizer = data.train_tokenizer(text.src + text.tgt, {model!r}, 400)
+print(tokenizer.vocab_size, len(tokenizer.model_proto))
+"""
+
+
+def test_hosts_training_the_vocabulary_at_once_never_see_half_a_model(tmp_path):
+  """Six processes train the same model into one path, released together (as hosts sharing a
+  workdir do): each ends with the whole model, and only the model is left in the folder."""
+  tests = str(pathlib.Path(__file__).resolve().parent)
+  code = _RACE.format(tests=tests, go=str(tmp_path / 'go'), model=str(tmp_path / 'spm.model'))
+  workers = [subprocess.Popen([sys.executable, '-c', code, str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(6)]
+  deadline = time.monotonic() + 120
+  while len(list(tmp_path.glob('ready-*'))) < 6 and time.monotonic() < deadline:
+    time.sleep(0.05)  # every worker imported and waiting at the start line
+  (tmp_path / 'go').touch()
+  results = [w.communicate(timeout=300) for w in workers]
+  assert all(w.returncode == 0 for w in workers), [err[-800:] for _, err in results]
+  size = len((tmp_path / 'spm.model').read_bytes())
+  assert {out.strip() for out, _ in results} == {f'400 {size}'}
+  assert {p.name for p in tmp_path.iterdir() if not p.name.startswith('ready-')} == {
+      'go', 'spm.model'}
+
+
+def test_a_tokenizer_from_checkpoint_bytes_caches_like_one_from_a_file(tokenizer, tmp_path):
+  """Its model bytes are kept on the object (a checkpoint's tokenizer has no file to read)."""
+  assert tokenizer.model_proto == tokenizer.path.read_bytes()
+  loaded = data.Tokenizer.from_bytes(tokenizer.model_proto)
+  text = synthetic_text(200, seed=6)
+  from_bytes = data.tokenize_corpus(text, loaded, max_len=64, cache_dir=tmp_path)
+  from_file = data.tokenize_corpus(text, tokenizer, max_len=64, cache_dir=tmp_path)
+  assert len(list(tmp_path.glob('tokens-*'))) == 1  # the same fingerprint: one cache
+  np.testing.assert_array_equal(from_bytes.tgt_tokens, from_file.tgt_tokens)
 
 
 # --- cache ------------------------------------------------------------------------------------

@@ -108,3 +108,15 @@ def test_beam_search_stops_when_no_live_beam_can_win():
   jax.effects_barrier()
   np.testing.assert_array_equal(seqs[0][:2], [3, 1])
   assert 2 <= len(steps) <= 6, f'{len(steps)} steps'
+
+
+def test_greedy_never_emits_padding_and_agrees_with_beam_1():
+  """A model whose favourite token is the padding id 0: both searches take the next best."""
+  def prefers_padding(tokens, cache):
+    return jnp.tile(jnp.log(jnp.array([0.6, 0.02, 0.3, 0.08])), (tokens.shape[0], 1)), cache
+
+  greedy = decode.greedy_search(prefers_padding, jnp.int32(0), jnp.array([3]), 3)
+  beam, _ = decode.beam_search(prefers_padding, jnp.int32(0), jnp.array([3]), 3, beam_size=1,
+                               alpha=0.6)
+  np.testing.assert_array_equal(greedy, [[2, 2, 2]])
+  np.testing.assert_array_equal(beam, greedy)

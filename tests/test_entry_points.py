@@ -1,6 +1,7 @@
 """The console script, the Makefile targets and the README's code all work as written."""
 
 import json
+import logging
 import pathlib
 import re
 import subprocess
@@ -217,3 +218,71 @@ def test_every_script_and_subcommand_in_the_readme_answers_help():
     result = subprocess.run([sys.executable, '-m', 'jaxformer.cli', command, '--help'],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and 'usage:' in result.stdout, command
+
+
+# --- bad input through every entry point: one line, never a traceback -----------------------------
+
+
+def _script(name: str):
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  return __import__(name)
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging(monkeypatch):
+  """The scripts' main() configures logging on the stream pytest captures, which is closed
+  after the test; keep the process's logging as it is."""
+  monkeypatch.setattr(logging, 'basicConfig', lambda **kwargs: None)
+
+
+@pytest.mark.parametrize('config_text,message', [
+    ('raise RuntimeError("broken")\n', r'cannot load the config \(RuntimeError: broken\)\.$'),
+    ('def get_config():\n  return {"model": 1}\n', r"must return a dict with 'model', 'train'"),
+    ('from jaxformer import config\ndef get_config():\n  return {"model": config.tiny(), '
+     '"train": {"num_step": 5}, "data": {"source": "text"}}\n',
+     r"unknown training settings \['num_step'\]; valid: workdir, num_steps, ")])
+def test_train_script_reports_a_bad_config_file_in_one_line(tmp_path, capsys, config_text,
+                                                            message):
+  (tmp_path / 'bad.py').write_text(config_text)
+  assert _script('train').main(['--config', str(tmp_path / 'bad.py'), '--workdir',
+                                str(tmp_path / 'w')]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith('error: ') and re.search(message, err[0]), err
+  assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('flags,message', [
+    (['--accum_steps', '0'], 'error: accum_steps must be >= 1, got 0.'),
+    (['--log_every_steps', '0'], 'error: log_every_steps must be >= 1, got 0.'),
+    (['--row_len', '16'], 'error: row_len=16 is shorter than max_len=64: the longest pairs would '
+                          'not fit in a row; set row_len >= max_len.'),
+    (['--checkpoint_every_steps', '-5'], 'error: checkpoint_every_steps must be > 0 (or unset), '
+                                         'got -5.')])
+def test_train_script_refuses_bad_settings_before_any_work(tmp_path, capsys, flags, message):
+  argv = ['--config', str(ROOT / 'tests' / 'tiny_config.py'), '--workdir', str(tmp_path / 'w'),
+          '--source', 'text', '--train_src', 'none.en', '--train_tgt', 'none.de', *flags]
+  assert _script('train').main(argv) == 1
+  assert capsys.readouterr().err.strip().splitlines() == [message]
+  assert not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('argv', [
+    ['translate', '--workdir', 'w', '--batch-size', '0'], ['translate', '--workdir', 'w',
+                                                             '--beam', '-1'],
+    ['average', '--workdir', 'w', '--last', 'two'], ['params', '--vocab-size', '0']])
+def test_cli_refuses_non_positive_counts_in_one_line(capsys, argv):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(argv)
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith('jaxformer ') and 'must be an integer >= 1, got' in err[-1]
+
+
+@pytest.mark.parametrize('script,argv', [
+    ('eval', ['--workdir', 'w', '--batch-size', '0']), ('eval', ['--workdir', 'w', '--beam', '0']),
+    ('demo', ['--num_steps', '0'])])
+def test_scripts_refuse_non_positive_counts_in_one_line(capsys, script, argv):
+  with pytest.raises(SystemExit) as exit_info:
+    _script(script).main(argv)
+  assert exit_info.value.code == 2
+  assert 'must be an integer >= 1, got' in capsys.readouterr().err.strip().splitlines()[-1]

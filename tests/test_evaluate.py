@@ -201,6 +201,97 @@ def test_eval_script_errors_are_one_line(workdir, tmp_path):
   assert 'not prepared' in no_data.stderr.splitlines()[-1]
 
 
+# --- bad input ------------------------------------------------------------------------------------
+
+
+def _tree_snapshot(folder: pathlib.Path) -> dict[str, tuple[int, int]]:
+  """Every file under `folder` with its size and modification time."""
+  return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+          for p in sorted(folder.rglob('*')) if p.is_file()}
+
+
+def test_translate_refuses_invalid_utf8_naming_the_line(workdir):
+  result = subprocess.run(
+      [sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir', str(workdir),
+       '--batch-size', '1'], input=b'the dog\n\xff\xfe not utf-8\nthe man\n',
+      capture_output=True, timeout=300)
+  assert result.returncode == 1
+  assert result.stderr.decode().strip().splitlines()[-1] == (
+      'error: stdin:2: not valid UTF-8 (byte 0: invalid start byte); re-encode it as UTF-8.')
+  assert 'Traceback' not in result.stderr.decode()
+  assert len(result.stdout.decode().splitlines()) == 1  # line 1 was translated before it
+
+
+def test_eval_refuses_an_invalid_utf8_source_file(workdir, tmp_path):
+  (tmp_path / 'test.src').write_bytes(b'the dog\nthe \xe9t\xe9\n')
+  (tmp_path / 'test.ref').write_text('der hund\ndas haus\n')
+  result = subprocess.run(
+      [sys.executable, str(ROOT / 'experiments' / 'eval.py'), '--workdir', str(workdir),
+       '--src', str(tmp_path / 'test.src'), '--ref', str(tmp_path / 'test.ref'),
+       '--output', str(tmp_path / 'hyps.txt')], capture_output=True, text=True, timeout=300)
+  assert result.returncode == 1 and 'Traceback' not in result.stderr
+  assert result.stderr.strip().splitlines()[-1].startswith(
+      f'error: {tmp_path / "test.src"}:2: not valid UTF-8')
+  assert not (tmp_path / 'hyps.txt').exists()
+
+
+def test_eval_checks_the_output_folder_before_translating(workdir, tmp_path):
+  (tmp_path / 'test.src').write_text('the dog\n')
+  (tmp_path / 'test.ref').write_text('der hund\n')
+  result = subprocess.run(
+      [sys.executable, str(ROOT / 'experiments' / 'eval.py'), '--workdir', str(workdir),
+       '--src', str(tmp_path / 'test.src'), '--ref', str(tmp_path / 'test.ref'),
+       '--output', str(tmp_path / 'missing' / 'hyps.txt')], capture_output=True, text=True,
+      timeout=300)
+  assert result.returncode == 1 and 'translating' not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f'error: {tmp_path / "missing"}: no such folder for the hypotheses.')
+
+
+def test_over_long_sources_are_cut_to_the_model_and_counted(translator, caplog):
+  """A source of thousands of words is cut to max_len pieces (with a warning naming it), and
+  decoding stays within max_len: one output line per input, no out-of-memory."""
+  sentences = ['the dog', 'the man sees a dog ' * 800, 'the house']
+  with caplog.at_level('WARNING', logger='jaxformer.evaluate'):
+    outputs = translator.translate(sentences)
+  assert len(outputs) == 3 and outputs[0] == translator.translate(['the dog'])[0]
+  assert "1 source(s) longer than the model's 64 tokens were cut to that length (indices 1)" \
+      in caplog.text
+  limit = translator.config.max_len - 1
+  cut = translator.tokenizer.decode([translator.tokenizer.encode([sentences[1]])[0][:limit]])
+  assert outputs[1] == translator.translate(cut)[0]  # the same as translating the cut source
+
+
+def test_learned_positions_translate_sources_longer_than_the_table(tmp_path):
+  """Table 3 row E: the width bucket plus 50 used to pass max_len and break init_cache."""
+  cfg = config.tiny(vocab_size=400).replace(learned_positions=True)  # max_len 64 = row_len
+  settings = train.TrainConfig(workdir=str(tmp_path), num_steps=1, tokens_per_batch=1024,
+                               row_len=64, checkpoint_every_secs=None, average_last=0)
+  train.train_and_evaluate(cfg, settings, synthetic_text(200))
+  row_e = evaluate.Translator.from_checkpoint(str(tmp_path), batch_size=2)
+  outputs = row_e.translate(['the dog', 'a small red house with a big cat ' * 5, 'the man ' * 40])
+  assert len(outputs) == 3 and all(len(row_e.tokenizer.encode([o])[0]) <= 64 for o in outputs)
+
+
+def test_reading_commands_create_and_change_nothing(workdir, tmp_path):
+  from jaxformer import checkpoint, cli  # pylint: disable=g-import-not-at-top
+  missing = tmp_path / 'no-such-workdir'
+  assert cli.main(['average', '--workdir', str(missing), '--last', '2']) == 1
+  assert not missing.exists()
+  for read in (checkpoint.load, lambda p: checkpoint.average_checkpoints(p, 1),
+               evaluate.Translator.from_checkpoint):
+    with pytest.raises(checkpoint.CheckpointError, match='no such checkpoint folder'):
+      read(missing)
+    assert not missing.exists()
+  before = _tree_snapshot(workdir)
+  checkpoint.load(workdir)
+  checkpoint.average_checkpoints(workdir, 2)
+  evaluate.Translator.from_checkpoint(str(workdir), average_last=2).translate(['the dog'])
+  assert _tree_snapshot(workdir) == before
+  with pytest.raises(checkpoint.CheckpointError, match='must be >= 1, got 0'):
+    checkpoint.average_checkpoints(workdir, 0)
+
+
 # --- attention plots ------------------------------------------------------------------------------
 
 

@@ -50,7 +50,7 @@ class TokenizedCorpus:
 
 def _fingerprint(text: ParallelText, tokenizer: Tokenizer, max_len: int) -> str:
   digest = hashlib.sha256(f'{_FORMAT}|{max_len}|{len(text)}|'.encode())
-  digest.update(tokenizer.path.read_bytes())
+  digest.update(tokenizer.model_proto)
   for side in (text.src, text.tgt):
     for start in range(0, len(side), _CHUNK):
       digest.update('\n'.join(side[start:start + _CHUNK]).encode('utf-8', 'surrogatepass'))

@@ -52,14 +52,17 @@ def read_lines(path: str | os.PathLike) -> list[str]:
   raw_lines = data.split(b'\n')
   if raw_lines[-1] == b'':  # the final newline ends the last line; it does not start a new one
     raw_lines.pop()
-  lines = []
-  for number, raw in enumerate(raw_lines, start=1):
-    try:
-      lines.append(raw.removesuffix(b'\r').decode('utf-8'))
-    except UnicodeDecodeError as e:
-      raise DataError(f'{path}:{number}: not valid UTF-8 (byte {e.start}: {e.reason}); '
-                      f're-encode the file as UTF-8.') from None
-  return lines
+  return [decode_line(raw, f'{path}:{number}') for number, raw in enumerate(raw_lines, start=1)]
+
+
+def decode_line(raw: bytes, where: str) -> str:
+  """A line's UTF-8 text without its line end ('\n' or '\r\n'); DataError naming `where`
+  (e.g. file:line) for bytes that are not UTF-8."""
+  try:
+    return raw.removesuffix(b'\n').removesuffix(b'\r').decode('utf-8')
+  except UnicodeDecodeError as e:
+    raise DataError(f'{where}: not valid UTF-8 (byte {e.start}: {e.reason}); re-encode it as '
+                    'UTF-8.') from None
 
 
 def read_parallel_text(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> ParallelText:

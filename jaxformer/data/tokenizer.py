@@ -3,6 +3,8 @@
 import io
 import os
 import pathlib
+import re
+import tempfile
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,6 +29,7 @@ class Tokenizer:
     if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
       raise DataError(f'{self.path}: expected pad=0, eos=1, unk=2; train it with '
                       'jaxformer.data.train_tokenizer.')
+    self.model_proto: bytes = self._sp.serialized_model_proto()  # what checkpoints store
 
   @classmethod
   def from_bytes(cls, model_proto: bytes, name: str = '<checkpoint>') -> 'Tokenizer':
@@ -60,6 +63,19 @@ class Tokenizer:
     return texts
 
 
+def _training_failure(message: str, vocab_size: int, sentences: int) -> str:
+  """sentencepiece's training error as what to change, in one line."""
+  if high := re.search(r'Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)',
+                       message):
+    return (f'vocab_size={vocab_size} is more pieces than sentencepiece can make of these '
+            f'{sentences} sentences (at most {high[1]}): lower vocab_size, or train on more text.')
+  if low := re.search(r'smaller than required_chars\. \d+ vs (\d+)', message):
+    return (f'vocab_size={vocab_size} is too small: the 256 byte-fallback pieces, the special ids '
+            f'and the characters of this text need at least {low[1]}: raise vocab_size.')
+  return (f'sentencepiece training failed for vocab_size={vocab_size} on {sentences} sentences: '
+          f'{message.strip().splitlines()[0]}')
+
+
 def train_tokenizer(texts: Sequence[str], model_path: str | os.PathLike, vocab_size: int, *,
                     sample_size: int = 2_000_000, seed: int = 0) -> Tokenizer:
   """Trains a BPE model on a seeded sample of `texts` (both sides), unless the file exists.
@@ -84,9 +100,11 @@ def train_tokenizer(texts: Sequence[str], model_path: str | os.PathLike, vocab_s
         character_coverage=0.9999, input_sentence_size=0, shuffle_input_sentence=False,
         num_threads=1, minloglevel=2)
   except RuntimeError as e:
-    raise DataError(f'sentencepiece training failed for vocab_size={vocab_size} on '
-                    f'{len(chosen)} sentences: {e}') from None
-  partial = model_path.with_suffix('.partial')
-  partial.write_bytes(model.getvalue())
-  os.replace(partial, model_path)  # atomic: never a half-written model
+    raise DataError(_training_failure(str(e), vocab_size, len(chosen))) from None
+  # A temporary file of this writer's own, renamed into place: readers never see half a model,
+  # and hosts that train the same (deterministic) model at once never share a temporary file.
+  with tempfile.NamedTemporaryFile(dir=model_path.parent, prefix=f'.{model_path.name}.',
+                                   suffix='.partial', delete=False) as partial:
+    partial.write(model.getvalue())
+  os.replace(partial.name, model_path)
   return Tokenizer(model_path)
