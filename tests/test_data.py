@@ -127,21 +127,22 @@ import pathlib, sys, time
 sys.path.insert(0, {tests!r})
 from helpers import synthetic_text
 from jaxformer import data
-text = synthetic_text(3000, seed=11)
+text = synthetic_text(400, seed=11)
 go = pathlib.Path({go!r})
 (go.parent / f'ready-{{sys.argv[1]}}').touch()
 while not go.exists():
   time.sleep(0.001)
-tokenizer = data.train_tokenizer(text.src + text.tgt, {model!r}, 400)
-print(tokenizer.vocab_size, len(tokenizer.model_proto))
+for round in range(25):  # the same 25 models, one after another, in every worker
+  tokenizer = data.train_tokenizer(text.src + text.tgt, go.parent / f'spm-{{round}}.model', 300)
+  print(round, tokenizer.vocab_size, len(tokenizer.model_proto))
 """
 
 
 def test_hosts_training_the_vocabulary_at_once_never_see_half_a_model(tmp_path):
-  """Six processes train the same model into one path, released together (as hosts sharing a
-  workdir do): each ends with the whole model, and only the model is left in the folder."""
+  """Six processes train the same 25 models into the same paths, released together (as hosts
+  sharing a workdir do): each reads every model whole, and only the models are left."""
   tests = str(pathlib.Path(__file__).resolve().parent)
-  code = _RACE.format(tests=tests, go=str(tmp_path / 'go'), model=str(tmp_path / 'spm.model'))
+  code = _RACE.format(tests=tests, go=str(tmp_path / 'go'))
   workers = [subprocess.Popen([sys.executable, '-c', code, str(i)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(6)]
   deadline = time.monotonic() + 120
@@ -150,10 +151,11 @@ def test_hosts_training_the_vocabulary_at_once_never_see_half_a_model(tmp_path):
   (tmp_path / 'go').touch()
   results = [w.communicate(timeout=300) for w in workers]
   assert all(w.returncode == 0 for w in workers), [err[-800:] for _, err in results]
-  size = len((tmp_path / 'spm.model').read_bytes())
-  assert {out.strip() for out, _ in results} == {f'400 {size}'}
+  expected = '\n'.join(f'{r} 300 {(tmp_path / f"spm-{r}.model").stat().st_size}'
+                       for r in range(25))
+  assert [out.strip() for out, _ in results] == [expected] * 6
   assert {p.name for p in tmp_path.iterdir() if not p.name.startswith('ready-')} == {
-      'go', 'spm.model'}
+      'go', *(f'spm-{r}.model' for r in range(25))}  # no temporary file left
 
 
 def test_a_tokenizer_from_checkpoint_bytes_caches_like_one_from_a_file(tokenizer, tmp_path):
