@@ -1,6 +1,7 @@
 """The `jaxformer` command line: thin wrappers around library functions."""
 
 import argparse
+import os
 import sys
 
 _PRESETS = ('tiny', 'base', 'big')
@@ -102,7 +103,14 @@ def main(argv: list[str] | None = None) -> int:
   if args.command is None:
     parser.print_help()
     return 0
-  return args.run(args)
+  try:
+    return args.run(args)
+  except KeyboardInterrupt:
+    print('interrupted', file=sys.stderr)
+    return 130
+  except BrokenPipeError:  # the reader went away, e.g. `jaxformer translate < f | head -3`
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit either
+    return 1
 
 
 if __name__ == '__main__':

@@ -315,7 +315,10 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
   check_backend(tc)
   check_settings(config, tc)
   workdir = pathlib.Path(tc.workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise TrainingError(f'{workdir}: cannot be the workdir ({e.strerror}).') from None
   is_main = jax.process_index() == 0
   local_devices = jax.local_device_count()
 

@@ -222,6 +222,15 @@ def test_translate_refuses_invalid_utf8_naming_the_line(workdir):
   assert len(result.stdout.decode().splitlines()) == 1  # line 1 was translated before it
 
 
+def test_translate_into_a_closed_pipe_ends_quietly(workdir):
+  """`jaxformer translate < many-lines | head -1`: no BrokenPipeError traceback."""
+  command = (f'yes "the dog" | head -200 | {sys.executable} -m jaxformer.cli translate '
+             f'--workdir {workdir} --batch-size 8 | head -1')
+  result = subprocess.run(['bash', '-c', command], capture_output=True, text=True, timeout=300)
+  assert len(result.stdout.splitlines()) == 1
+  assert 'Traceback' not in result.stderr and 'Error' not in result.stderr, result.stderr
+
+
 def test_eval_refuses_an_invalid_utf8_source_file(workdir, tmp_path):
   (tmp_path / 'test.src').write_bytes(b'the dog\nthe \xe9t\xe9\n')
   (tmp_path / 'test.ref').write_text('der hund\ndas haus\n')

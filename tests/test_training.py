@@ -234,6 +234,14 @@ def test_row_len_shorter_than_max_len_is_refused_before_any_work(tmp_path):
   assert not (tmp_path / 'w').exists()
 
 
+def test_a_workdir_that_cannot_be_made_is_a_one_line_error(tmp_path):
+  (tmp_path / 'file').write_text('not a folder')
+  for workdir, reason in ((tmp_path / 'file', 'File exists'),
+                          (tmp_path / 'file' / 'sub', 'Not a directory')):
+    with pytest.raises(train.TrainingError, match=rf'^{workdir}: cannot be the workdir \({reason}\)'):
+      train.train_and_evaluate(CFG, _tc(workdir), TEXT)
+
+
 def test_resuming_on_changed_data_names_the_change_or_resets_the_stream(tmp_path, caplog):
   train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=2), TEXT)
   with pytest.raises(train.TrainingError, match=r'^the training data changed since the checkpoint '
