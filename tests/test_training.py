@@ -80,6 +80,14 @@ def test_first_record_says_where_and_how_the_run_computes(trained):
   line = train.describe_run(facts)
   assert line.startswith('cpu: 1 × cpu, 1 process; compute float32, einsum attention; ')
   assert f'{rows * tgt_len:,} target token slots per update (1 micro-batch of {rows} rows' in line
+  # TensorBoard: the same line as text at step 0, and the settings as hparams.
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(str(trained / 'tensorboard'),
+                                              size_guidance={'tensors': 0})
+  events.Reload()
+  text = events.Tensors('run')[0]
+  assert text.step == 0 and text.tensor_proto.string_val == [line.encode()]
+  assert '_hparams_/session_start_info' in events.Tags()['tensors']
 
 
 def test_describe_run_names_the_fast_path_and_accumulation():
@@ -249,10 +257,11 @@ def test_resuming_on_changed_data_names_the_change_or_resets_the_stream(tmp_path
     train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=4, seed=1), TEXT)
   with pytest.raises(train.TrainingError, match=r'\(training pairs per host \d+ -> \d+\)'):
     train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=4), synthetic_text(900, seed=3))
-  with caplog.at_level('WARNING', logger='jaxformer.train'):
+  with caplog.at_level('INFO', logger='jaxformer.train'):
     summary = train.train_and_evaluate(
         CFG, _tc(tmp_path, num_steps=4, seed=1, reset_data=True), TEXT)
   assert summary['step'] == 4 and 'fresh data stream' in caplog.text
+  assert 'training on cpu: 1 × cpu, 1 process; compute float32, einsum attention; ' in caplog.text
   restored = checkpoint.restore(checkpoint.make_manager(tmp_path / 'checkpoints'), 4,
                                 with_data=True)
   assert restored['data']['hosts'][0]['seed'] == 1  # the new stream, two batches in
