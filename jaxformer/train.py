@@ -240,8 +240,7 @@ def run_facts(config: TransformerConfig, tc: TrainConfig, *, src_len: int, tgt_l
 
 def describe_run(facts: dict[str, Any]) -> str:
   """The run's facts as the one line the trainer logs at start."""
-  micro = f'{facts["accum_steps"]} micro-batches' if facts['accum_steps'] > 1 else \
-      '1 micro-batch'
+  micro = f'{facts["accum_steps"]} micro-batch{"es" if facts["accum_steps"] > 1 else ""}'
   return (f'{facts["devices"]}; compute {facts["dtype"]}, {facts["attention"]} attention'
           f'{", remat" if facts["remat"] else ""}; {facts["source_tokens_per_update"]:,} source + '
           f'{facts["target_tokens_per_update"]:,} target token slots per update ({micro} of '

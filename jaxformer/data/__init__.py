@@ -11,5 +11,5 @@ from jaxformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_to
 
 __all__ = ['DataError', 'EOS_ID', 'PAD_ID', 'PackedBatches', 'ParallelText', 'TokenizedCorpus',
            'Tokenizer', 'UNK_ID', 'decode_line', 'embedded', 'load_tfds', 'load_wmt14',
-           'pack_rows', 'padding_efficiency', 'read_lines', 'read_parallel_text', 'row_lengths', 'rows_per_device', 'tokenize_corpus',
-           'train_tokenizer']
+           'pack_rows', 'padding_efficiency', 'read_lines', 'read_parallel_text', 'row_lengths',
+           'rows_per_device', 'tokenize_corpus', 'train_tokenizer']
