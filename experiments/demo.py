@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
   except (train.TrainingError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
+  except KeyboardInterrupt:  # before the loop's own SIGINT handler (which saves and stops)
+    print('interrupted', file=sys.stderr)
+    return 130
   return 0
 
 

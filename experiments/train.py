@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
   except (data.DataError, checkpoint.CheckpointError, train.TrainingError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
+  except KeyboardInterrupt:  # before the loop's own SIGINT handler (which saves and stops)
+    print('interrupted', file=sys.stderr)
+    return 130
   print(json.dumps(summary, indent=2))
   return 0
 
