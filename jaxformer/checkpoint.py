@@ -97,13 +97,19 @@ def make_manager(directory: str | pathlib.Path, *, max_to_keep: int | None = Non
                  read_only: bool = False) -> ocp.CheckpointManager:
   """An async orbax manager; it commits each step atomically and ignores unfinished ones.
   A read-only one creates, saves and deletes nothing."""
-  if read_only:
-    options = ocp.CheckpointManagerOptions(read_only=True, create=False)
-  else:
+  directory = pathlib.Path(directory).absolute()
+  if not read_only:
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                            enable_async_checkpointing=True)
-  return ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options,
-                               item_names=items)
+    return ocp.CheckpointManager(directory, options=options, item_names=items)
+  options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
+  absl = logging.getLogger('absl')
+  level = absl.level
+  absl.setLevel(logging.ERROR)  # orbax warns "Given directory is read only" for every reader
+  try:
+    return ocp.CheckpointManager(directory, options=options, item_names=items)
+  finally:
+    absl.setLevel(level)
 
 
 def open_checkpoints(path: str | pathlib.Path) -> ocp.CheckpointManager:

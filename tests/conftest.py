@@ -1,5 +1,6 @@
 """Shared fixtures: a tiny model with fixed params, and the shared data folder."""
 
+import logging
 import os
 import pathlib
 
@@ -9,6 +10,13 @@ import pytest
 
 from jaxformer import config as config_lib
 from jaxformer.model import Transformer
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging(monkeypatch):
+  """Scripts' main(), called in-process, configure logging on the stream pytest captures, which
+  is closed after the test (later log records would then fail): keep the process's logging."""
+  monkeypatch.setattr(logging, 'basicConfig', lambda **kwargs: None)
 
 
 @pytest.fixture(scope='session')

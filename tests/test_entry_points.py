@@ -1,7 +1,6 @@
 """The console script, the Makefile targets and the README's code all work as written."""
 
 import json
-import logging
 import pathlib
 import re
 import subprocess
@@ -226,13 +225,6 @@ def test_every_script_and_subcommand_in_the_readme_answers_help():
 def _script(name: str):
   sys.path.insert(0, str(ROOT / 'experiments'))
   return __import__(name)
-
-
-@pytest.fixture(autouse=True)
-def _keep_logging(monkeypatch):
-  """The scripts' main() configures logging on the stream pytest captures, which is closed
-  after the test; keep the process's logging as it is."""
-  monkeypatch.setattr(logging, 'basicConfig', lambda **kwargs: None)
 
 
 @pytest.mark.parametrize('config_text,message', [

@@ -282,8 +282,9 @@ def test_learned_positions_translate_sources_longer_than_the_table(tmp_path):
   assert len(outputs) == 3 and all(len(row_e.tokenizer.encode([o])[0]) <= 64 for o in outputs)
 
 
-def test_reading_commands_create_and_change_nothing(workdir, tmp_path):
+def test_reading_commands_create_and_change_nothing(workdir, tmp_path, caplog):
   from jaxformer import checkpoint, cli  # pylint: disable=g-import-not-at-top
+  caplog.set_level('WARNING')
   missing = tmp_path / 'no-such-workdir'
   assert cli.main(['average', '--workdir', str(missing), '--last', '2']) == 1
   assert not missing.exists()
@@ -297,6 +298,7 @@ def test_reading_commands_create_and_change_nothing(workdir, tmp_path):
   checkpoint.average_checkpoints(workdir, 2)
   evaluate.Translator.from_checkpoint(str(workdir), average_last=2).translate(['the dog'])
   assert _tree_snapshot(workdir) == before
+  assert not caplog.records, caplog.text  # read-only managers, and nothing to warn about
   with pytest.raises(checkpoint.CheckpointError, match='must be >= 1, got 0'):
     checkpoint.average_checkpoints(workdir, 0)
 
