@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from jaxformer import data
+from jaxformer import data, train
 
 WORDS = ('the a man woman dog cat sees walks with under house garden red small big quickly '
          'der die das mann frau hund katze sieht geht mit unter haus garten rot klein groß').split()
@@ -14,3 +14,27 @@ def synthetic_text(n: int, seed: int = 0) -> data.ParallelText:
   src = [' '.join(rng.choice(WORDS[:16], size=rng.integers(1, 20))) for _ in range(n)]
   tgt = [' '.join(rng.choice(WORDS[16:], size=rng.integers(1, 24))) for _ in range(n)]
   return data.ParallelText(src, tgt, origin=f'synthetic-{seed}')
+
+
+def train_settings(workdir, **overrides) -> train.TrainConfig:
+  """Training settings for the tiny tests: 6 steps, a checkpoint every 2, logs every 2."""
+  settings = dict(workdir=str(workdir), num_steps=6, tokens_per_batch=1024, row_len=64,
+                  checkpoint_every_steps=2, checkpoint_every_secs=None, keep_checkpoints=5,
+                  average_last=0, eval_every_steps=1000, log_every_steps=2)
+  settings.update(overrides)
+  return train.TrainConfig(**settings)
+
+
+def poison_third_batch(monkeypatch) -> None:
+  """Makes the third batch's weights NaN, so step 3's loss is not finite."""
+  original = data.PackedBatches.__next__
+  calls = {'n': 0}
+
+  def poisoned(self):
+    batch = original(self)
+    calls['n'] += 1
+    if calls['n'] == 3:
+      batch['weights'] = np.full_like(batch['weights'], np.nan)
+    return batch
+
+  monkeypatch.setattr(data.PackedBatches, '__next__', poisoned)

@@ -1,6 +1,7 @@
 """Translation with a trained model, and the BLEU plumbing."""
 
 import collections
+import importlib
 import json
 import math
 import pathlib
@@ -224,37 +225,40 @@ def test_translate_refuses_invalid_utf8_naming_the_line(workdir):
 
 def test_translate_into_a_closed_pipe_ends_quietly(workdir):
   """`jaxformer translate < many-lines | head -1`: no BrokenPipeError traceback."""
-  command = (f'yes "the dog" | head -200 | {sys.executable} -m jaxformer.cli translate '
+  command = (f'yes "the dog" | head -40 | {sys.executable} -m jaxformer.cli translate '
              f'--workdir {workdir} --batch-size 8 | head -1')
   result = subprocess.run(['bash', '-c', command], capture_output=True, text=True, timeout=300)
   assert len(result.stdout.splitlines()) == 1
   assert 'Traceback' not in result.stderr and 'Error' not in result.stderr, result.stderr
 
 
-def test_eval_refuses_an_invalid_utf8_source_file(workdir, tmp_path):
+def _eval_main(argv: list[str]) -> int:
+  """experiments/eval.py's main, in this process (the cases below stop before translating)."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  return importlib.import_module('eval').main(argv)
+
+
+def test_eval_refuses_an_invalid_utf8_source_file(workdir, tmp_path, capsys):
   (tmp_path / 'test.src').write_bytes(b'the dog\nthe \xe9t\xe9\n')
   (tmp_path / 'test.ref').write_text('der hund\ndas haus\n')
-  result = subprocess.run(
-      [sys.executable, str(ROOT / 'experiments' / 'eval.py'), '--workdir', str(workdir),
-       '--src', str(tmp_path / 'test.src'), '--ref', str(tmp_path / 'test.ref'),
-       '--output', str(tmp_path / 'hyps.txt')], capture_output=True, text=True, timeout=300)
-  assert result.returncode == 1 and 'Traceback' not in result.stderr
-  assert result.stderr.strip().splitlines()[-1].startswith(
-      f'error: {tmp_path / "test.src"}:2: not valid UTF-8')
+  assert _eval_main(['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
+                     str(tmp_path / 'test.ref'), '--output', str(tmp_path / 'hyps.txt')]) == 1
+  assert capsys.readouterr().err.strip().splitlines() == [
+      f'error: {tmp_path / "test.src"}:2: not valid UTF-8 (byte 4: invalid continuation byte); '
+      're-encode it as UTF-8.']
   assert not (tmp_path / 'hyps.txt').exists()
 
 
-def test_eval_checks_the_output_folder_before_translating(workdir, tmp_path):
+def test_eval_checks_the_output_folder_before_translating(workdir, tmp_path, capsys):
   (tmp_path / 'test.src').write_text('the dog\n')
   (tmp_path / 'test.ref').write_text('der hund\n')
-  result = subprocess.run(
-      [sys.executable, str(ROOT / 'experiments' / 'eval.py'), '--workdir', str(workdir),
-       '--src', str(tmp_path / 'test.src'), '--ref', str(tmp_path / 'test.ref'),
-       '--output', str(tmp_path / 'missing' / 'hyps.txt')], capture_output=True, text=True,
-      timeout=300)
-  assert result.returncode == 1 and 'translating' not in result.stderr
-  assert result.stderr.strip().splitlines()[-1] == (
-      f'error: {tmp_path / "missing"}: no such folder for the hypotheses.')
+  assert _eval_main(['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
+                     str(tmp_path / 'test.ref'), '--output',
+                     str(tmp_path / 'missing' / 'hyps.txt')]) == 1
+  err = capsys.readouterr().err
+  assert 'translating' not in err
+  assert err.strip().splitlines() == [
+      f'error: {tmp_path / "missing"}: no such folder for the hypotheses.']
 
 
 def test_over_long_sources_are_cut_to_the_model_and_counted(translator, caplog):

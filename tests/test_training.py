@@ -16,22 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import synthetic_text
-from jaxformer import checkpoint, config, data, optim, train
+from helpers import synthetic_text, train_settings as _tc
+from jaxformer import checkpoint, config, data, train
 from jaxformer.model import Transformer
 
 TESTS = pathlib.Path(__file__).resolve().parent
 ROOT = TESTS.parent
 TEXT = synthetic_text(1500)
 CFG = config.tiny(vocab_size=400)
-
-
-def _tc(workdir, **overrides) -> train.TrainConfig:
-  settings = dict(workdir=str(workdir), num_steps=6, tokens_per_batch=1024, row_len=64,
-                  checkpoint_every_steps=2, checkpoint_every_secs=None, keep_checkpoints=5,
-                  average_last=0, eval_every_steps=1000, log_every_steps=2)
-  settings.update(overrides)
-  return train.TrainConfig(**settings)
 
 
 def _assert_trees_equal(a, b, **tolerance):
@@ -189,103 +181,6 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(trained, tmp_path, 
     shutil.rmtree(workdir / 'checkpoints' / step_dir / 'params')
   with pytest.raises(checkpoint.CheckpointError, match='none of the checkpoints'):
     checkpoint.restore_latest(checkpoint.make_manager(workdir / 'checkpoints'))
-
-
-def _poison_third_batch(monkeypatch):
-  """Makes the third batch's weights NaN, so step 3's loss is not finite."""
-  original = data.PackedBatches.__next__
-  calls = {'n': 0}
-
-  def poisoned(self):
-    batch = original(self)
-    calls['n'] += 1
-    if calls['n'] == 3:
-      batch['weights'] = np.full_like(batch['weights'], np.nan)
-    return batch
-
-  monkeypatch.setattr(data.PackedBatches, '__next__', poisoned)
-
-
-def test_nan_guard_stops_and_names_the_step(tmp_path, monkeypatch):
-  _poison_third_batch(monkeypatch)
-  with pytest.raises(train.TrainingError,
-                     match=r'non-finite loss \(nan\) at step 3\. The last good checkpoint is '
-                           r'.*checkpoints/2'):
-    train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=4), TEXT)
-
-
-def test_skip_nonfinite_skips_and_counts(tmp_path, monkeypatch):
-  _poison_third_batch(monkeypatch)
-  summary = train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=4, skip_nonfinite=True), TEXT)
-  assert summary['skipped_updates'] == 1 and summary['step'] == 4
-  params, *_ = checkpoint.load(tmp_path)
-  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
-
-
-def test_logged_lr_is_the_rate_applied_after_a_skipped_update(tmp_path, monkeypatch):
-  """Step 3 is skipped: the optimiser's count stays at 2, so steps 3 and 4 both log (and step 4
-  applies) the schedule at count 2, not at state.step."""
-  _poison_third_batch(monkeypatch)
-  train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=4, skip_nonfinite=True,
-                                    log_every_steps=1), TEXT)
-  logged = {r['step']: r['lr'] for r in map(json.loads, (tmp_path / 'metrics.jsonl').open())
-            if r['split'] == 'train'}
-  schedule = optim.lrate_schedule(CFG.d_model, CFG.warmup_steps)
-  expected = {1: schedule(0), 2: schedule(1), 3: schedule(2), 4: schedule(2)}
-  assert logged == pytest.approx({k: float(v) for k, v in expected.items()}, rel=1e-6)
-
-
-def test_row_len_shorter_than_max_len_is_refused_before_any_work(tmp_path):
-  with pytest.raises(train.TrainingError, match=r'^row_len=16 is shorter than max_len=64: the '
-                     r'longest pairs would not fit in a row; set row_len >= max_len\.$'):
-    train.train_and_evaluate(CFG, _tc(tmp_path / 'w', row_len=16), TEXT)
-  assert not (tmp_path / 'w').exists()
-
-
-def test_a_workdir_that_cannot_be_made_is_a_one_line_error(tmp_path):
-  (tmp_path / 'file').write_text('not a folder')
-  for workdir, reason in ((tmp_path / 'file', 'File exists'),
-                          (tmp_path / 'file' / 'sub', 'Not a directory')):
-    with pytest.raises(train.TrainingError, match=rf'^{workdir}: cannot be the workdir \({reason}\)'):
-      train.train_and_evaluate(CFG, _tc(workdir), TEXT)
-
-
-def test_resuming_on_changed_data_names_the_change_or_resets_the_stream(tmp_path, caplog):
-  train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=2), TEXT)
-  with pytest.raises(train.TrainingError, match=r'^the training data changed since the checkpoint '
-                     r'\(seed 0 -> 1\): .* or pass --reset_data'):
-    train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=4, seed=1), TEXT)
-  with pytest.raises(train.TrainingError, match=r'\(training pairs per host \d+ -> \d+\)'):
-    train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=4), synthetic_text(900, seed=3))
-  with caplog.at_level('INFO', logger='jaxformer.train'):
-    summary = train.train_and_evaluate(
-        CFG, _tc(tmp_path, num_steps=4, seed=1, reset_data=True), TEXT)
-  assert summary['step'] == 4 and 'fresh data stream' in caplog.text
-  assert 'training on cpu: 1 × cpu, 1 process; compute float32, einsum attention; ' in caplog.text
-  restored = checkpoint.restore(checkpoint.make_manager(tmp_path / 'checkpoints'), 4,
-                                with_data=True)
-  assert restored['data']['hosts'][0]['seed'] == 1  # the new stream, two batches in
-
-
-def test_a_change_of_host_count_resets_the_data_position_with_a_warning(tmp_path, caplog):
-  corpus = data.tokenize_corpus(
-      TEXT, data.train_tokenizer(TEXT.src + TEXT.tgt, tmp_path / 'spm.model', 400), 64)
-  batches = data.PackedBatches(corpus, src_len=64, tgt_len=64, rows_per_device=4)
-  saved = dict(batches.get_state(), row=12)
-  settings = _tc('unused')
-  train.resume_data(batches, [saved], settings)
-  assert batches.get_state() == saved
-  fresh = data.PackedBatches(corpus, src_len=64, tgt_len=64, rows_per_device=4)
-  with caplog.at_level('WARNING', logger='jaxformer.train'):
-    train.resume_data(fresh, [saved, saved], settings)  # written by 2 hosts, resumed on 1
-  assert fresh.get_state()['row'] == 0
-  assert 'written by 2 host(s) and this run has 1' in caplog.text
-
-
-def test_hosts_agree_every_n_steps_and_at_the_end():
-  settings = _tc('unused', num_steps=25, host_sync_every_steps=10)
-  assert [s for s in range(1, 26) if train.host_sync_due(s, settings, 2)] == [10, 20, 25]
-  assert all(train.host_sync_due(s, settings, 1) for s in range(1, 26))  # one host: free
 
 
 # --- many devices, many hosts -------------------------------------------------------------------
