@@ -50,7 +50,7 @@ jax-extra:
 
 # Two pytest workers (pytest-xdist), each running whole test files: ~7.5 min on 2 cores.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m 'not slow'
