@@ -67,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
   if not output.parent.is_dir():  # found out before the translation, not after
     print(f'error: {output.parent}: no such folder for the hypotheses.', file=sys.stderr)
     return 1
-  hypotheses = translator.translate(text.src, progress=True)
+  try:
+    hypotheses = translator.translate(text.src, progress=True)
+  except KeyboardInterrupt:
+    print('interrupted: no hypotheses written', file=sys.stderr)
+    return 130
   try:
     output.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
   except OSError as e:

@@ -261,6 +261,20 @@ def test_eval_checks_the_output_folder_before_translating(workdir, tmp_path, cap
       f'error: {tmp_path / "missing"}: no such folder for the hypotheses.']
 
 
+def test_eval_interrupted_while_translating_ends_quietly(workdir, tmp_path, capsys,
+                                                       monkeypatch):
+  (tmp_path / 'test.src').write_text('the dog\n')
+  (tmp_path / 'test.ref').write_text('der hund\n')
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(evaluate.Translator, 'translate', interrupted)
+  assert _eval_main(['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
+                     str(tmp_path / 'test.ref'), '--output', str(tmp_path / 'hyps.txt')]) == 130
+  assert capsys.readouterr().err.strip().splitlines() == ['interrupted: no hypotheses written']
+  assert not (tmp_path / 'hyps.txt').exists()
+
+
 def test_over_long_sources_are_cut_to_the_model_and_counted(translator, caplog):
   """A source of thousands of words is cut to max_len pieces (with a warning naming it), and
   decoding stays within max_len: one output line per input, no out-of-memory."""
