@@ -45,7 +45,8 @@ class PaperTransformer(nn.Module):
     position = torch.arange(cfg.max_len, dtype=torch.float32)[:, None]
     timescale = torch.exp(torch.arange(0, cfg.d_model, 2) * (-math.log(10000.0) / cfg.d_model))
     table = torch.zeros(cfg.max_len, cfg.d_model)
-    table[:, 0::2], table[:, 1::2] = torch.sin(position * timescale), torch.cos(position * timescale)
+    table[:, 0::2] = torch.sin(position * timescale)
+    table[:, 1::2] = torch.cos(position * timescale)
     self.register_buffer('positions', table)
     self.dropout = nn.Dropout(cfg.dropout_rate)
 

@@ -32,10 +32,10 @@ def _load_config(path: str) -> dict:
   if not isinstance(settings, dict) or {'model', 'train', 'data'} - set(settings):
     raise data.DataError(f"{path}: get_config() must return a dict with 'model', 'train' and "
                          "'data' (see experiments/configs/base.py).")
-  unknown = set(settings['train']) - {f.name for f in dataclasses.fields(train.TrainConfig)}
-  if unknown:
+  known = [f.name for f in dataclasses.fields(train.TrainConfig)]
+  if unknown := set(settings['train']) - set(known):
     raise data.DataError(f'{path}: unknown training settings {sorted(unknown)}; valid: '
-                         f'{", ".join(f.name for f in dataclasses.fields(train.TrainConfig))}.')
+                         f'{", ".join(known)}.')
   return settings
 
 

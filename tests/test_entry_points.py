@@ -114,7 +114,8 @@ def test_torch_peer_matches_jaxformer():
     assert peer == ours + 2 * 2 * cfg.d_model
     schedule = optim.lrate_schedule(cfg.d_model, cfg.warmup_steps)
     for count in (0, 99, 3999, 50_000):
-      assert bench_torch._lrate(cfg)(count) == pytest.approx(float(schedule(count)), rel=1e-5)  # pylint: disable=protected-access
+      peer_lr = bench_torch._lrate(cfg)(count)  # pylint: disable=protected-access
+      assert peer_lr == pytest.approx(float(schedule(count)), rel=1e-5)
   result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench_torch.py'),
                            '--case', 'tiny'], capture_output=True, text=True, check=True,
                           timeout=300)

@@ -73,7 +73,7 @@ def test_first_record_says_where_and_how_the_run_computes(trained):
   assert line.startswith('cpu: 1 × cpu, 1 process; compute float32, einsum attention; ')
   assert f'{rows * tgt_len:,} target token slots per update (1 micro-batch of {rows} rows' in line
   # TensorBoard: the same line as text at step 0, and the settings as hparams.
-  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.backend.event_processing import event_accumulator  # noqa  (slow import)
   events = event_accumulator.EventAccumulator(str(trained / 'tensorboard'),
                                               size_guidance={'tensors': 0})
   events.Reload()

@@ -55,7 +55,8 @@ def test_a_workdir_that_cannot_be_made_is_a_one_line_error(tmp_path):
   (tmp_path / 'file').write_text('not a folder')
   for workdir, reason in ((tmp_path / 'file', 'File exists'),
                           (tmp_path / 'file' / 'sub', 'Not a directory')):
-    with pytest.raises(train.TrainingError, match=rf'^{workdir}: cannot be the workdir \({reason}\)'):
+    with pytest.raises(train.TrainingError,
+                       match=rf'^{workdir}: cannot be the workdir \({reason}\)'):
       train.train_and_evaluate(CFG, _tc(workdir), TEXT)
 
 
