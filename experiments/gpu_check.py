@@ -2,7 +2,7 @@
 
   make gpu-check   (python experiments/gpu_check.py [--steps 300])
 
-Prints the device line, then runs five checks on jax's default backend and prints a pass/fail
+Prints the device line, then runs four checks on jax's default backend and prints a pass/fail
 table (exit status 1 if any check fails):
   fused attention   the fast path's fused attention (cuDNN on GPU) equals the einsum path, in
                     bfloat16, to a relative error of 2e-2; says whether cuDNN's kernel is used;
