@@ -95,7 +95,7 @@ def _top_k(scores: Array, k: int, *arrays: Array) -> tuple[Array, ...]:
 
 def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array,
                 max_len: int, *, beam_size: int = 4, alpha: float = 0.6,
-                eos_id: int = 1) -> tuple[Array, Array]:
+                eos_id: int = 1, num_results: int | None = None) -> tuple[Array, Array]:
   """Beam search with GNMT's length penalty, stopping when no live beam can beat the best
   finished one in any sentence.
 
@@ -105,9 +105,13 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
       times, beams of a sentence adjacent).
     max_lengths: [B] the most tokens each sentence may generate.
     max_len: a static bound on max_lengths (the output length).
+    num_results: None for the best hypothesis only; n <= beam_size for the n best.
 
   Returns:
-    (ids [B, max_len], score [B]) of the best hypothesis of each sentence, 0 after EOS.
+    (ids [B, max_len], score [B]) of the best hypothesis of each sentence, 0 after EOS; with
+    num_results=n, (ids [B, n, max_len], scores [B, n]), best first. Scores are log-probability
+    / length penalty. Finished hypotheses rank first; live ones (only when max_len cut the
+    search short) fill what is left.
   """
   batch, k = max_lengths.shape[0], beam_size
   # Only beam 0 is live at first, so the first step does not choose k copies of one token.
@@ -121,7 +125,9 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
   def cond(s: BeamState) -> Array:
     # A live beam's log-probability only falls; its penalty is at most that at max length.
     best_alive = s.alive_log_probs[:, 0] / best_possible_penalty
-    can_improve = (best_alive > s.finished_scores[:, 0]) & (s.step < max_lengths)
+    # (With n results: until none can beat the n-th finished one.)
+    can_improve = (best_alive > s.finished_scores[:, (num_results or 1) - 1]) & (
+        s.step < max_lengths)
     return (s.step < max_len) & jnp.any(can_improve)
 
   def body(s: BeamState) -> BeamState:
@@ -156,9 +162,16 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
                      finished_seqs=finished_seqs, finished_scores=finished_scores, cache=cache)
 
   final = jax.lax.while_loop(cond, body, state)
-  # A sentence with nothing finished (only if max_len < max_lengths) returns its best live beam.
-  has_finished = final.finished_scores[:, 0] > NEG_INF / 2
-  seqs = jnp.where(has_finished[:, None], final.finished_seqs[:, 0], final.alive_seqs[:, 0])
-  scores = jnp.where(has_finished, final.finished_scores[:, 0],
-                     final.alive_log_probs[:, 0] / length_penalty(final.step, alpha))
+  alive_scores = final.alive_log_probs / length_penalty(final.step, alpha)
+  if num_results is None:
+    # A sentence with nothing finished (only if max_len < max_lengths): its best live beam.
+    has_finished = final.finished_scores[:, 0] > NEG_INF / 2
+    seqs = jnp.where(has_finished[:, None], final.finished_seqs[:, 0], final.alive_seqs[:, 0])
+    return seqs, jnp.where(has_finished, final.finished_scores[:, 0], alive_scores[:, 0])
+  scores = jnp.concatenate([final.finished_scores, alive_scores], axis=1)  # [B, 2K]
+  valid = jnp.concatenate([final.finished_scores, final.alive_log_probs], axis=1) > NEG_INF / 2
+  finished = jnp.arange(2 * k) < k
+  rank = jnp.where(valid, scores - jnp.where(finished, 0.0, -NEG_INF), 2 * NEG_INF)
+  _, _, seqs, scores = _top_k(
+      rank, num_results, jnp.concatenate([final.finished_seqs, final.alive_seqs], axis=1), scores)
   return seqs, scores

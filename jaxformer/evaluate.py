@@ -2,8 +2,10 @@
 
 - sacreBLEU (detokenized, 13a, with its signature) is the headline: comparable across papers.
 - "Tokenized BLEU" reproduces the paper's protocol (tensor2tensor's get_ende_bleu.sh): both sides
-  tokenized (intl) and hyphenated compounds split ("a-b" -> "a ##AT##-##AT## b"), which counts
-  each part of a compound as a match and reads about 1-1.5 BLEU higher. Never mix the two.
+  tokenized by Moses' tokenizer.perl for the target language (sacremoses), hyphenated compounds
+  split ("a-b" -> "a ##AT##-##AT## b"), then unsmoothed corpus BLEU (multi-bleu.perl). Counting
+  each part of a compound as a match reads about 1-1.5 BLEU higher. Never mix the two.
+- chrF (sacreBLEU's, character 6-grams, beta 2) beside them.
 """
 
 import functools
@@ -16,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import sacrebleu
-from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
+from sacremoses import MosesTokenizer
 from tqdm import tqdm
 
-from jaxformer import checkpoint, decode
+from jaxformer import checkpoint, decode, export
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.model import Transformer
@@ -53,8 +55,10 @@ def uncached_tokens_to_logits(model: Transformer, params: Any, src: Array, encod
 
 
 def search(params: Any, src: Array, max_lengths: Array, *, config: TransformerConfig,
-           max_len: int, beam_size: int, alpha: float, cached: bool = True) -> Array:
-  """Encodes src [B, S] once and decodes [B, max_len] ids (greedy when beam_size is 1)."""
+           max_len: int, beam_size: int, alpha: float, cached: bool = True,
+           num_results: int | None = None) -> Array | tuple[Array, Array]:
+  """Encodes src [B, S] once and decodes [B, max_len] ids (greedy when beam_size is 1); with
+  num_results=n, the n best of the beam search and their scores ([B, n, max_len], [B, n])."""
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
   src, encoded = (jnp.repeat(x, beam_size, axis=0) for x in (src, encoded))  # beams adjacent
@@ -64,10 +68,11 @@ def search(params: Any, src: Array, max_lengths: Array, *, config: TransformerCo
   else:
     cache = {'tokens': jnp.zeros((src.shape[0], max_len), jnp.int32), 'index': jnp.array(0)}
     step = uncached_tokens_to_logits(model, params, src, encoded)
-  if beam_size == 1:
+  if beam_size == 1 and num_results is None:
     return decode.greedy_search(step, cache, max_lengths, max_len)
-  return decode.beam_search(step, cache, max_lengths, max_len, beam_size=beam_size,
-                            alpha=alpha)[0]
+  found = decode.beam_search(step, cache, max_lengths, max_len, beam_size=beam_size,
+                             alpha=alpha, num_results=num_results)
+  return found if num_results else found[0]
 
 
 def _bucket(length: int) -> int:
@@ -86,7 +91,8 @@ class Translator:
     self.beam_size, self.alpha, self.extra_length = beam_size, alpha, extra_length
     self.batch_size = batch_size
     self._search = jax.jit(functools.partial(search, config=config, beam_size=beam_size,
-                                             alpha=alpha), static_argnames='max_len')
+                                             alpha=alpha), static_argnames=('max_len',
+                                                                            'num_results'))
 
   @classmethod
   def from_checkpoint(cls, path: str, average_last: int | None = None,
@@ -98,12 +104,39 @@ class Translator:
       params = checkpoint.average_checkpoints(path, average_last)
     return cls(params, config, Tokenizer.from_bytes(spm_model), **kwargs)
 
+  @classmethod
+  def from_pretrained(cls, path: str, **kwargs: Any) -> 'Translator':
+    """From a folder written by `jaxformer export` (config.json, spm.model, safetensors)."""
+    params, config, spm_model, _ = export.load(path)
+    return cls(params, config, Tokenizer.from_bytes(spm_model, f'{path}/spm.model'), **kwargs)
+
   def translate(self, sentences: Sequence[str], progress: bool = False) -> list[str]:
     """One output line per input line; blank inputs give empty outputs without decoding.
 
     A source longer than the model's max_len (with its EOS) is cut to that length, with a
     warning naming the lines (0-based indices); outputs stop at max_len tokens as well.
     """
+    out = [''] * len(sentences)
+    for chosen, ids, _ in self._batches(sentences, progress, None):
+      for i, text in zip(chosen, self.tokenizer.decode(ids)):
+        out[i] = text
+    return out
+
+  def translate_nbest(self, sentences: Sequence[str], n: int, progress: bool = False
+                      ) -> list[list[tuple[str, float]]]:
+    """The n best translations of each sentence with their scores (log-probability / GNMT
+    length penalty), best first; [] for a blank sentence. Needs n <= beam_size."""
+    if not 1 <= n <= self.beam_size:
+      raise ValueError(f'n-best needs 1 <= n <= the beam size ({self.beam_size}), got {n}.')
+    out: list[list[tuple[str, float]]] = [[] for _ in sentences]
+    for chosen, ids, scores in self._batches(sentences, progress, n):
+      texts = self.tokenizer.decode(ids.reshape(-1, ids.shape[-1]))
+      for row, i in enumerate(chosen):
+        out[i] = list(zip(texts[row * n:(row + 1) * n], map(float, scores[row])))
+    return out
+
+  def _batches(self, sentences: Sequence[str], progress: bool, num_results: int | None):
+    """(indices, ids, scores or None) per decoded batch, shortest sources first."""
     ids = self.tokenizer.encode(sentences)
     limit = self.config.max_len - 1  # pieces, leaving room for EOS
     cut = [i for i, x in enumerate(ids) if len(x) > limit]
@@ -114,24 +147,24 @@ class Translator:
       for i in cut:
         ids[i] = ids[i][:limit]
     todo = sorted((i for i, x in enumerate(ids) if x), key=lambda i: len(ids[i]))
-    out = [''] * len(sentences)
-    bar = tqdm(total=len(todo), desc='translating', unit='sent', disable=not progress)
-    for start in range(0, len(todo), self.batch_size):
-      chosen = todo[start:start + self.batch_size]
-      rows = [ids[i] + [EOS_ID] for i in chosen]
-      width = min(_bucket(max(map(len, rows))), self.config.max_len)
-      src = np.zeros((self.batch_size, width), np.int32)  # a fixed batch: one compile per width
-      for r, row in enumerate(rows):
-        src[r, :len(row)] = row
-      max_lengths = np.zeros(self.batch_size, np.int32)
-      max_lengths[:len(rows)] = [len(row) + self.extra_length for row in rows]
-      max_len = min(width + self.extra_length, self.config.max_len)
-      result = self._search(self.params, src, np.minimum(max_lengths, max_len), max_len=max_len)
-      for i, text in zip(chosen, self.tokenizer.decode(np.asarray(result)[:len(rows)])):
-        out[i] = text
-      bar.update(len(chosen))
-    bar.close()
-    return out
+    with tqdm(total=len(todo), desc='translating', unit='sent', disable=not progress) as bar:
+      for start in range(0, len(todo), self.batch_size):
+        chosen = todo[start:start + self.batch_size]
+        rows = [ids[i] + [EOS_ID] for i in chosen]
+        width = min(_bucket(max(map(len, rows))), self.config.max_len)
+        src = np.zeros((self.batch_size, width), np.int32)  # a fixed batch: one compile per width
+        for r, row in enumerate(rows):
+          src[r, :len(row)] = row
+        max_lengths = np.zeros(self.batch_size, np.int32)
+        max_lengths[:len(rows)] = [len(row) + self.extra_length for row in rows]
+        max_len = min(width + self.extra_length, self.config.max_len)
+        result = self._search(self.params, src, np.minimum(max_lengths, max_len),
+                              max_len=max_len, num_results=num_results)
+        if num_results is None:
+          yield chosen, np.asarray(result)[:len(rows)], None
+        else:
+          yield chosen, np.asarray(result[0])[:len(rows)], np.asarray(result[1])[:len(rows)]
+        bar.update(len(chosen))
 
 
 # --- BLEU -----------------------------------------------------------------------------------------
@@ -144,23 +177,43 @@ def sacre_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[fl
   return score.score, str(bleu.get_signature())
 
 
-_intl = TokenizerV14International()
+def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
+  """(chrF, signature): sacreBLEU's character n-gram F-score (n = 6, beta = 2)."""
+  metric = sacrebleu.metrics.CHRF()
+  score = metric.corpus_score(list(hypotheses), [list(references)])
+  return score.score, str(metric.get_signature())
+
+
 _COMPOUND = re.compile(r'(\S)-(\S)')
 
 
-def paper_tokenize(text: str) -> str:
-  """intl tokenization, then t2t's compound split ("##AT##-##AT##").
-
-  intl already separates most hyphens ("a-b" -> "a - b", one token each side, as the compound
-  split does); the split rule then catches those it keeps, between digits ("3-4").
-  """
-  return _COMPOUND.sub(r'\1 ##AT##-##AT## \2', _intl(text.strip()))
+@functools.cache
+def _moses(lang: str) -> MosesTokenizer:
+  return MosesTokenizer(lang=lang)
 
 
-def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
-  """BLEU as in the paper's tables: computed on tokenized, compound-split text."""
-  hyps = [paper_tokenize(h) for h in hypotheses]
-  refs = [paper_tokenize(r) for r in references]
-  # multi-bleu.perl, which the paper's script ends with, does not smooth.
+def paper_tokenize(text: str, lang: str = 'de') -> str:
+  r"""get_ende_bleu.sh's text: `tokenizer.perl -l LANG` (sacremoses, escaping as the script
+  does), then its compound split `s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`."""
+  tokens = _moses(lang).tokenize(text.strip(), return_str=True, escape=True)
+  return _COMPOUND.sub(r'\1 ##AT##-##AT## \2', tokens)
+
+
+def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str = 'de'
+                   ) -> float:
+  """BLEU as in the paper's tables: on Moses-tokenized, compound-split text of language `lang`
+  (the test set's target language), without smoothing (multi-bleu.perl)."""
+  hyps = [paper_tokenize(h, lang) for h in hypotheses]
+  refs = [paper_tokenize(r, lang) for r in references]
   bleu = sacrebleu.metrics.BLEU(tokenize='none', smooth_method='none', force=True)
   return bleu.corpus_score(hyps, [refs]).score
+
+
+def scores(hypotheses: Sequence[str], references: Sequence[str], lang: str = 'de'
+           ) -> dict[str, Any]:
+  """sacreBLEU with its signature, the paper's tokenized BLEU, and chrF with its signature."""
+  bleu, bleu_signature = sacre_bleu(hypotheses, references)
+  chrf_score, chrf_signature = chrf(hypotheses, references)
+  return {'sacrebleu': round(bleu, 2), 'signature': bleu_signature,
+          'tokenized_bleu': round(tokenized_bleu(hypotheses, references, lang), 2),
+          'chrf': round(chrf_score, 2), 'chrf_signature': chrf_signature}

@@ -69,6 +69,39 @@ def test_wide_beam_equals_brute_force(alpha, max_length):
   assert float(scores[0]) == pytest.approx(score, rel=1e-5)
 
 
+def brute_force_ranking(max_length: int, alpha: float) -> list[tuple[tuple[int, ...], float]]:
+  """Every sequence that ends in EOS or at max_length with its score, best first."""
+  ranked = []
+  for n in range(1, max_length + 1):
+    for seq in itertools.product((1, 2, 3), repeat=n):
+      if EOS in seq[:-1] or (seq[-1] != EOS and n < max_length):
+        continue
+      log_p = sum(LOG_P[prev, tok] for prev, tok in zip((0,) + seq, seq))
+      ranked.append((seq, log_p / ((5 + n) / 6) ** alpha))
+  return sorted(ranked, key=lambda item: -item[1])
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.6])
+def test_n_best_equals_the_brute_force_ranking(alpha):
+  expected = brute_force_ranking(3, alpha)[:3]
+  seqs, scores = jax.jit(lambda ml: decode.beam_search(
+      markov, jnp.int32(0), ml, 4, beam_size=8, alpha=alpha, num_results=3))(
+          jnp.array([3], jnp.int32))
+  assert seqs.shape == (1, 3, 4) and scores.shape == (1, 3)
+  for (seq, score), got, got_score in zip(expected, seqs[0], scores[0]):
+    assert tuple(int(t) for t in got[:len(seq)]) == seq and not np.any(got[len(seq):])
+    assert float(got_score) == pytest.approx(score, rel=1e-5)
+
+
+def test_n_best_fills_with_live_beams_when_the_limit_cuts_the_search():
+  # max_len 1 < max_lengths: only "eos" finishes; the live "a" and "b" follow it, best first.
+  seqs, scores = jax.jit(lambda ml: decode.beam_search(
+      markov, jnp.int32(0), ml, 1, beam_size=3, alpha=0.0, num_results=3))(
+          jnp.array([5], jnp.int32))
+  np.testing.assert_array_equal(seqs[0, :, 0], [1, 2, 3])
+  np.testing.assert_allclose(scores[0], np.log([0.05, 0.55, 0.40]), rtol=1e-5)
+
+
 def test_length_penalty_changes_the_winner():
   # Without a penalty the short "b eos" wins; a strong penalty favours longer sentences.
   short, _ = brute_force_best(4, 0.0)

@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sacrebleu
+from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
 
 from helpers import synthetic_text
 from jaxformer import config, evaluate, train
@@ -137,15 +139,39 @@ def _hand_bleu(hyp: list[str], ref: list[str]) -> float:
   return 100 * math.exp(brevity + sum(log_precisions) / 4)
 
 
-def test_tokenized_compound_split_bleu_on_a_hand_example():
-  hyp = 'Die Kinder-Garten-Gruppe spielt 3-4 Stunden im großen Park.'
-  ref = 'Die Kinder-Garten-Gruppe spielt 3-4 Stunden im Park.'
-  assert evaluate.paper_tokenize(hyp) == (
-      'Die Kinder - Garten - Gruppe spielt 3 ##AT##-##AT## 4 Stunden im großen Park .')
-  expected = _hand_bleu(evaluate.paper_tokenize(hyp).split(), evaluate.paper_tokenize(ref).split())
-  assert evaluate.tokenized_bleu([hyp], [ref]) == pytest.approx(expected, rel=1e-9)
-  # Splitting compounds makes more n-grams match than 13a, which keeps "Kinder-Garten-Gruppe".
-  assert evaluate.tokenized_bleu([hyp], [ref]) > evaluate.sacre_bleu([hyp], [ref])[0]
+_HYP = ('Dr. Müller\'s EU-Kommission zahlt 1,000.50 Euro, u.a. für "Kinder-Garten-Gruppen" in '
+        '3-4 Wochen.')
+_REF = 'Dr. Müller\'s EU-Kommission zahlt 1,000.50 Euro, u.a. für "Kinder-Garten" in 3-4 Wochen.'
+
+
+def test_paper_tokenization_is_moses_then_the_compound_split():
+  # Worked by hand from tokenizer.perl -l de (the German nonbreaking prefixes keep "Dr." and
+  # "u.a."; numbers keep their separators; hyphens inside words stay; quotes and apostrophes are
+  # split off and escaped) and get_ende_bleu.sh's s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g.
+  assert evaluate.paper_tokenize(_HYP) == (
+      'Dr. Müller &apos; s EU ##AT##-##AT## Kommission zahlt 1,000.50 Euro , u.a. für &quot; '
+      'Kinder ##AT##-##AT## Garten ##AT##-##AT## Gruppen &quot; in 3 ##AT##-##AT## 4 Wochen .')
+  # sacreBLEU's intl splits all of these differently: the paper's protocol is not intl's.
+  intl = TokenizerV14International()
+  assert intl(_HYP).startswith("Dr . Müller ' s EU - Kommission") and 'u . a .' in intl(_HYP)
+  assert evaluate.paper_tokenize('a-b-c') == 'a ##AT##-##AT## b-c'  # perl's /g does not overlap
+
+
+def test_tokenized_bleu_is_unsmoothed_bleu_of_the_paper_tokens():
+  expected = _hand_bleu(evaluate.paper_tokenize(_HYP).split(),
+                        evaluate.paper_tokenize(_REF).split())
+  assert evaluate.tokenized_bleu([_HYP], [_REF]) == pytest.approx(expected, rel=1e-9)
+  assert evaluate.tokenized_bleu([_HYP], [_REF]) == pytest.approx(85.314136, abs=1e-5)
+  # English text goes through English rules ("It's" -> "It 's"), chosen by the target language.
+  assert evaluate.paper_tokenize("It's 3-4 days.", 'en') == "It &apos;s 3 ##AT##-##AT## 4 days ."
+
+
+def test_scores_put_chrf_beside_bleu():
+  result = evaluate.scores([_HYP], [_REF])
+  assert result['chrf'] == pytest.approx(
+      round(sacrebleu.metrics.CHRF().corpus_score([_HYP], [[_REF]]).score, 2))
+  assert 'nc:6' in result['chrf_signature'] and 'tok:13a' in result['signature']
+  assert 0 < result['chrf'] < 100 and result['tokenized_bleu'] == pytest.approx(85.31)
 
 
 # --- command lines --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Transformer (big) on WMT14 EN->DE (§5, Table 3 "big").
 
-Run:      make train-big WORKDIR=workdirs/big TFDS_DATA_DIR=...
+Run:      jaxformer train --config big --workdir workdirs/big --tfds-data-dir ...
+          (or make train-big WORKDIR=workdirs/big TFDS_DATA_DIR=...)
 Recipe:   300k steps, warmup 4000, ~25k + 25k tokens per step, P_drop 0.3, eps_ls 0.1,
           a checkpoint every 10 minutes, the last 20 averaged at the end.
 Paper:    28.4 BLEU on newstest2014 (Table 2), 26.4 BLEU / 4.33 PPL on newstest2013 (Table 3),

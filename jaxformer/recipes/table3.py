@@ -1,8 +1,8 @@
 """Table 3 of the paper: the variations on the base model, as named configs built from base().
 
 Train one:   make train-base VARIANT=C3 WORKDIR=workdirs/C3 TFDS_DATA_DIR=...
-             (python experiments/train.py --config experiments/configs/base.py --variant C3 ...)
-The table:   python experiments/configs/table3.py   (prints the README's parameter table)
+             (jaxformer train --config base --variant C3 --workdir workdirs/C3 ...)
+The table:   python -m jaxformer.recipes.table3   (prints the README's parameter table)
 
 Each row overrides only what the paper's row changes. The paper reports them on newstest2013
 (the validation split our recipes evaluate on) after 100k steps (300k for big), without

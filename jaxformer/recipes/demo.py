@@ -1,9 +1,10 @@
 """The offline demo: a small Transformer on the embedded EN->DE corpus (same code path as base).
 
-Run:      make demo   (python experiments/demo.py --workdir workdirs/demo)
+Run:      make demo   (python experiments/demo.py --workdir workdirs/demo; or just the training:
+          jaxformer train --config demo --workdir workdirs/demo)
 Recipe:   N=3, d_model 128, d_ff 512, h 4, P_drop 0.1, eps_ls 0.1, Adam + the paper's lrate with
-          warmup 400; 60k generated training pairs, ~4k+4k tokens per step, checkpoints every
-          150 steps, the last 5 averaged; beam 4, alpha 0.6 on the held-out test split.
+          warmup 200; 60k generated training pairs, ~4k+4k tokens per step, checkpoints every
+          50 steps, the last 5 averaged; beam 4, alpha 0.6 on the held-out test split.
 Expected: see the README's results table (BLEU and wall time on 2 CPU cores).
 """
 

@@ -1,7 +1,7 @@
 """A small Transformer on Multi30k EN->DE (Elliott et al., 2016), trained on CPU.
 
 Run:      make train-multi30k DATA_DIR=../shared/data/multi30k WORKDIR=workdirs/multi30k
-          (trains on train.{en,de}, validates on val.{en,de}, then experiments/eval.py scores
+          (trains on train.{en,de}, validates on val.{en,de}, then jaxformer eval scores
           test_2016_flickr.{en,de} with beam 4, alpha 0.6, the last 5 checkpoints averaged)
 Recipe:   N=3, d_model 256, d_ff 1024, h 4, P_drop 0.1, eps_ls 0.1, an 8k shared BPE vocabulary,
           ~4k+4k tokens per step, warmup 400, 700 steps (about 6-7 epochs).

@@ -1,6 +1,6 @@
 """Transformer (big) on WMT14 EN->FR (§5, Table 2).
 
-Run:      python experiments/train.py --config experiments/configs/big_enfr.py --workdir ...
+Run:      jaxformer train --config big_enfr --workdir workdirs/enfr --tfds-data-dir ...
 Recipe:   as big EN-DE, but P_drop 0.1 (§6.1) and a 32000 word-piece vocabulary (§5.1).
 Paper:    41.0 BLEU on newstest2014 (Table 2; 41.8 in the arXiv v5 revision).
 """
