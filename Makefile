@@ -58,32 +58,34 @@ test-fast: $(STAMP)
 # The offline demo: generate the embedded corpus, train, average, score, plot (experiments/demo.py).
 demo: WORKDIR ?= workdirs/demo
 demo: $(STAMP)
-	$(PY) experiments/demo.py --workdir $(WORKDIR) $(if $(DEMO_STEPS),--num_steps $(DEMO_STEPS)) $(ARGS)
+	$(PY) experiments/demo.py --workdir $(WORKDIR) $(if $(DEMO_STEPS),--num-steps $(DEMO_STEPS)) $(ARGS)
 
-# The paper's recipes (experiments/configs/*.py). They stop at once, with the command that
-# prepares WMT14, when tfds has not prepared it. ARGS passes more flags, e.g. ARGS="--accum_steps 8".
-# VARIANT=C3 trains a row of Table 3 (experiments/configs/table3.py) instead.
+# Shortcuts for the `jaxformer` command. The paper's recipes (jaxformer/recipes/*.py) stop at
+# once, with the command that prepares WMT14, when tfds has not prepared it. ARGS passes more
+# flags, e.g. ARGS="--accum-steps 8 --set model.dropout_rate=0.2". VARIANT=C3 trains a row of
+# Table 3 (jaxformer/recipes/table3.py) instead.
+JAXFORMER := $(VENV)/bin/jaxformer
 train-base: WORKDIR ?= workdirs/$(or $(VARIANT),base)
 train-big: WORKDIR ?= workdirs/$(or $(VARIANT),big)
-TFDS_FLAG = $(if $(TFDS_DATA_DIR),--tfds_data_dir $(TFDS_DATA_DIR))
+TFDS_FLAG = $(if $(TFDS_DATA_DIR),--tfds-data-dir $(TFDS_DATA_DIR))
 train-base train-big: $(STAMP)
-	$(PY) experiments/train.py --config experiments/configs/$(subst train-,,$@).py \
-	  --workdir $(WORKDIR) $(TFDS_FLAG) $(if $(VARIANT),--variant $(VARIANT)) $(ARGS)
+	$(JAXFORMER) train --config $(subst train-,,$@) --workdir $(WORKDIR) $(TFDS_FLAG) \
+	  $(if $(VARIANT),--variant $(VARIANT)) $(ARGS)
 
 # BLEU of a trained workdir on tfds newstest2014 (ARGS="--src F --ref F" for local files).
 eval: $(STAMP)
 	@test -n "$(WORKDIR)" || { echo "make eval: set WORKDIR=, e.g. make eval WORKDIR=workdirs/base" >&2; exit 2; }
-	$(PY) experiments/eval.py --workdir $(WORKDIR) $(if $(AVERAGE_LAST),--average-last $(AVERAGE_LAST)) \
-	  $(if $(TFDS_DATA_DIR),--tfds-data-dir $(TFDS_DATA_DIR)) $(ARGS)
+	$(JAXFORMER) eval --workdir $(WORKDIR) $(if $(AVERAGE_LAST),--average-last $(AVERAGE_LAST)) \
+	  $(TFDS_FLAG) $(ARGS)
 
-# Multi30k EN->DE on CPU (experiments/configs/multi30k.py): train, then BLEU on test_2016_flickr.
+# Multi30k EN->DE on CPU (jaxformer/recipes/multi30k.py): train, then BLEU on test_2016_flickr.
 DATA_DIR ?= ../shared/data/multi30k
 train-multi30k: WORKDIR ?= workdirs/multi30k
 train-multi30k: $(STAMP)
-	$(PY) experiments/train.py --config experiments/configs/multi30k.py --workdir $(WORKDIR) \
-	  --source text --train_src $(DATA_DIR)/train.en --train_tgt $(DATA_DIR)/train.de \
-	  --eval_src $(DATA_DIR)/val.en --eval_tgt $(DATA_DIR)/val.de $(ARGS)
-	$(PY) experiments/eval.py --checkpoint $(WORKDIR)/average-last5 \
+	$(JAXFORMER) train --config multi30k --workdir $(WORKDIR) \
+	  --train-src $(DATA_DIR)/train.en --train-tgt $(DATA_DIR)/train.de \
+	  --eval-src $(DATA_DIR)/val.en --eval-tgt $(DATA_DIR)/val.de $(ARGS)
+	$(JAXFORMER) eval --checkpoint $(WORKDIR)/average-last5 \
 	  --src $(DATA_DIR)/test_2016_flickr.en --ref $(DATA_DIR)/test_2016_flickr.de
 
 # Real corpora for benchmarks live beside the repository, never in it.

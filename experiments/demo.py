@@ -9,39 +9,37 @@ import argparse
 import json
 import logging
 import pathlib
-import runpy
 import sys
 import time
 
-from jaxformer import cli, evaluate, plots, train
+from jaxformer import cli, evaluate, plots, recipes, train
 from jaxformer.data import embedded
 
-CONFIG = pathlib.Path(__file__).resolve().parent / 'configs' / 'demo.py'
 VERB_FINAL = (' weil ', ' obwohl ', ' wenn ')
 
 
 def run(workdir: pathlib.Path, *, num_steps: int | None = None, train_pairs: int | None = None,
         test_pairs: int | None = None, samples: int = 5) -> dict:
   start = time.monotonic()
-  settings = runpy.run_path(str(CONFIG))['get_config']()
-  sizes = settings['data']
+  recipe = recipes.load('demo')
+  sizes = recipe.data
   log = logging.getLogger('demo')
 
   # 1. The corpus (generated, deterministic).
-  corpus = embedded.splits(train_pairs or sizes['train_pairs'],
-                           min(sizes['validation_pairs'], test_pairs or sizes['test_pairs']),
-                           test_pairs or sizes['test_pairs'])
+  corpus = embedded.splits(train_pairs or sizes.train_pairs,
+                           min(sizes.validation_pairs, test_pairs or sizes.test_pairs),
+                           test_pairs or sizes.test_pairs)
   log.info('embedded corpus: %s', {k: len(v) for k, v in corpus.items()})
 
   # 2-4. Vocabulary, training with checkpoints, averaging of the last N.
-  train_settings = dict(settings['train'], workdir=str(workdir))
+  train_settings = dict(recipe.train, workdir=str(workdir))
   if num_steps is not None:  # a shorter (or longer) run: keep 5 checkpoints and 2 evaluations
     train_settings.update(num_steps=num_steps,
                           checkpoint_every_steps=max(1, num_steps // 5),
                           eval_every_steps=max(1, num_steps // 2))
   if test_pairs is not None:
     train_settings['bleu_sentences'] = min(train_settings['bleu_sentences'], test_pairs)
-  summary = train.train_and_evaluate(settings['model'], train.TrainConfig(**train_settings),
+  summary = train.train_and_evaluate(recipe.model, train.TrainConfig(**train_settings),
                                      corpus['train'], corpus['validation'])
   if summary['preempted']:
     return summary
@@ -83,13 +81,14 @@ def run(workdir: pathlib.Path, *, num_steps: int | None = None, train_pairs: int
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__)
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument('--workdir', default='workdirs/demo')
-  parser.add_argument('--num_steps', type=cli.positive_int,
+  parser.add_argument('--num-steps', '--num_steps', dest='num_steps', type=cli.positive_int,
                       help="shorter or longer training (default: the config's)")
-  parser.add_argument('--train_pairs', type=cli.positive_int,
+  parser.add_argument('--train-pairs', '--train_pairs', dest='train_pairs', type=cli.positive_int,
                       help="generated training pairs (default: the config's)")
-  parser.add_argument('--test_pairs', type=cli.positive_int,
+  parser.add_argument('--test-pairs', '--test_pairs', dest='test_pairs', type=cli.positive_int,
                       help="generated test pairs (default: the config's)")
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s',

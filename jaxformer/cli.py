@@ -1,10 +1,35 @@
-"""The `jaxformer` command line: thin wrappers around library functions."""
+"""The `jaxformer` command line: train, eval, translate, export, average, params.
+
+Thin wrappers around library functions. Flags are spelled with dashes (`--num-steps`); the
+underscore spelling (`--num_steps`) is accepted too. Every model, training and data setting can
+be changed with `--set SECTION.NAME=VALUE` (SECTION: model, train, data).
+"""
 
 import argparse
+import dataclasses
+import itertools
+import json
+import logging
 import os
+import pathlib
 import sys
+import textwrap
+import typing
+from collections.abc import Iterable
+from typing import Any
 
 _PRESETS = ('tiny', 'base', 'big')
+NEWSTEST2014_FULL, NEWSTEST2014_FILTERED = 3003, 2737
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+  """Help with each flag's default (where it has one) and the description's own line breaks."""
+
+  def _get_help_string(self, action: argparse.Action) -> str:
+    help_text = action.help or ''
+    if action.default not in (None, False, [], argparse.SUPPRESS) and action.option_strings:
+      help_text += ' (default: %(default)s)'
+    return help_text
 
 
 def positive_int(text: str) -> int:
@@ -18,82 +43,368 @@ def positive_int(text: str) -> int:
   return value
 
 
-def _params(args: argparse.Namespace) -> int:
-  import jax
-  import jax.numpy as jnp
+def _flag(parser: argparse._ActionsContainer, name: str, **kwargs: Any) -> None:
+  """--name-with-dashes, and --name_with_underscores as a hidden alias."""
+  dashed = '--' + name.replace('_', '-')
+  parser.add_argument(dashed, dest=name, **kwargs)
+  if '_' in name:
+    alias = {k: v for k, v in kwargs.items() if k in ('action', 'type', 'choices', 'nargs')}
+    parser.add_argument('--' + name, dest=name, help=argparse.SUPPRESS,
+                        default=kwargs.get('default'), **alias)
 
-  from jaxformer import config as config_lib
-  from jaxformer.model import Transformer
 
-  cfg = getattr(config_lib, args.preset)(vocab_size=args.vocab_size)
-  dummy = jnp.ones((1, 1), jnp.int32)
-  shapes = jax.eval_shape(Transformer(cfg).init, jax.random.key(0), dummy, dummy)
-  print(f'{args.preset} (vocab {args.vocab_size}): '
-        f'{sum(x.size for x in jax.tree.leaves(shapes)):,} parameters')
+def _fail(error: Exception) -> int:
+  print(f'error: {error}', file=sys.stderr)
+  return 1
+
+
+def _setup_logging() -> None:
+  logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s',
+                      force=True)  # absl may have installed a handler already
+  logging.getLogger('absl').setLevel(logging.WARNING)  # orbax logs every step at INFO
+
+
+# --- train ----------------------------------------------------------------------------------------
+
+
+def _setting_type(hint: Any):
+  from jaxformer import recipes  # pylint: disable=g-import-not-at-top
+
+  def parse(text: str) -> Any:
+    try:
+      return recipes.parse_value(hint, text)
+    except ValueError as e:
+      raise argparse.ArgumentTypeError(f'{e}, got {text!r}') from None
+  parse.__name__ = 'value'
+  return parse
+
+
+def _add_train_flags(parser: argparse.ArgumentParser) -> None:
+  from jaxformer import recipes, train  # pylint: disable=g-import-not-at-top
+
+  parser.add_argument('--config', required=True,
+                      help=f'a shipped recipe ({", ".join(recipes.NAMES)}) or a recipe .py file')
+  parser.add_argument('--workdir', required=True, help=train.TrainConfig.__dataclass_fields__[
+      'workdir'].metadata['help'] + '; rerunning resumes from its newest checkpoint')
+  parser.add_argument('--variant', help="a Table 3 row (A1..A4, B1, B2, C1..C7, D1..D4, E, big): "
+                      "the recipe's model becomes that variant of base")
+  parser.add_argument('--set', dest='assignments', action='append', default=[],
+                      metavar='SECTION.NAME=VALUE',
+                      help='change any setting, e.g. --set model.dropout_rate=0.2 --set '
+                      'train.num_steps=5000 --set model.vocab_size=8000 (repeatable; SECTION: '
+                      'model, train, data; a wrong name lists the valid ones)')
+  group = parser.add_argument_group(
+      'data (shortcuts for --set data.NAME=...)')
+  _flag(group, 'source', choices=('wmt14', 'text', 'embedded'), help="default: the recipe's")
+  for name, help_text in (('train_src', 'training source file (text source)'),
+                          ('train_tgt', 'training target file'),
+                          ('eval_src', 'validation source file (optional)'),
+                          ('eval_tgt', 'validation target file'),
+                          ('tfds_data_dir', 'tfds data folder (default: $TFDS_DATA_DIR)')):
+    _flag(group, name, help=help_text)
+  _flag(group, 'download', action='store_true', default=None,
+        help='let tfds download and prepare WMT14 (needs internet; hours)')
+  group = parser.add_argument_group(
+      'training (shortcuts for --set train.NAME=...; defaults: the recipe\'s)')
+  hints = typing.get_type_hints(train.TrainConfig)
+  for field in dataclasses.fields(train.TrainConfig):
+    if field.name == 'workdir':
+      continue
+    help_text = f"{field.metadata['help']} (default: the recipe's; TrainConfig's: {field.default})"
+    if bool in (hints[field.name], *typing.get_args(hints[field.name])):
+      _flag(group, field.name, action=argparse.BooleanOptionalAction, default=None,
+            help=help_text)
+    else:
+      _flag(group, field.name, type=_setting_type(hints[field.name]), metavar='N',
+            default=None, help=help_text)
+  _flag(group, 'allow_cpu', action='store_true',
+        help="train the paper's recipes even on a CPU backend (= --no-require-accelerator)")
+  group.add_argument('--remat', action='store_true',
+                     help='recompute layer activations in the backward pass (= --set '
+                     'model.remat=true)')
+  group = parser.add_argument_group('multi-host (jax.distributed)')
+  group.add_argument('--distributed', action='store_true',
+                     help='call jax.distributed.initialize (auto-detects on SLURM, TPU, ...)')
+  _flag(group, 'coordinator_address', help='host:port of process 0')
+  _flag(group, 'num_processes', type=positive_int, help='processes in the cluster')
+  _flag(group, 'process_id', type=int, help="this process's index")
+
+
+def experiment(args: argparse.Namespace):
+  """The recipe of `args`: --config and --variant, then the shortcut flags, then --set."""
+  from jaxformer import recipes, train  # pylint: disable=g-import-not-at-top
+
+  recipe = recipes.load(args.config, args.variant)
+  data_fields = [f.name for f in dataclasses.fields(recipes.DataConfig)]
+  train_fields = [f.name for f in dataclasses.fields(train.TrainConfig)]
+  shortcuts = [f'data.{name}={getattr(args, name)}' for name in data_fields
+               if getattr(args, name, None) is not None]
+  shortcuts += [f'train.{name}={getattr(args, name)}' for name in train_fields
+                if name != 'workdir' and getattr(args, name, None) is not None]
+  shortcuts += ['train.require_accelerator=false'] * args.allow_cpu
+  shortcuts += ['model.remat=true'] * args.remat
+  return recipes.override(recipe, shortcuts + args.assignments)
+
+
+def _train(args: argparse.Namespace) -> int:
+  from jaxformer import checkpoint, data, parallel, recipes, train  # pylint: disable=g-import-not-at-top
+
+  _setup_logging()
+  if args.distributed or args.coordinator_address:
+    parallel.initialize(args.coordinator_address, args.num_processes, args.process_id)
+  try:
+    recipe = experiment(args)
+    train_config = recipe.train_config(args.workdir)
+    train.check_backend(train_config)  # before any data is read
+    train.check_settings(recipe.model, train_config)
+    train_text, eval_text = recipes.texts(recipe.data)
+    summary = train.train_and_evaluate(recipe.model, train_config, train_text, eval_text)
+  except (data.DataError, checkpoint.CheckpointError, train.TrainingError) as e:
+    return _fail(e)
+  print(json.dumps(summary, indent=2))
+  return 0
+
+
+# --- loading a model ------------------------------------------------------------------------------
+
+
+def _add_model_flags(parser: argparse.ArgumentParser, *, beam: bool = True) -> None:
+  _flag(parser, 'average_last', type=positive_int,
+        help="average a workdir's last N checkpoints first")
+  if beam:
+    parser.add_argument('--beam', type=positive_int, default=4, help='beam size (1: greedy)')
+    parser.add_argument('--alpha', type=float, default=0.6, help='length penalty exponent')
+    _flag(parser, 'extra_length', type=int, default=50, help='max output = input + this')
+    _flag(parser, 'batch_size', type=positive_int, default=32, help='sentences per batch')
+
+
+def translator(path: str, args: argparse.Namespace):
+  """A Translator of a workdir, checkpoint folder or exported folder."""
+  from jaxformer import evaluate, export  # pylint: disable=g-import-not-at-top
+
+  options = dict(beam_size=args.beam, alpha=args.alpha, extra_length=args.extra_length,
+                 batch_size=args.batch_size)
+  if all((pathlib.Path(path) / name).is_file() for name in export.FILES):
+    return evaluate.Translator.from_pretrained(path, **options)
+  return evaluate.Translator.from_checkpoint(path, average_last=args.average_last, **options)
+
+
+# --- eval -----------------------------------------------------------------------------------------
+
+
+def _test_set(args: argparse.Namespace):
+  from jaxformer import data  # pylint: disable=g-import-not-at-top
+
+  if args.src or args.ref:
+    if not (args.src and args.ref):
+      raise data.DataError('--src and --ref go together.')
+    return data.read_parallel_text(args.src, args.ref), pathlib.Path(args.src).stem
+  text = data.load_wmt14(args.target_language, 'test', data_dir=args.tfds_data_dir)
+  return text, f'newstest2014-en{args.target_language}'
+
+
+def _eval(args: argparse.Namespace) -> int:
+  from jaxformer import checkpoint, data, evaluate  # pylint: disable=g-import-not-at-top
+
+  logging.getLogger('absl').setLevel(logging.WARNING)
+  path = args.workdir or args.checkpoint
+  try:
+    model = translator(path, args)
+    text, name = _test_set(args)
+  except (data.DataError, checkpoint.CheckpointError) as e:
+    return _fail(e)
+  output = pathlib.Path(args.output or pathlib.Path(path) / f'hyps-{name}.txt')
+  if not output.parent.is_dir():  # found out before the translation, not after
+    return _fail(f'{output.parent}: no such folder for the hypotheses.')
+  try:
+    hypotheses = model.translate(text.src, progress=True)
+  except KeyboardInterrupt:
+    print('interrupted: no hypotheses written', file=sys.stderr)
+    return 130
+  try:
+    output.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
+  except OSError as e:
+    return _fail(f'cannot write the hypotheses to {output} ({e.strerror}).')
+  result = evaluate.scores(hypotheses, text.tgt, args.target_language)
+  variant = {NEWSTEST2014_FULL: 'the full newstest2014 (3003 segments, as tfds and the paper)',
+             NEWSTEST2014_FILTERED: "sacreBLEU's filtered wmt14 (2737 segments)"}.get(
+                 len(text), f'{len(text)} segments')
+  print(f'sacreBLEU {result["sacrebleu"]:.2f}  ({result["signature"]})')
+  print(f'tokenized BLEU {result["tokenized_bleu"]:.2f}  (Moses -l {args.target_language} + '
+        "compound splitting, unsmoothed: the paper's protocol; do not mix with sacreBLEU)")
+  print(f'chrF {result["chrf"]:.2f}  ({result["chrf_signature"]})')
+  print(f'test set: {text.origin}: {variant}; beam {args.beam}, alpha {args.alpha}, max '
+        f'length input + {args.extra_length}; hypotheses in {output}')
+  print(json.dumps({**result, 'segments': len(text), 'hypotheses': str(output)}))
+  return 0
+
+
+# --- translate ------------------------------------------------------------------------------------
+
+
+def _lines(stream, name: str) -> Iterable[str]:
+  from jaxformer import data  # pylint: disable=g-import-not-at-top
+
+  return (data.decode_line(raw, f'{name}:{number}') for number, raw in enumerate(stream, 1))
+
+
+def _write(model, chunk: list[str], first: int, nbest: int | None, out) -> None:
+  """Translations of `chunk` (input lines first, first + 1, ...) to `out`."""
+  if nbest is None:
+    out.write(''.join(t + '\n' for t in model.translate(chunk)))
+  else:
+    for index, options in enumerate(model.translate_nbest(chunk, nbest), start=first):
+      out.write(''.join(f'{index} ||| {text} ||| {score:.4f}\n' for text, score in options))
+  out.flush()
+
+
+def _translate(args: argparse.Namespace) -> int:
+  from jaxformer import checkpoint, data  # pylint: disable=g-import-not-at-top
+
+  if args.nbest and args.nbest > args.beam:
+    return _fail(f'--nbest {args.nbest} needs --beam >= {args.nbest}.')
+  try:
+    model = translator(args.workdir, args)
+    if args.input:
+      sentences = data.read_lines(args.input)
+  except (checkpoint.CheckpointError, data.DataError) as e:
+    return _fail(e)
+  try:
+    out = open(args.output, 'w', encoding='utf-8') if args.output else sys.stdout
+  except OSError as e:
+    return _fail(f'cannot write to {args.output} ({e.strerror}).')
+  try:
+    if args.input:  # a whole file, with a progress bar
+      if args.nbest is None:
+        out.write(''.join(t + '\n' for t in model.translate(sentences, progress=True)))
+      else:
+        for start in range(0, len(sentences), args.batch_size):
+          _write(model, sentences[start:start + args.batch_size], start, args.nbest, out)
+      return 0
+    lines = _lines(sys.stdin.buffer, 'stdin')
+    size = 1 if sys.stdin.isatty() else args.batch_size  # a terminal: answer each line
+    first = 0
+    while chunk := list(itertools.islice(lines, size)):
+      _write(model, chunk, first, args.nbest, out)
+      first += len(chunk)
+  except data.DataError as e:  # input that is not UTF-8: stop at that line
+    return _fail(e)
+  finally:
+    if out is not sys.stdout:
+      out.close()
+  return 0
+
+
+# --- export, average, params ----------------------------------------------------------------------
+
+
+def _export(args: argparse.Namespace) -> int:
+  from jaxformer import checkpoint, export  # pylint: disable=g-import-not-at-top
+
+  try:
+    params, config, spm_model, step = checkpoint.load(args.path)
+    if args.average_last:
+      params = checkpoint.average_checkpoints(args.path, args.average_last)
+    out = export.save(args.out, params, config, spm_model, step=step)
+  except checkpoint.CheckpointError as e:
+    return _fail(e)
+  print(f'exported step {step} of {args.path} to {out} ({", ".join(export.FILES)})')
   return 0
 
 
 def _average(args: argparse.Namespace) -> int:
-  from jaxformer import checkpoint
+  from jaxformer import checkpoint  # pylint: disable=g-import-not-at-top
 
   try:
     out = checkpoint.save_average(args.workdir, args.last)
   except checkpoint.CheckpointError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 1
+    return _fail(e)
   print(f'averaged the last {args.last} checkpoints of {args.workdir} into {out}')
   return 0
 
 
-def _translate(args: argparse.Namespace) -> int:
-  import itertools  # pylint: disable=g-import-not-at-top
+def _params(args: argparse.Namespace) -> int:
+  from jaxformer import config as config_lib  # pylint: disable=g-import-not-at-top
+  from jaxformer.model import parameter_count  # pylint: disable=g-import-not-at-top
 
-  from jaxformer import checkpoint, data, evaluate  # pylint: disable=g-import-not-at-top
-
-  try:
-    translator = evaluate.Translator.from_checkpoint(
-        args.workdir, average_last=args.average_last, beam_size=args.beam, alpha=args.alpha,
-        batch_size=args.batch_size)
-  except (checkpoint.CheckpointError, data.DataError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 1
-  lines = (data.decode_line(raw, f'stdin:{number}')
-           for number, raw in enumerate(sys.stdin.buffer, start=1))
-  try:
-    while chunk := list(itertools.islice(lines, args.batch_size)):  # streams: a batch at a time
-      for translation in translator.translate(chunk):
-        sys.stdout.write(translation + '\n')
-      sys.stdout.flush()
-  except data.DataError as e:  # input that is not UTF-8: stop at that line
-    print(f'error: {e}', file=sys.stderr)
-    return 1
+  cfg = getattr(config_lib, args.preset)(vocab_size=args.vocab_size)
+  print(f'{args.preset} (vocab {args.vocab_size}): {parameter_count(cfg):,} parameters')
   return 0
+
+
+# --- the parser -----------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog='jaxformer',
+      prog='jaxformer', formatter_class=_Formatter,
       description='A faithful JAX/Flax reproduction of "Attention Is All You Need".')
   commands = parser.add_subparsers(dest='command', metavar='COMMAND')
-  params = commands.add_parser('params', help='count the parameters of a preset')
-  params.add_argument('--preset', choices=_PRESETS, default='base')
-  params.add_argument('--vocab-size', type=positive_int, default=37000)
-  params.set_defaults(run=_params)
-  average = commands.add_parser(
-      'average', help='average the last N checkpoints of a workdir into a new checkpoint')
-  average.add_argument('--workdir', required=True)
+
+  def command(name: str, run, help_text: str, description: str = '') -> argparse.ArgumentParser:
+    paragraphs = (description or help_text).split('\n\n')
+    description = '\n\n'.join(p if p.startswith(' ') else textwrap.fill(p, 88)
+                               for p in paragraphs)
+    sub = commands.add_parser(name, help=help_text, description=description,
+                              formatter_class=_Formatter)
+    sub.set_defaults(run=run)
+    return sub
+
+  _add_train_flags(command(
+      'train', _train, 'train a recipe (base, big, big_enfr, multi30k, demo) or a config file',
+      'Trains a Transformer; rerunning the same command resumes from the workdir.\n\n'
+      '  jaxformer train --config base --workdir workdirs/base --tfds-data-dir ~/tfds\n'
+      '  jaxformer train --config demo --workdir W --set train.num_steps=20\n'
+      '  jaxformer train --config multi30k --workdir W --train-src train.en --train-tgt '
+      'train.de \\\n      --set model.vocab_size=8000'))
+
+  evaluation = command(
+      'eval', _eval, 'BLEU and chrF of a model on newstest2014 or your own files',
+      'Translates a test set with the paper\'s decoding (beam 4, alpha 0.6, input + 50) and prints '
+      'sacreBLEU (the headline, with its signature), the paper\'s tokenized BLEU and chrF; writes '
+      'the hypotheses.')
+  where = evaluation.add_mutually_exclusive_group(required=True)
+  where.add_argument('--workdir', help='a training workdir (its newest checkpoint)')
+  where.add_argument('--checkpoint', help='a checkpoint folder (e.g. WORKDIR/average-last5) or '
+                     'an exported folder')
+  _add_model_flags(evaluation)
+  _flag(evaluation, 'target_language', choices=('de', 'fr'), default='de',
+        help='tfds newstest2014 direction, and the Moses rules of the tokenized BLEU')
+  _flag(evaluation, 'tfds_data_dir', help='tfds data folder (default: $TFDS_DATA_DIR)')
+  evaluation.add_argument('--src', help='a local source file instead of tfds')
+  evaluation.add_argument('--ref', help='its reference translations, line-aligned')
+  evaluation.add_argument('--output', help='hypotheses file (default: next to the checkpoint)')
+
+  translate = command(
+      'translate', _translate, 'translate text (stdin, or --input) with beam 4, alpha 0.6',
+      'One output line per input line. From a terminal each line is answered as it is typed; '
+      'files and pipes are translated in batches. With --nbest N each input line gives N lines '
+      '"INDEX ||| TRANSLATION ||| SCORE" (Moses n-best format: INDEX counts input lines from 0, '
+      'SCORE is log-probability / GNMT length penalty, best first; blank lines give none).')
+  translate.add_argument('--workdir', required=True,
+                         help='a workdir, checkpoint folder or exported folder')
+  _add_model_flags(translate)
+  translate.add_argument('--input', help='a UTF-8 text file (default: stdin)')
+  translate.add_argument('--output', help='where to write (default: stdout)')
+  translate.add_argument('--nbest', type=positive_int, help='the N best translations with scores')
+
+  export = command(
+      'export', _export, 'a self-contained folder: config.json, spm.model, params.safetensors',
+      'Writes a model that Translator.from_pretrained(OUT) (and jaxformer eval/translate) load '
+      'without orbax or the workdir.')
+  export.add_argument('path', help='a workdir, checkpoint folder or averaged checkpoint')
+  export.add_argument('out', help='the folder to write')
+  _add_model_flags(export, beam=False)
+
+  average = command('average', _average,
+                    'average the last N checkpoints of a workdir into a new checkpoint')
+  average.add_argument('--workdir', required=True, help='a training workdir')
   average.add_argument('--last', type=positive_int, default=5,
                        help='how many (paper: 5 base, 20 big)')
-  average.set_defaults(run=_average)
-  translate = commands.add_parser(
-      'translate', help='translate stdin to stdout, one line per line (beam 4, alpha 0.6)')
-  translate.add_argument('--workdir', required=True, help='a workdir or checkpoint folder')
-  translate.add_argument('--average-last', type=positive_int,
-                         help='average the last N checkpoints')
-  translate.add_argument('--beam', type=positive_int, default=4)
-  translate.add_argument('--alpha', type=float, default=0.6)
-  translate.add_argument('--batch-size', type=positive_int, default=32)
-  translate.set_defaults(run=_translate)
+
+  params = command('params', _params, 'count the parameters of a preset')
+  params.add_argument('--preset', choices=_PRESETS, default='base', help='the preset')
+  _flag(params, 'vocab_size', type=positive_int, default=37000, help='shared vocabulary size')
   return parser
 
 
@@ -105,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
   try:
     return args.run(args)
-  except KeyboardInterrupt:
+  except KeyboardInterrupt:  # before the training loop's own SIGINT handler, or while decoding
     print('interrupted', file=sys.stderr)
     return 130
   except BrokenPipeError:  # the reader went away, e.g. `jaxformer translate < f | head -3`

@@ -342,3 +342,11 @@ class Transformer(nn.Module):
     return self.decode(encoded, src, tgt_in, deterministic=deterministic,
                        src_segments=src_segments, tgt_segments=tgt_segments,
                        tgt_positions=tgt_positions, return_hidden=return_hidden)
+
+
+@functools.cache
+def parameter_count(config: TransformerConfig) -> int:
+  """The number of parameters of Transformer(config), from shapes only (nothing is computed)."""
+  dummy = jnp.ones((1, 1), jnp.int32)
+  shapes = jax.eval_shape(Transformer(config).init, jax.random.key(0), dummy, dummy)
+  return sum(x.size for x in jax.tree.leaves(shapes))

@@ -143,30 +143,42 @@ class TrainingError(RuntimeError):
   """Training cannot go on (e.g. a non-finite loss); the message says where and what to do."""
 
 
+def setting(default: Any, help: str) -> Any:  # pylint: disable=redefined-builtin
+  """A config field with its help text (the command line's flags and --help read it)."""
+  return dataclasses.field(default=default, metadata={'help': help})
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """How to train: batch size, schedule of checkpoints, evaluation and logging."""
-  workdir: str                          # checkpoints, vocabulary, token cache, logs
-  num_steps: int = 100_000              # updates (§5.2: 100k for base, 300k for big)
-  tokens_per_batch: int = 25_000        # slots per side per update, all devices together (§5.1)
-  accum_steps: int = 1                  # micro-batches per update (for fewer devices than 8)
-  row_len: int = 256                    # packed row length of the longer side
-  seed: int = 0                         # params, dropout, shuffling and vocabulary sample
-  checkpoint_every_secs: float | None = 600.0  # the paper's 10 minutes
-  checkpoint_every_steps: int | None = None
-  keep_checkpoints: int = 20            # raised to average_last if smaller
-  average_last: int = 5                 # average this many at the end (0: don't)
-  eval_every_steps: int = 1000
-  log_every_steps: int = 100
-  skip_nonfinite: bool = False          # skip (and count) non-finite updates instead of stopping
-  bleu_sentences: int = 0               # at each evaluation, sacreBLEU of this many validation
-                                        # sentences decoded with beam 4 (0: none)
-  spm_sample_size: int = 2_000_000      # sentences sampled to train the vocabulary
-  fast_path: bool | None = None         # config.fast_path (bf16, fused attention); None: on GPU
-  require_accelerator: bool = False     # refuse a CPU backend (the paper's recipes set it)
-  reset_data: bool = False              # resume params, optimiser and step on a fresh data stream
-  host_sync_every_steps: int = 10       # several hosts agree on preemption and timed saves (one
-                                        # all-gather) every this many steps; one host: every step
+  workdir: str = setting(dataclasses.MISSING, 'checkpoints, vocabulary, token cache, logs')
+  num_steps: int = setting(100_000, 'updates (§5.2: 100k for base, 300k for big)')
+  tokens_per_batch: int = setting(25_000, 'token slots per side per update, all devices '
+                                  'together (§5.1)')
+  accum_steps: int = setting(1, 'micro-batches per update (for fewer devices than 8)')
+  row_len: int = setting(256, 'packed row length of the longer side')
+  seed: int = setting(0, 'params, dropout, shuffling and vocabulary sample')
+  checkpoint_every_secs: float | None = setting(600.0, 'seconds between checkpoints (the '
+                                                "paper's 10 minutes; none: off)")
+  checkpoint_every_steps: int | None = setting(None, 'steps between checkpoints (none: off)')
+  keep_checkpoints: int = setting(20, 'checkpoints kept (raised to average_last if smaller)')
+  average_last: int = setting(5, 'average this many checkpoints at the end (0: none)')
+  eval_every_steps: int = setting(1000, 'steps between evaluations on the validation set')
+  log_every_steps: int = setting(100, 'steps between logged training metrics')
+  skip_nonfinite: bool = setting(False, 'skip and count updates with a non-finite loss instead '
+                                 'of stopping')
+  bleu_sentences: int = setting(0, 'at each evaluation, sacreBLEU of this many validation '
+                                'sentences decoded with beam 4 (0: none)')
+  sample_translations: int = setting(3, 'at each evaluation, this many validation sentences '
+                                     'translated into TensorBoard (0: none)')
+  spm_sample_size: int = setting(2_000_000, 'sentences sampled to train the vocabulary')
+  fast_path: bool | None = setting(None, 'bfloat16 compute and fused attention (none: on GPU '
+                                   'only)')
+  require_accelerator: bool = setting(False, "refuse a CPU backend (the paper's recipes set it)")
+  reset_data: bool = setting(False, "resume the checkpoint's params, optimiser state and step "
+                             'on a fresh data stream (after changing the corpus or the seed)')
+  host_sync_every_steps: int = setting(10, 'several hosts agree on preemption and timed saves '
+                                       '(one all-gather) every this many steps')
 
 
 def check_backend(tc: TrainConfig, backend: str | None = None) -> None:
@@ -176,7 +188,7 @@ def check_backend(tc: TrainConfig, backend: str | None = None) -> None:
     raise TrainingError(
         "this recipe needs a GPU, but jax's backend is cpu (no GPU here, or jax's CPU build): on "
         'a GPU host run `make install` (it installs jaxformer[cuda12] or [cuda13]; or pip install '
-        "'jaxformer[cuda12]'), or pass --allow_cpu to train on the CPU anyway.")
+        "'jaxformer[cuda12]'), or pass --allow-cpu to train on the CPU anyway.")
 
 
 def check_settings(config: TransformerConfig, tc: TrainConfig) -> None:
@@ -206,7 +218,7 @@ def resume_data(batches: data_lib.PackedBatches, hosts: list[dict[str, int]],
   """Moves `batches` to this host's saved position; a fresh stream with reset_data or after a
   change of host count (with a warning); a one-line error when the data changed."""
   if tc.reset_data:
-    log.warning('--reset_data: the checkpoint\'s params, optimiser state and step continue on a '
+    log.warning('--reset-data: the checkpoint\'s params, optimiser state and step continue on a '
                 'fresh data stream.')
     return
   if len(hosts) != jax.process_count():
@@ -221,7 +233,7 @@ def resume_data(batches: data_lib.PackedBatches, hosts: list[dict[str, int]],
   if changed:
     raise TrainingError(
         f'the training data changed since the checkpoint ({", ".join(changed)}): resume with the '
-        'same corpus and seed, or pass --reset_data to continue from the checkpoint on a fresh '
+        'same corpus and seed, or pass --reset-data to continue from the checkpoint on a fresh '
         'data stream.')
   batches.set_state(saved)
 
@@ -285,14 +297,20 @@ def evaluate(p_eval_step: Any, p_state: TrainState, corpus: Any, *, src_len: int
           'accuracy': correct / tokens, 'tokens': tokens}
 
 
-def _validation_bleu(params: Any, config: TransformerConfig, tokenizer: Any, text: Any,
-                     count: int) -> float:
-  """sacreBLEU of the first `count` validation sentences, decoded as in §6.1."""
+def _translate_validation(params: Any, config: TransformerConfig, tokenizer: Any, text: Any,
+                          tc: TrainConfig) -> tuple[float | None, str]:
+  """(sacreBLEU of the first bleu_sentences validation sentences or None, a markdown table of
+  the first sample_translations: source, hypothesis, reference), decoded as in §6.1."""
   from jaxformer import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
 
-  translator = evaluate_lib.Translator(params, config, tokenizer)
-  hypotheses = translator.translate(text.src[:count])
-  return evaluate_lib.sacre_bleu(hypotheses, text.tgt[:count])[0]
+  count = max(tc.bleu_sentences, tc.sample_translations)
+  hypotheses = evaluate_lib.Translator(params, config, tokenizer).translate(text.src[:count])
+  bleu = evaluate_lib.sacre_bleu(hypotheses, text.tgt[:tc.bleu_sentences])[0] \
+      if tc.bleu_sentences else None
+  cell = lambda s: s.replace('|', '\\|')  # noqa: E731
+  rows = [f'| {cell(src)} | {cell(hyp)} | {cell(ref)} |' for src, hyp, ref in
+          list(zip(text.src, hypotheses, text.tgt))[:tc.sample_translations]]
+  return bleu, '\n'.join(['| source | hypothesis | reference |', '|---|---|---|', *rows])
 
 
 def _hparams(config: TransformerConfig, tc: TrainConfig, facts: dict[str, Any]
@@ -430,7 +448,7 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
           raise TrainingError(
               f'non-finite loss ({metrics["loss"]}) at step {step}. The last good checkpoint is '
               f'{manager.directory / str(latest) if latest is not None else "none (no save yet)"}'
-              '; resume from it with a lower learning rate or --skip_nonfinite.')
+              '; resume from it with a lower learning rate or --skip-nonfinite.')
         summary['skipped_updates'] += 1
         log.warning('step %d: non-finite loss, update skipped (%d so far)', step,
                     summary['skipped_updates'])
@@ -482,10 +500,13 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
       if eval_now:
         summary['eval'] = evaluate(p_eval_step, p_state, eval_corpus, src_len=src_len,
                                    tgt_len=tgt_len, rows_per_device=rows)
-        if tc.bleu_sentences and is_main:
-          summary['eval']['bleu'] = _validation_bleu(
-              parallel.unreplicate(p_state.params), config, tokenizer, eval_text,
-              tc.bleu_sentences)
+        if (tc.bleu_sentences or tc.sample_translations) and is_main:
+          bleu, samples = _translate_validation(parallel.unreplicate(p_state.params), config,
+                                                tokenizer, eval_text, tc)
+          if bleu is not None:
+            summary['eval']['bleu'] = bleu
+          if tc.sample_translations:
+            writer.text('samples', samples, step)
         report(step, summary['eval'], 'eval')
 
       if save_now:

@@ -95,7 +95,8 @@ elif MODE == 'train':
   logging.basicConfig(level=logging.INFO, force=True)
   settings = train.TrainConfig(workdir=workdir, num_steps=steps, tokens_per_batch=1024,
                                row_len=LENGTH, checkpoint_every_steps=2,
-                               checkpoint_every_secs=None, average_last=2, log_every_steps=1)
+                               checkpoint_every_secs=None, average_last=2, log_every_steps=1,
+                               sample_translations=0)
   summary = train.train_and_evaluate(config.tiny(vocab_size=400), settings,
                                      synthetic_text(400, seed=7), synthetic_text(40, seed=8))
   print('SUMMARY', json.dumps(summary))

@@ -20,7 +20,8 @@ def train_settings(workdir, **overrides) -> train.TrainConfig:
   """Training settings for the tiny tests: 6 steps, a checkpoint every 2, logs every 2."""
   settings = dict(workdir=str(workdir), num_steps=6, tokens_per_batch=1024, row_len=64,
                   checkpoint_every_steps=2, checkpoint_every_secs=None, keep_checkpoints=5,
-                  average_last=0, eval_every_steps=1000, log_every_steps=2)
+                  average_last=0, eval_every_steps=1000, log_every_steps=2,
+                  sample_translations=0)
   settings.update(overrides)
   return train.TrainConfig(**settings)
 

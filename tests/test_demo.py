@@ -9,7 +9,7 @@ import pytest
 from matplotlib import image
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHORT = ['--num_steps', '10', '--train_pairs', '3000', '--test_pairs', '12']
+SHORT = ['--num-steps', '10', '--train-pairs', '3000', '--test-pairs', '12']
 
 
 def _demo(workdir: pathlib.Path) -> subprocess.CompletedProcess:

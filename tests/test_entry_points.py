@@ -1,5 +1,7 @@
 """The console script, the Makefile targets and the README's code all work as written."""
 
+import argparse
+import dataclasses
 import json
 import pathlib
 import re
@@ -8,7 +10,9 @@ import sys
 
 import pytest
 
-from jaxformer import cli, config
+import jax.numpy as jnp
+
+from jaxformer import cli, config, recipes, train
 from jaxformer.flops import forward_flops
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -155,28 +159,27 @@ def test_make_train_base_refuses_a_cpu_backend_before_reading_data(tmp_path):
   assert result.stderr.strip().splitlines()[-2] == (
       "error: this recipe needs a GPU, but jax's backend is cpu (no GPU here, or jax's CPU "
       'build): on a GPU host run `make install` (it installs jaxformer[cuda12] or [cuda13]; or '
-      "pip install 'jaxformer[cuda12]'), or pass --allow_cpu to train on the CPU anyway.")
+      "pip install 'jaxformer[cuda12]'), or pass --allow-cpu to train on the CPU anyway.")
   assert 'tfds' not in result.stderr and not (tmp_path / 'w').exists()
 
 
-@pytest.mark.parametrize('config_file,variant', [
-    ('big.py', None), ('big_enfr.py', None), ('base.py', 'E'), ('base.py', 'big'),
-    ('demo.py', None), ('multi30k.py', None)])
-def test_only_the_paper_recipes_require_an_accelerator(config_file, variant):
-  sys.path.insert(0, str(ROOT / 'experiments'))
-  import train as train_script  # pylint: disable=g-import-not-at-top
-  argv = ['--config', str(ROOT / 'experiments' / 'configs' / config_file), '--workdir', 'w']
-  args = train_script.build_parser().parse_args(argv + (['--variant', variant] if variant else []))
-  _, train_config, _ = train_script.experiment(args)
-  assert train_config.require_accelerator == (config_file not in ('demo.py', 'multi30k.py'))
-  args = train_script.build_parser().parse_args(argv + ['--allow_cpu'])
-  assert not train_script.experiment(args)[1].require_accelerator
+@pytest.mark.parametrize('config,variant', [
+    ('big', None), ('big_enfr', None), ('base', 'E'), ('base', 'big'), ('demo', None),
+    ('multi30k', None)])
+def test_only_the_paper_recipes_require_an_accelerator(config, variant):
+  argv = ['train', '--config', config, '--workdir', 'w']
+  args = cli.build_parser().parse_args(argv + (['--variant', variant] if variant else []))
+  assert cli.experiment(args).train.get('require_accelerator', False) == (
+      config not in ('demo', 'multi30k'))
+  for flag in ('--allow-cpu', '--allow-cpu', '--no-require-accelerator'):
+    assert not cli.experiment(cli.build_parser().parse_args(argv + [flag])).train[
+        'require_accelerator']
 
 
 @pytest.mark.parametrize('target', ['train-base', 'train-big'])
 def test_recipes_fail_fast_without_wmt14(target, tmp_path):
   result = subprocess.run(['make', '-s', target, f'TFDS_DATA_DIR={tmp_path}',
-                           f'WORKDIR={tmp_path / "w"}', 'ARGS=--allow_cpu'], cwd=ROOT,
+                           f'WORKDIR={tmp_path / "w"}', 'ARGS=--allow-cpu'], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
   assert result.returncode != 0
   assert result.stderr.strip().splitlines()[-2].startswith(
@@ -233,12 +236,11 @@ def _script(name: str):
     ('def get_config():\n  return {"model": 1}\n', r"must return a dict with 'model', 'train'"),
     ('from jaxformer import config\ndef get_config():\n  return {"model": config.tiny(), '
      '"train": {"num_step": 5}, "data": {"source": "text"}}\n',
-     r"unknown training settings \['num_step'\]; valid: workdir, num_steps, ")])
-def test_train_script_reports_a_bad_config_file_in_one_line(tmp_path, capsys, config_text,
-                                                            message):
+     r"unknown setting train.num_step; valid train settings: num_steps, tokens_per_batch, ")])
+def test_train_reports_a_bad_config_file_in_one_line(tmp_path, capsys, config_text, message):
   (tmp_path / 'bad.py').write_text(config_text)
-  assert _script('train').main(['--config', str(tmp_path / 'bad.py'), '--workdir',
-                                str(tmp_path / 'w')]) == 1
+  assert cli.main(['train', '--config', str(tmp_path / 'bad.py'), '--workdir',
+                   str(tmp_path / 'w')]) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith('error: ') and re.search(message, err[0]), err
   assert not (tmp_path / 'w').exists()
@@ -246,23 +248,79 @@ def test_train_script_reports_a_bad_config_file_in_one_line(tmp_path, capsys, co
 
 @pytest.mark.parametrize('flags,message', [
     (['--accum_steps', '0'], 'error: accum_steps must be >= 1, got 0.'),
-    (['--log_every_steps', '0'], 'error: log_every_steps must be >= 1, got 0.'),
-    (['--row_len', '16'], 'error: row_len=16 is shorter than max_len=64: the longest pairs would '
-                          'not fit in a row; set row_len >= max_len.'),
-    (['--checkpoint_every_steps', '-5'], 'error: checkpoint_every_steps must be > 0 (or unset), '
-                                         'got -5.')])
-def test_train_script_refuses_bad_settings_before_any_work(tmp_path, capsys, flags, message):
-  argv = ['--config', str(ROOT / 'tests' / 'tiny_config.py'), '--workdir', str(tmp_path / 'w'),
-          '--source', 'text', '--train_src', 'none.en', '--train_tgt', 'none.de', *flags]
-  assert _script('train').main(argv) == 1
+    (['--log-every-steps', '0'], 'error: log_every_steps must be >= 1, got 0.'),
+    (['--set', 'train.row_len=16'], 'error: row_len=16 is shorter than max_len=64: the longest '
+                                    'pairs would not fit in a row; set row_len >= max_len.'),
+    (['--checkpoint-every-steps', '-5'], 'error: checkpoint_every_steps must be > 0 (or unset), '
+                                         'got -5.'),
+    (['--set', 'model.dropout'], "error: --set 'model.dropout': expected SECTION.NAME=VALUE with "
+                                 'SECTION one of model, train, data (e.g. --set '
+                                 'model.dropout_rate=0.2).'),
+    (['--set', 'model.dropout=0.2'], 'error: unknown setting model.dropout; valid model settings: '
+                                     'vocab_size, num_layers, d_model, d_ff, num_heads, qk_dim, '
+                                     'v_dim, dropout_rate, attention_dropout_rate, '
+                                     'relu_dropout_rate, label_smoothing, pre_ln, max_len, '
+                                     'learned_positions, attention_window, warmup_steps, '
+                                     'adam_b1, adam_b2, adam_eps, grad_clip_norm, weight_decay, '
+                                     'dtype, attention, remat, loss_chunk.'),
+    (['--set', 'train.num_steps=many'], "error: --set train.num_steps: expected int, got 'many'."),
+    (['--set', 'model.qk_dim=x'], "error: --set model.qk_dim: expected int or None, got 'x'."),
+    (['--set', 'model.pre_ln=maybe'], "error: --set model.pre_ln: expected bool, got 'maybe'."),
+    (['--set', 'model.dtype=int8'], 'error: --set: dtype must be float32 or bfloat16, got int8.'),
+    (['--set', 'model.dtype=half-ish'], "error: --set model.dtype: expected float32 or bfloat16, "
+                                     "got 'half-ish'."),
+    (['--set', 'model.attention=flash'], "error: --set: attention must be 'einsum' or 'fused', got "
+                                         "'flash'."),
+    (['--set', 'data.source=web'], "error: --set: data.source must be 'wmt14', 'text' or "
+                                   "'embedded', got 'web'.")])
+def test_train_refuses_bad_settings_before_any_work(tmp_path, capsys, flags, message):
+  argv = ['train', '--config', str(ROOT / 'tests' / 'tiny_config.py'), '--workdir',
+          str(tmp_path / 'w'), '--source', 'text', '--train-src', 'none.en', '--train-tgt',
+          'none.de', *flags]
+  assert cli.main(argv) == 1
   assert capsys.readouterr().err.strip().splitlines() == [message]
   assert not (tmp_path / 'w').exists()
+
+
+def test_every_setting_can_be_set_from_the_command_line():
+  def recipe(*argv):
+    return cli.experiment(cli.build_parser().parse_args(
+        ['train', '--config', 'demo', '--workdir', 'w', *argv]))
+  changed = recipe('--set', 'model.dropout_rate=0.2', '--set', 'train.num_steps=5000',
+                   '--set', 'model.vocab_size=8000', '--set', 'model.qk_dim=none',
+                   '--set', 'model.dtype=bfloat16', '--set', 'model.pre_ln=true',
+                   '--set', 'train.checkpoint_every_secs=none', '--set', 'data.train_pairs=10',
+                   '--spm-sample-size', '77', '--fast-path', '--train_src', 'a.en')
+  assert changed.model == recipes.load('demo').model.replace(
+      dropout_rate=0.2, vocab_size=8000, dtype=jnp.bfloat16, pre_ln=True)
+  assert changed.train == {**recipes.load('demo').train, 'num_steps': 5000,
+                           'checkpoint_every_secs': None, 'spm_sample_size': 77,
+                           'fast_path': True}
+  assert changed.data.train_pairs == 10 and changed.data.train_src == 'a.en'
+  # --set wins over the shortcut flags; every field of every section has a name.
+  assert recipe('--num-steps', '3', '--set', 'train.num_steps=4').train['num_steps'] == 4
+  for section, cls in (('model', config.TransformerConfig), ('train', train.TrainConfig),
+                       ('data', recipes.DataConfig)):
+    assert set(recipes.settable(section)) | {'workdir'} >= {f.name for f in
+                                                             dataclasses.fields(cls)}
+
+
+def test_every_flag_has_help_and_one_spelling():
+  parser = cli.build_parser()
+  for name, sub in parser._subparsers._group_actions[0].choices.items():  # pylint: disable=protected-access
+    for action in sub._actions:  # pylint: disable=protected-access
+      if action.help == argparse.SUPPRESS:  # the --name_with_underscores aliases
+        continue
+      assert action.help, (name, action.option_strings)
+      assert not any('_' in option for option in action.option_strings), (name, action)
 
 
 @pytest.mark.parametrize('argv', [
     ['translate', '--workdir', 'w', '--batch-size', '0'], ['translate', '--workdir', 'w',
                                                              '--beam', '-1'],
-    ['average', '--workdir', 'w', '--last', 'two'], ['params', '--vocab-size', '0']])
+    ['average', '--workdir', 'w', '--last', 'two'], ['params', '--vocab-size', '0'],
+    ['eval', '--workdir', 'w', '--batch-size', '0'], ['eval', '--workdir', 'w', '--beam', '0'],
+    ['train', '--config', 'demo', '--workdir', 'w', '--num-processes', '0']])
 def test_cli_refuses_non_positive_counts_in_one_line(capsys, argv):
   with pytest.raises(SystemExit) as exit_info:
     cli.main(argv)
@@ -271,11 +329,8 @@ def test_cli_refuses_non_positive_counts_in_one_line(capsys, argv):
   assert err[-1].startswith('jaxformer ') and 'must be an integer >= 1, got' in err[-1]
 
 
-@pytest.mark.parametrize('script,argv', [
-    ('eval', ['--workdir', 'w', '--batch-size', '0']), ('eval', ['--workdir', 'w', '--beam', '0']),
-    ('demo', ['--num_steps', '0'])])
-def test_scripts_refuse_non_positive_counts_in_one_line(capsys, script, argv):
+def test_demo_refuses_non_positive_counts_in_one_line(capsys):
   with pytest.raises(SystemExit) as exit_info:
-    _script(script).main(argv)
+    _script('demo').main(['--num-steps', '0'])
   assert exit_info.value.code == 2
   assert 'must be an integer >= 1, got' in capsys.readouterr().err.strip().splitlines()[-1]

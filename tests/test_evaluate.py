@@ -1,7 +1,6 @@
 """Translation with a trained model, and the BLEU plumbing."""
 
 import collections
-import importlib
 import json
 import math
 import pathlib
@@ -16,7 +15,7 @@ import sacrebleu
 from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
 
 from helpers import synthetic_text
-from jaxformer import config, evaluate, train
+from jaxformer import checkpoint, cli, config, evaluate, train
 from jaxformer.model import Transformer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -259,9 +258,8 @@ def test_translate_into_a_closed_pipe_ends_quietly(workdir):
 
 
 def _eval_main(argv: list[str]) -> int:
-  """experiments/eval.py's main, in this process (the cases below stop before translating)."""
-  sys.path.insert(0, str(ROOT / 'experiments'))
-  return importlib.import_module('eval').main(argv)
+  """`jaxformer eval`, in this process (the cases below stop before translating)."""
+  return cli.main(['eval', *argv])
 
 
 def test_eval_refuses_an_invalid_utf8_source_file(workdir, tmp_path, capsys):
@@ -374,3 +372,89 @@ def test_plot_attention_writes_images(workdir, tmp_path):
     pixels = image.imread(tmp_path / name)
     assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
     assert pixels.std() > 0.01  # not a blank image
+
+
+# --- export, n-best, files and terminals ----------------------------------------------------------
+
+
+def test_export_round_trips_through_from_pretrained(workdir, tmp_path):
+  out = tmp_path / 'export'
+  assert cli.main(['export', str(workdir), str(out), '--average-last', '2']) == 0
+  assert sorted(p.name for p in out.iterdir()) == ['config.json', 'params.safetensors',
+                                                   'spm.model']
+  averaged = evaluate.Translator.from_checkpoint(str(workdir), average_last=2, batch_size=4)
+  exported = evaluate.Translator.from_pretrained(str(out), batch_size=4)
+  assert exported.config == averaged.config
+  assert exported.tokenizer.model_proto == averaged.tokenizer.model_proto
+  assert jax.tree.structure(exported.params) == jax.tree.structure(averaged.params)
+  for a, b in zip(jax.tree.leaves(exported.params), jax.tree.leaves(averaged.params)):
+    np.testing.assert_array_equal(a, b)
+  sentences = ['the man sees a dog', 'a small red house', '']
+  assert exported.translate(sentences) == averaged.translate(sentences)
+  assert json.loads((out / 'config.json').read_text())['step'] == 4
+
+
+def test_a_damaged_or_partial_export_is_a_one_line_error(workdir, tmp_path, capsys):
+  out = tmp_path / 'export'
+  assert cli.main(['export', str(workdir), str(out)]) == 0
+  (out / 'params.safetensors').write_bytes(b'not safetensors')
+  with pytest.raises(checkpoint.CheckpointError, match='damaged export'):
+    evaluate.Translator.from_pretrained(str(out))
+  (out / 'spm.model').unlink()
+  with pytest.raises(checkpoint.CheckpointError, match=r'not an exported model \(missing spm'):
+    evaluate.Translator.from_pretrained(str(out))
+  capsys.readouterr()
+  assert cli.main(['translate', '--workdir', str(out)]) == 1
+  assert capsys.readouterr().err.strip().splitlines()[-1].startswith('error: ')
+
+
+def test_nbest_lists_the_beams_best_first_in_moses_format(workdir, translator, tmp_path):
+  lines = ['the man sees a dog', '', 'a red cat']
+  (tmp_path / 'in.txt').write_text('\n'.join(lines) + '\n')
+  assert cli.main(['translate', '--workdir', str(workdir), '--input', str(tmp_path / 'in.txt'),
+                   '--output', str(tmp_path / 'out.txt'), '--nbest', '3', '--batch-size',
+                   '2']) == 0
+  rows = [line.split(' ||| ') for line in (tmp_path / 'out.txt').read_text().splitlines()]
+  assert [int(r[0]) for r in rows] == [0, 0, 0, 2, 2, 2]  # blank line 1 has none
+  scores = [float(r[2]) for r in rows]
+  assert scores[:3] == sorted(scores[:3], reverse=True) and all(s < 0 for s in scores)
+  best = translator.translate(lines)
+  assert [rows[0][1], rows[3][1]] == [best[0], best[2]]
+  assert cli.main(['translate', '--workdir', str(workdir), '--nbest', '5']) == 1
+
+
+def test_translate_files_with_a_progress_bar(workdir, translator, tmp_path):
+  lines = ['the man sees a dog', '', 'Größe 😀', 'the dog']
+  (tmp_path / 'in.txt').write_text('\n'.join(lines) + '\n', encoding='utf-8')
+  result = subprocess.run(
+      [sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir', str(workdir), '--input',
+       str(tmp_path / 'in.txt'), '--output', str(tmp_path / 'out.txt')], capture_output=True,
+      text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert 'translating: 100%' in result.stderr
+  out = (tmp_path / 'out.txt').read_text(encoding='utf-8').split('\n')
+  assert out[:-1] == translator.translate(lines) and out[-1] == ''
+
+
+def test_translate_answers_each_line_typed_at_a_terminal(workdir, translator):
+  """stdin a terminal: the translation of a line comes before the next line (or EOF) is sent."""
+  import os  # pylint: disable=g-import-not-at-top
+  import pty  # pylint: disable=g-import-not-at-top
+  import select  # pylint: disable=g-import-not-at-top
+  leader, follower = pty.openpty()
+  process = subprocess.Popen([sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir',
+                              str(workdir)], stdin=follower, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+  os.close(follower)
+  try:
+    expected = translator.translate(['the man sees a dog', 'a red cat'])
+    for sentence, translation in zip(['the man sees a dog', 'a red cat'], expected):
+      os.write(leader, sentence.encode() + b'\n')
+      ready, _, _ = select.select([process.stdout], [], [], 240)
+      assert ready, 'no answer before the next line'
+      assert process.stdout.readline().decode().rstrip('\n') == translation
+    os.write(leader, b'\x04')  # Ctrl-D: end of input
+    assert process.wait(timeout=60) == 0
+  finally:
+    process.kill()
+    os.close(leader)

@@ -1,7 +1,6 @@
 """Table 3 variants: parameter counts, independent d_k/d_v, learned positions, restricted
 self-attention."""
 
-import importlib.util
 import pathlib
 
 import jax
@@ -11,13 +10,9 @@ import pytest
 
 from jaxformer import config as config_lib
 from jaxformer import model as model_lib
-from jaxformer import train
+from jaxformer import cli, train
 from jaxformer.model import Transformer
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location('table3', ROOT / 'experiments/configs/table3.py')
-table3 = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(table3)
+from jaxformer.recipes import table3
 
 
 def _formula(v, n, d, f, h, dk, dv, learned_positions=False, max_len=256) -> int:
@@ -35,7 +30,7 @@ def test_variant_parameter_count_matches_the_formula(name):
   cfg = table3.variant_config(name)
   expected = _formula(37000, cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.num_heads, cfg.key_dim,
                       cfg.value_dim, cfg.learned_positions, cfg.max_len)
-  assert table3.parameter_count(cfg) == expected
+  assert model_lib.parameter_count(cfg) == expected
 
 
 def test_variants_change_only_their_row():
@@ -53,7 +48,7 @@ def test_variants_change_only_their_row():
 
 
 def test_readme_table_is_the_generated_one():
-  readme = (ROOT / 'README.md').read_text()
+  readme = (pathlib.Path(__file__).resolve().parents[1] / 'README.md').read_text()
   assert table3.markdown_table() in readme
   low, high = table3.matching_vocabulary()
   assert f'{low:,.0f} <= V <= {high:,.0f}' in readme
@@ -172,30 +167,19 @@ def test_learned_table_refuses_longer_inputs_while_sinusoids_extend():
   assert bool(jnp.all(jnp.isfinite(pe)))
 
 
-def _train_entry():
-  spec = importlib.util.spec_from_file_location('train_entry', ROOT / 'experiments/train.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def _recipe(*argv: str):
+  return cli.experiment(cli.build_parser().parse_args(['train', '--workdir', 'w', *argv]))
 
 
-def test_train_entry_point_selects_a_variant():
-  entry = _train_entry()
-  args = entry.build_parser().parse_args(
-      ['--config', str(ROOT / 'experiments/configs/base.py'), '--workdir', 'w', '--variant', 'C3'])
-  model, train_config, source = entry.experiment(args)
-  assert model == table3.variant_config('C3') and model.num_layers == 8
-  assert train_config.num_steps == 100_000 and source['source'] == 'wmt14'
-  args = entry.build_parser().parse_args(
-      ['--config', str(ROOT / 'experiments/configs/base.py'), '--workdir', 'w', '--variant', 'big',
-       '--num_steps', '7'])
-  model, train_config, _ = entry.experiment(args)
-  assert model == config_lib.big() and train_config.num_steps == 7
-  assert train_config.average_last == 20
+def test_train_command_selects_a_variant():
+  recipe = _recipe('--config', 'base', '--variant', 'C3')
+  assert recipe.model == table3.variant_config('C3') and recipe.model.num_layers == 8
+  assert recipe.train['num_steps'] == 100_000 and recipe.data.source == 'wmt14'
+  recipe = _recipe('--config', 'base', '--variant', 'big', '--num-steps', '7')
+  assert recipe.model == config_lib.big() and recipe.train['num_steps'] == 7
+  assert recipe.train['average_last'] == 20
 
 
 def test_an_unknown_variant_is_a_one_line_error(capsys):
-  entry = _train_entry()
-  assert entry.main(['--config', str(ROOT / 'experiments/configs/base.py'), '--workdir', 'w',
-                     '--variant', 'Z9']) == 1
+  assert cli.main(['train', '--config', 'base', '--workdir', 'w', '--variant', 'Z9']) == 1
   assert capsys.readouterr().err.startswith("error: unknown Table 3 variant 'Z9'")

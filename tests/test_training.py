@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from helpers import synthetic_text, train_settings as _tc
-from jaxformer import checkpoint, config, data, train
+from jaxformer import checkpoint, config, data, evaluate, train
 from jaxformer.model import Transformer
 
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -39,7 +39,8 @@ def _assert_trees_equal(a, b, **tolerance):
 def trained(tmp_path_factory) -> pathlib.Path:
   """6 steps with checkpoints at 2, 4 and 6, the last 3 averaged, validation at the end."""
   workdir = tmp_path_factory.mktemp('trained')
-  summary = train.train_and_evaluate(CFG, _tc(workdir, average_last=3, bleu_sentences=8), TEXT,
+  summary = train.train_and_evaluate(CFG, _tc(workdir, average_last=3, bleu_sentences=8,
+                                                   sample_translations=3), TEXT,
                                      synthetic_text(50, seed=9))
   assert summary['step'] == 6 and summary['averaged'].endswith('average-last3')
   assert 0 < summary['eval']['accuracy'] < 1 and summary['eval']['perplexity'] > 1
@@ -82,6 +83,21 @@ def test_first_record_says_where_and_how_the_run_computes(trained):
   assert '_hparams_/session_start_info' in events.Tags()['tensors']
 
 
+def test_each_evaluation_writes_sample_translations_to_tensorboard(trained):
+  from tensorboard.backend.event_processing import event_accumulator  # noqa  (slow import)
+  events = event_accumulator.EventAccumulator(str(trained / 'tensorboard'),
+                                              size_guidance={'tensors': 0})
+  events.Reload()
+  (samples,) = events.Tensors('samples')  # one evaluation, at the last step
+  table = samples.tensor_proto.string_val[0].decode().splitlines()
+  assert samples.step == 6 and table[:2] == ['| source | hypothesis | reference |', '|---|---|---|']
+  validation = synthetic_text(50, seed=9)
+  translator = evaluate.Translator.from_checkpoint(str(trained / 'checkpoints'))
+  hypotheses = translator.translate(validation.src[:3])
+  assert table[2:] == [f'| {s} | {h} | {r} |' for s, h, r in
+                       zip(validation.src, hypotheses, validation.tgt)]
+
+
 def test_describe_run_names_the_fast_path_and_accumulation():
   facts = {'devices': 'gpu: 8 × NVIDIA H100 80GB HBM3, 1 process', 'dtype': 'bfloat16',
            'attention': 'fused', 'remat': True, 'source_tokens_per_update': 198_400,
@@ -95,7 +111,7 @@ def test_describe_run_names_the_fast_path_and_accumulation():
 
 def test_a_run_that_requires_an_accelerator_refuses_cpu_before_any_work(tmp_path):
   settings = _tc(tmp_path / 'w', require_accelerator=True)
-  with pytest.raises(train.TrainingError, match=r'needs a GPU.*--allow_cpu'):
+  with pytest.raises(train.TrainingError, match=r'needs a GPU.*--allow-cpu'):
     train.train_and_evaluate(CFG, settings, TEXT)
   assert not (tmp_path / 'w').exists()
   train.check_backend(settings, backend='gpu')  # a GPU (or TPU) backend passes
@@ -232,7 +248,7 @@ def _train_command(workdir: pathlib.Path, src: pathlib.Path, tgt: pathlib.Path,
                    *extra: str) -> list[str]:
   return [sys.executable, str(ROOT / 'experiments' / 'train.py'), '--config',
           str(TESTS / 'tiny_config.py'), '--workdir', str(workdir), '--source', 'text',
-          '--train_src', str(src), '--train_tgt', str(tgt), *extra]
+          '--train-src', str(src), '--train-tgt', str(tgt), *extra]
 
 
 def _text_files(tmp_path):
@@ -254,7 +270,7 @@ def _wait_for(predicate, process, seconds=240):
 def test_sigterm_saves_and_a_rerun_resumes(tmp_path):
   src, tgt = _text_files(tmp_path)
   workdir = tmp_path / 'w'
-  process = subprocess.Popen(_train_command(workdir, src, tgt, '--num_steps', '100000'),
+  process = subprocess.Popen(_train_command(workdir, src, tgt, '--num-steps', '100000'),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   metrics = workdir / 'metrics.jsonl'
   _wait_for(lambda: metrics.exists() and metrics.read_text().count('\n') >= 2, process)
@@ -265,7 +281,7 @@ def test_sigterm_saves_and_a_rerun_resumes(tmp_path):
   saved = int(output.split('SIGTERM received: saved step ')[1].split()[0])
   steps = checkpoint.make_manager(workdir / 'checkpoints').all_steps()
   assert max(steps) == saved
-  resumed = subprocess.run(_train_command(workdir, src, tgt, '--num_steps', str(saved + 2)),
+  resumed = subprocess.run(_train_command(workdir, src, tgt, '--num-steps', str(saved + 2)),
                            capture_output=True, text=True, timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert f'resumed from step {saved}' in resumed.stderr
@@ -277,7 +293,7 @@ def test_kill_9_during_saves_leaves_a_restorable_workdir(tmp_path):
   src, tgt = _text_files(tmp_path)
   workdir = tmp_path / 'w'
   process = subprocess.Popen(
-      _train_command(workdir, src, tgt, '--num_steps', '100000', '--checkpoint_every_steps', '1'),
+      _train_command(workdir, src, tgt, '--num-steps', '100000', '--checkpoint-every-steps', '1'),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   checkpoints = workdir / 'checkpoints'
   _wait_for(lambda: checkpoints.is_dir() and len(os.listdir(checkpoints)) >= 4, process)
@@ -285,7 +301,7 @@ def test_kill_9_during_saves_leaves_a_restorable_workdir(tmp_path):
   process.communicate(timeout=60)
   found = checkpoint.restore_latest(checkpoint.make_manager(checkpoints), with_data=True)
   assert found is not None and found[0] >= 1
-  resumed = subprocess.run(_train_command(workdir, src, tgt, '--num_steps', str(found[0] + 1)),
+  resumed = subprocess.run(_train_command(workdir, src, tgt, '--num-steps', str(found[0] + 1)),
                            capture_output=True, text=True, timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
 

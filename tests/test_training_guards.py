@@ -63,7 +63,7 @@ def test_a_workdir_that_cannot_be_made_is_a_one_line_error(tmp_path):
 def test_resuming_on_changed_data_names_the_change_or_resets_the_stream(tmp_path, caplog):
   train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=2), TEXT)
   with pytest.raises(train.TrainingError, match=r'^the training data changed since the checkpoint '
-                     r'\(seed 0 -> 1\): .* or pass --reset_data'):
+                     r'\(seed 0 -> 1\): .* or pass --reset-data'):
     train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=4, seed=1), TEXT)
   with caplog.at_level('INFO', logger='jaxformer.train'):
     summary = train.train_and_evaluate(

@@ -16,6 +16,6 @@ def get_config() -> dict:
       'model': config_lib.base(vocab_size=37000),
       'train': {'num_steps': 100_000, 'tokens_per_batch': 25_000, 'average_last': 5,
                 'checkpoint_every_secs': 600.0,
-                'require_accelerator': True},  # a GPU recipe: --allow_cpu to train on CPU
+                'require_accelerator': True},  # a GPU recipe: --allow-cpu to train on CPU
       'data': {'source': 'wmt14', 'target_language': 'de'},
   }

@@ -13,6 +13,6 @@ def get_config() -> dict:
       'model': config_lib.big(vocab_size=32000).replace(dropout_rate=0.1),
       'train': {'num_steps': 300_000, 'tokens_per_batch': 25_000, 'average_last': 20,
                 'checkpoint_every_secs': 600.0,
-                'require_accelerator': True},  # a GPU recipe: --allow_cpu to train on CPU
+                'require_accelerator': True},  # a GPU recipe: --allow-cpu to train on CPU
       'data': {'source': 'wmt14', 'target_language': 'fr'},
   }

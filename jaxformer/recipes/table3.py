@@ -10,10 +10,10 @@ checkpoint averaging; its perplexities are per word-piece.
 """
 
 import dataclasses
-import functools
 from typing import Any
 
 from jaxformer import config as config_lib
+from jaxformer.model import parameter_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,18 +65,6 @@ def variant_config(name: str, vocab_size: int = 37000) -> config_lib.Transformer
 def train_overrides(name: str) -> dict[str, Any]:
   """Training settings that differ from the base recipe (the paper trains big for 300k steps)."""
   return {'num_steps': VARIANTS[name].steps, 'average_last': 20} if name == 'big' else {}
-
-
-@functools.cache
-def parameter_count(cfg: config_lib.TransformerConfig) -> int:
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from jaxformer.model import Transformer  # pylint: disable=g-import-not-at-top
-
-  dummy = jnp.ones((1, 1), jnp.int32)
-  shapes = jax.eval_shape(Transformer(cfg).init, jax.random.key(0), dummy, dummy)
-  return sum(x.size for x in jax.tree.leaves(shapes))
 
 
 def markdown_table(vocab_size: int = 37000) -> str:
