@@ -177,8 +177,8 @@ def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accu
   tokens = rows * length
   model_flops = flops.train_flops(cfg, rows, length, length)
   result = {
-      'devices': devices, 'dtype': jnp.dtype(cfg.dtype).name, 'attention': cfg.attention,
-      'remat': cfg.remat, 'rows': rows, 'row_len': length, 'accum_steps': accum_steps,
+      'devices': devices, 'dtype': jnp.dtype(cfg.execution.dtype).name,
+      'attention': cfg.execution.attention, 'remat': cfg.execution.remat, 'rows': rows, 'row_len': length, 'accum_steps': accum_steps,
       'target_tokens_per_step': tokens, 'compile_s': round(compile_s, 2),
       'timed_steps': timed_steps, 'step_s_median': round(median, 4),
       'step_s_range': [round(min(times), 4), round(max(times), 4)],
@@ -220,7 +220,8 @@ def bench_train(data_dir: pathlib.Path, *, fast_path: bool | None = None,
   results = {'matmul_peak': peak, 'fast_path': use_fast}
   for name, preset, rows, length, accum, remat, timed in cases:
     cfg = getattr(config, preset)()
-    cfg = (config.fast_path(cfg, 'gpu') if use_fast else cfg).replace(remat=remat)
+    cfg = cfg.replace(execution=config.fast_path(cfg, 'gpu')) if use_fast else cfg
+    cfg = cfg.run_as(remat=remat)
     result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'])
     if preset in PAPER_RECIPES:  # at this speed, the paper's recipe would take this long
       result['paper_recipe_hours'] = round(
@@ -256,7 +257,8 @@ def bench_memory(data_dir: pathlib.Path, preset: str = 'big', rows: int = 100,
   del data_dir
   results = {}
   for remat, accum in cases:  # (remat, micro-batches)
-    cfg = config.fast_path(getattr(config, preset)(), 'gpu').replace(remat=remat)
+    cfg = getattr(config, preset)()
+    cfg = cfg.replace(execution=config.fast_path(cfg, 'gpu')).run_as(remat=remat)
     state = jax.eval_shape(lambda cfg=cfg: train.create_train_state(cfg, jax.random.key(0)))
     batch = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype)
              for k, v in _random_batch(1, rows, row_len, cfg.vocab_size).items()}

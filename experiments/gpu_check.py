@@ -50,7 +50,7 @@ def _reversal_batches(count: int, devices: int, seed: int = 0) -> list[dict[str,
 
 def check_fused_attention() -> str:
   """Fused and einsum attention agree in bfloat16 on padded rows."""
-  cfg = config.fast_path(CFG, 'gpu')  # bfloat16 + fused attention, whatever the backend
+  cfg = CFG.replace(execution=config.fast_path(CFG, 'gpu'))  # bf16 + fused, any backend
   rng = np.random.default_rng(1)
   src = rng.integers(3, CFG.vocab_size, (8, 24)).astype(np.int32)
   tgt = rng.integers(3, CFG.vocab_size, (8, 20)).astype(np.int32)
@@ -58,7 +58,7 @@ def check_fused_attention() -> str:
   params = Transformer(cfg).init(jax.random.key(0), src[:1], tgt[:1])['params']
   logits = {}
   for attention in ('fused', 'einsum'):
-    forward = jax.jit(Transformer(cfg.replace(attention=attention)).apply)
+    forward = jax.jit(Transformer(cfg.run_as(attention=attention)).apply)
     logits[attention] = np.asarray(forward({'params': params}, src, tgt), np.float32)[tgt > 0]
     if attention == 'fused':
       program = forward.lower({'params': params}, src, tgt).compile().as_text().lower()
@@ -73,7 +73,8 @@ def check_fused_attention() -> str:
 def check_training(steps: int) -> tuple[str, dict]:
   """The fast path trains: the mean loss of the last 10 steps is under half the first 10's."""
   devices = jax.local_device_count()
-  state = train.create_train_state(config.fast_path(CFG, 'gpu'), jax.random.key(0))
+  state = train.create_train_state(CFG.replace(execution=config.fast_path(CFG, 'gpu')),
+                                   jax.random.key(0))
   p_state, p_rng = parallel.replicate(state), parallel.replicate(jax.random.key(1))
   p_step = jax.pmap(functools.partial(train.train_step, axis_name='batch'),
                     axis_name='batch', donate_argnums=0)
@@ -86,7 +87,7 @@ def check_training(steps: int) -> tuple[str, dict]:
   seconds = time.perf_counter() - start
   first, last = np.mean(losses[:10]), np.mean(losses[-10:])
   detail = (f'loss {first:.2f} -> {last:.2f} in {steps} steps ({seconds:.1f} s, bfloat16, '
-            f'{state.config.attention} attention, {devices} device{"s" * (devices > 1)})')
+            f'{state.config.execution.attention} attention, {devices} device{"s" * (devices > 1)})')
   if not last < first / 2:
     raise AssertionError(detail)
   return detail, parallel.unreplicate(p_state.params)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxformer.config import EXECUTION_FIELDS, TransformerConfig
+from jaxformer.config import Execution, TransformerConfig
 
 log = logging.getLogger(__name__)
 PyTree = Any
@@ -39,17 +39,28 @@ class IncompatibleCheckpointError(CheckpointError):
 
 
 def config_to_dict(config: TransformerConfig) -> dict[str, Any]:
+  """The config as JSON-able fields ('execution' a nested dict, its dtype by name)."""
   fields = dataclasses.asdict(config)
-  fields['dtype'] = jnp.dtype(config.dtype).name
+  fields['execution']['dtype'] = jnp.dtype(config.execution.dtype).name
   return fields
 
 
 def config_from_dict(fields: dict[str, Any]) -> TransformerConfig:
+  """The inverse of config_to_dict; also reads checkpoints of jaxformer 0.1, whose execution
+  fields sat at the top level."""
+  fields = dict(fields)
+  execution = dict(fields.pop('execution', {}))
+  for name in (f.name for f in dataclasses.fields(Execution)):
+    if name in fields:
+      execution[name] = fields.pop(name)
   known = {f.name for f in dataclasses.fields(TransformerConfig)}
-  unknown = sorted(set(fields) - known)
+  unknown = sorted(set(fields) - known) + sorted(
+      set(execution) - {f.name for f in dataclasses.fields(Execution)})
   if unknown:
     raise CheckpointError(f'checkpoint config has fields this jaxformer does not know: {unknown}')
-  return TransformerConfig(**{**fields, 'dtype': jnp.dtype(fields['dtype'])})
+  if 'dtype' in execution:
+    execution['dtype'] = jnp.dtype(execution['dtype'])
+  return TransformerConfig(**fields, execution=Execution(**execution))
 
 
 def make_meta(config: TransformerConfig, spm_model: bytes) -> dict[str, Any]:
@@ -66,13 +77,13 @@ def spm_model_bytes(meta: dict[str, Any]) -> bytes:
 def check_compatible(meta: dict[str, Any], where: str, *, config: TransformerConfig,
                      spm_model: bytes) -> None:
   """Raises IncompatibleCheckpointError naming every config field (and the vocabulary) that
-  differs between the checkpoint at `where` and this run. Fields that only change how the model
-  is computed (config.EXECUTION_FIELDS, e.g. the compute dtype) may differ."""
-  saved = meta['config']
+  differs between the checkpoint at `where` and this run. How the model is computed (its
+  `execution`, e.g. the compute dtype) may differ."""
+  saved = config_to_dict(config_from_dict(meta['config']))
   now = config_to_dict(config)
   diffs = [f'{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}'
            for k in sorted(set(saved) | set(now))
-           if saved.get(k) != now.get(k) and k not in EXECUTION_FIELDS]
+           if saved.get(k) != now.get(k) and k != 'execution']
   if meta['spm_sha256'] != hashlib.sha256(spm_model).hexdigest():
     diffs.append('the sentencepiece vocabulary differs')
   if diffs:
@@ -135,7 +146,7 @@ def save(manager: ocp.CheckpointManager, step: int, *, params: PyTree, meta: dic
 def _restore_items(manager: ocp.CheckpointManager, step: int, items: dict[str, Any]) -> dict:
   try:
     return dict(manager.restore(step, args=ocp.args.Composite(**items)))
-  except Exception as e:  # orbax raises many types for damaged files  # pylint: disable=broad-except
+  except Exception as e:  # pylint: disable=broad-except  (orbax raises many types)
     raise CheckpointError(f'checkpoint {manager.directory / str(step)} cannot be restored '
                           f'({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ""})'
                           ) from None

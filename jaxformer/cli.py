@@ -121,7 +121,7 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
         help="train the paper's recipes even on a CPU backend (= --no-require-accelerator)")
   group.add_argument('--remat', action='store_true',
                      help='recompute layer activations in the backward pass (= --set '
-                     'model.remat=true)')
+                     'model.execution.remat=true)')
   group = parser.add_argument_group('multi-host (jax.distributed)')
   group.add_argument('--distributed', action='store_true',
                      help='call jax.distributed.initialize (auto-detects on SLURM, TPU, ...)')
@@ -142,12 +142,12 @@ def experiment(args: argparse.Namespace):
   shortcuts += [f'train.{name}={getattr(args, name)}' for name in train_fields
                 if name != 'workdir' and getattr(args, name, None) is not None]
   shortcuts += ['train.require_accelerator=false'] * args.allow_cpu
-  shortcuts += ['model.remat=true'] * args.remat
+  shortcuts += ['model.execution.remat=true'] * args.remat
   return recipes.override(recipe, shortcuts + args.assignments)
 
 
 def _train(args: argparse.Namespace) -> int:
-  from jaxformer import checkpoint, data, parallel, recipes, train  # pylint: disable=g-import-not-at-top
+  from jaxformer import checkpoint, data, parallel, recipes, train  # noqa  (imports jax: slow)
 
   _setup_logging()
   if args.distributed or args.coordinator_address:

@@ -8,6 +8,27 @@ import jax.numpy as jnp
 
 
 @dataclasses.dataclass(frozen=True)
+class Execution:
+  """How the model is computed, not what it computes: it may differ between the run that saved
+  a checkpoint and the one that loads it (the compatibility check ignores it). `fast_path`
+  picks one per backend."""
+
+  dtype: Any = jnp.float32    # compute dtype; params, softmax, LayerNorm, loss: float32
+  attention: str = 'einsum'   # 'einsum', or 'fused': jax.nn.dot_product_attention (cuDNN's
+                              # fused kernel on GPU; no attention dropout)
+  remat: bool = False         # recompute each layer's activations in the backward pass
+  loss_chunk: int = 1024      # positions per chunk of the training softmax and loss
+
+  def __post_init__(self):
+    if self.attention not in ('einsum', 'fused'):
+      raise ValueError(f"attention must be 'einsum' or 'fused', got {self.attention!r}.")
+    if jnp.dtype(self.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+      raise ValueError(f'dtype must be float32 or bfloat16, got {self.dtype}.')
+    if self.loss_chunk < 1:
+      raise ValueError(f'loss_chunk must be >= 1, got {self.loss_chunk}.')
+
+
+@dataclasses.dataclass(frozen=True)
 class TransformerConfig:
   """Hyperparameters of the encoder-decoder Transformer (Vaswani et al., 2017)."""
 
@@ -32,13 +53,7 @@ class TransformerConfig:
   adam_eps: float = 1e-9             # Adam epsilon (§5.3)
   grad_clip_norm: float | None = None  # global-norm clipping; the paper uses none
   weight_decay: float = 0.0          # decoupled (AdamW) weight decay; the paper uses none
-  # How the model is computed, not what it computes (EXECUTION_FIELDS: may differ between the
-  # run that saved a checkpoint and the one that loads it). `fast_path` picks them per backend.
-  dtype: Any = jnp.float32           # compute dtype; params, softmax, LayerNorm, loss: float32
-  attention: str = 'einsum'          # 'einsum', or 'fused': jax.nn.dot_product_attention
-                                     # (cuDNN fused attention on GPU; no attention dropout)
-  remat: bool = False                # recompute each layer's activations in the backward pass
-  loss_chunk: int = 1024             # positions per chunk of the training softmax and loss
+  execution: Execution = Execution()  # how it is computed (dtype, attention kernel, remat)
 
   def __post_init__(self):
     if self.d_model % self.num_heads and (self.qk_dim is None or self.v_dim is None):
@@ -46,16 +61,12 @@ class TransformerConfig:
                        f'{self.num_heads}: set qk_dim and v_dim.')
     if self.attention_window is not None and self.attention_window < 0:
       raise ValueError(f'attention_window must be >= 0, got {self.attention_window}.')
-    if self.attention not in ('einsum', 'fused'):
-      raise ValueError(f"attention must be 'einsum' or 'fused', got {self.attention!r}.")
-    if self.attention == 'fused' and self.key_dim != self.value_dim:
+    if self.execution.attention == 'fused' and self.key_dim != self.value_dim:
       raise ValueError(f'fused attention needs d_k == d_v, got {self.key_dim} and '
                        f"{self.value_dim}: use attention='einsum'.")
-    if self.attention == 'fused' and self.attention_dropout_rate:
+    if self.execution.attention == 'fused' and self.attention_dropout_rate:
       raise ValueError('fused attention has no attention dropout: set attention_dropout_rate=0 '
                        "or attention='einsum'.")
-    if jnp.dtype(self.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-      raise ValueError(f'dtype must be float32 or bfloat16, got {self.dtype}.')
 
   @property
   def key_dim(self) -> int:
@@ -71,18 +82,20 @@ class TransformerConfig:
     """A copy with some fields changed."""
     return dataclasses.replace(self, **changes)
 
+  def run_as(self, **changes: Any) -> 'TransformerConfig':
+    """A copy computed differently: some fields of `execution` changed."""
+    return self.replace(execution=dataclasses.replace(self.execution, **changes))
 
-EXECUTION_FIELDS = ('dtype', 'attention', 'remat', 'loss_chunk')
 
-
-def fast_path(config: TransformerConfig, backend: str | None = None) -> TransformerConfig:
-  """The config computed the fast way for `backend` (default: jax's): on GPU, bfloat16 compute
+def fast_path(config: TransformerConfig, backend: str | None = None) -> Execution:
+  """How `config` computes fastest on `backend` (default: jax's): on GPU, bfloat16 compute
   (float32 params, LayerNorm, softmax and loss) and fused attention when attention dropout is
-  off; unchanged elsewhere (on CPU, float32 einsum attention is the faster path)."""
+  off; elsewhere its own execution (on CPU, float32 einsum attention is the faster path)."""
   if (backend or jax.default_backend()) != 'gpu':
-    return config
+    return config.execution
   fused = not config.attention_dropout_rate and config.key_dim == config.value_dim
-  return config.replace(dtype=jnp.bfloat16, attention='fused' if fused else 'einsum')
+  return dataclasses.replace(config.execution, dtype=jnp.bfloat16,
+                             attention='fused' if fused else 'einsum')
 
 
 def base(vocab_size: int = 37000) -> TransformerConfig:

@@ -58,7 +58,8 @@ class MultiHeadAttention(nn.Module):
 
   def setup(self):
     cfg = self.config
-    dense = functools.partial(nn.DenseGeneral, dtype=cfg.dtype, kernel_init=_dense_init)
+    dense = functools.partial(nn.DenseGeneral, dtype=cfg.execution.dtype,
+                              kernel_init=_dense_init)
     self.query = dense(features=(cfg.num_heads, cfg.key_dim))
     self.key = dense(features=(cfg.num_heads, cfg.key_dim))
     self.value = dense(features=(cfg.num_heads, cfg.value_dim))
@@ -73,7 +74,7 @@ class MultiHeadAttention(nn.Module):
                deterministic: bool) -> Array:
     """Attends from x [B, T, D] to kv (from `project_kv`) where mask [B, 1, T, L] is True."""
     q = self.query(x) * self.config.key_dim ** -0.5  # [B, T, H, K]
-    if self.config.attention == 'fused':  # cuDNN's fused kernel where it applies (GPU)
+    if self.config.execution.attention == 'fused':  # cuDNN's fused kernel where it applies (GPU)
       heads = jax.nn.dot_product_attention(q, kv['k'], kv['v'], mask=mask, scale=1.0)
       return self.out(heads)  # [B, T, D]
     # Heads-first operands make both products plain batched matmuls, which XLA:CPU runs
@@ -82,7 +83,7 @@ class MultiHeadAttention(nn.Module):
     logits = jnp.einsum('BHTK,BHLK->BHTL', q, k,
                         preferred_element_type=jnp.float32)  # [B, H, T, L]
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(logits, axis=-1).astype(self.config.dtype)  # [B, H, T, L]
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.config.execution.dtype)  # [B, H, T, L]
     self.sow('intermediates', 'attention_weights', weights)  # only kept when asked for
     weights = self.dropout(weights, deterministic=deterministic)
     heads = jnp.einsum('BHTL,BHLJ->BHTJ', weights, v)  # [B, H, T, J]
@@ -96,7 +97,7 @@ class FeedForward(nn.Module):
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
     cfg = self.config
-    dense = functools.partial(nn.Dense, dtype=cfg.dtype, kernel_init=_dense_init)
+    dense = functools.partial(nn.Dense, dtype=cfg.execution.dtype, kernel_init=_dense_init)
     h = nn.relu(dense(cfg.d_ff)(x))  # [B, T, F]
     h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
     return dense(cfg.d_model)(h)  # [B, T, D]
@@ -169,16 +170,17 @@ class DecoderLayer(nn.Module):
   def init_cache(self, encoded: Array, max_len: int) -> Cache:
     """Empty self-attention keys/values for max_len positions; cross ones computed once."""
     cfg, batch = self.config, encoded.shape[0]
-    empty = lambda dim: jnp.zeros((batch, max_len, cfg.num_heads, dim), cfg.dtype)  # noqa: E731
+    def empty(dim: int) -> Array:
+      return jnp.zeros((batch, max_len, cfg.num_heads, dim), cfg.execution.dtype)
     return {'self': {'k': empty(cfg.key_dim), 'v': empty(cfg.value_dim)},
             'cross': self.cross_attention.project_kv(encoded)}
 
 
 def _maybe_remat(layer: type[nn.Module], config: TransformerConfig, *,
                  deterministic_argnum: int) -> type[nn.Module]:
-  """The layer, rematerialised in the backward pass if config.remat (activation memory of one
+  """The layer, rematerialised in the backward pass if execution.remat (activation memory of one
   layer instead of N, for a second forward pass). Param names do not change."""
-  if not config.remat:
+  if not config.execution.remat:
     return layer
   return nn.remat(layer, static_argnums=(deterministic_argnum,))  # self is argument 0
 
@@ -199,7 +201,7 @@ class InputEmbedding(nn.Module):
       pe = jnp.take(table, positions, axis=0, mode='fill', fill_value=jnp.nan)  # [B, T, D]
     else:
       pe = sinusoidal_positions(positions, cfg.d_model)  # [B, T, D]
-    x = self.embed(tokens) * cfg.d_model ** 0.5 + pe.astype(cfg.dtype)
+    x = self.embed(tokens) * cfg.d_model ** 0.5 + pe.astype(cfg.execution.dtype)
     return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
 
 
@@ -280,7 +282,7 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    self.embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.dtype,
+    self.embed = nn.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.execution.dtype,
                           embedding_init=nn.initializers.normal(stddev=cfg.d_model ** -0.5))
     self.encoder = Encoder(cfg, self.embed)
     self.decoder = Decoder(cfg, self.embed)

@@ -83,9 +83,9 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
       hidden = _apply(state, params, micro_batch, deterministic=False, return_hidden=True,
                       rngs={'dropout': micro_rng})
       loss_sum, weight_sum, correct = losses.chunked_smoothed_cross_entropy(
-          hidden.astype(state.config.dtype), params['embed']['embedding'],
+          hidden.astype(state.config.execution.dtype), params['embed']['embedding'],
           micro_batch['tgt_out'], micro_batch['weights'], state.config.label_smoothing,
-          chunk=state.config.loss_chunk)
+          chunk=state.config.execution.loss_chunk)
       return loss_sum, (weight_sum, correct)
     (loss_sum, (weight_sum, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return grads, jnp.stack([loss_sum, weight_sum, correct])
@@ -244,8 +244,9 @@ def run_facts(config: TransformerConfig, tc: TrainConfig, *, src_len: int, tgt_l
   slots = rows * tc.accum_steps * jax.device_count()  # rows per update, all devices
   return {'devices': parallel.devices_line(), 'backend': jax.default_backend(),
           'device_count': jax.device_count(), 'process_count': jax.process_count(),
-          'dtype': jnp.dtype(config.dtype).name, 'attention': config.attention,
-          'remat': config.remat, 'source_tokens_per_update': slots * src_len,
+          'dtype': jnp.dtype(config.execution.dtype).name,
+          'attention': config.execution.attention, 'remat': config.execution.remat,
+          'source_tokens_per_update': slots * src_len,
           'target_tokens_per_update': slots * tgt_len, 'accum_steps': tc.accum_steps,
           'rows_per_device': rows, 'row_lengths': [src_len, tgt_len]}
 
@@ -365,7 +366,7 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
   init_rng, rng = jax.random.split(jax.random.key(tc.seed))
   # Checkpoints record `config`; the steps run `run_config` (execution fields may differ).
   use_fast_path = jax.default_backend() == 'gpu' if tc.fast_path is None else tc.fast_path
-  run_config = fast_path(config, 'gpu') if use_fast_path else config
+  run_config = config.replace(execution=fast_path(config, 'gpu')) if use_fast_path else config
   state = create_train_state(run_config, init_rng)
   manager = checkpoint.make_manager(workdir / 'checkpoints',
                                     max_to_keep=max(tc.keep_checkpoints, tc.average_last, 1))

@@ -151,7 +151,7 @@ def test_dropout_is_active_only_in_training(tiny_model):
 
 def test_bfloat16_compute_keeps_float32_params_and_logits(tiny_config, tiny_model):
   _, params = tiny_model
-  model = Transformer(tiny_config.replace(dtype=jnp.bfloat16))
+  model = Transformer(tiny_config.run_as(dtype=jnp.bfloat16))
   logits = model.apply({'params': params}, SRC, TGT)
   assert logits.dtype == jnp.float32
   full = Transformer(tiny_config).apply({'params': params}, SRC, TGT)

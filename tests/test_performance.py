@@ -97,7 +97,7 @@ def _dot_flops(jaxpr) -> int:
 # Unequal d_k and d_v, source and target lengths: each term of the count is checked.
 FLOPS_CONFIG = config_lib.TransformerConfig(
     vocab_size=97, num_layers=2, d_model=24, d_ff=40, num_heads=3, qk_dim=4, v_dim=6,
-    dropout_rate=0.0, loss_chunk=16)
+    dropout_rate=0.0, execution=config_lib.Execution(loss_chunk=16))
 
 
 def _flops_batch(rows=2, src_len=7, tgt_len=5):
@@ -155,7 +155,7 @@ def test_fused_attention_agrees_with_einsum_attention(tiny_model, tiny_config):
   real = np.asarray(inputs['tgt_segments'] > 0)
   outputs = {}
   for attention in ('einsum', 'fused'):
-    cfg = tiny_config.replace(attention=attention)
+    cfg = tiny_config.run_as(attention=attention)
     logits = Transformer(cfg).apply({'params': params}, **inputs)
     greedy = evaluate.search(params, inputs['src'][1:], jnp.array([9]), config=cfg, max_len=10,
                              beam_size=1, alpha=0.6)
@@ -171,7 +171,7 @@ def test_remat_changes_neither_params_nor_loss_nor_gradients():
   params = train.create_train_state(cfg, jax.random.key(0)).params
   results = []
   for remat in (False, True):
-    model = Transformer(cfg.replace(remat=remat))  # the same params fit both: names unchanged
+    model = Transformer(cfg.run_as(remat=remat))  # the same params fit both: names unchanged
 
     def loss(p, model=model):
       logits = model.apply({'params': p}, batch['src'], batch['tgt_in'], deterministic=False,
@@ -190,7 +190,7 @@ def test_bfloat16_trains_and_stays_close_to_float32():
   batch = reverse_batch(np.random.default_rng(0), batch=16, length=8, vocab=32)
   curves = {}
   for dtype in (jnp.float32, jnp.bfloat16):
-    state = train.create_train_state(cfg.replace(dtype=dtype), jax.random.key(0))
+    state = train.create_train_state(cfg.run_as(dtype=dtype), jax.random.key(0))
     step = jax.jit(train.train_step)
     curve = []
     for i in range(60):
@@ -207,7 +207,7 @@ def test_bfloat16_trains_and_stays_close_to_float32():
 def test_bfloat16_keeps_layer_norm_softmax_and_logits_in_float32(tiny_model, tiny_config):
   _, params = tiny_model
   inputs = _packed_inputs()
-  cfg = tiny_config.replace(dtype=jnp.bfloat16)
+  cfg = tiny_config.run_as(dtype=jnp.bfloat16)
   logits, state = Transformer(cfg).apply({'params': params}, **inputs,
                                          mutable=['intermediates'])
   hidden = Transformer(cfg).apply({'params': params}, **inputs, return_hidden=True)
@@ -223,24 +223,40 @@ def test_bfloat16_keeps_layer_norm_softmax_and_logits_in_float32(tiny_model, tin
 def test_fast_path_is_bfloat16_and_fused_attention_on_gpu_only():
   base = config_lib.base()
   gpu = config_lib.fast_path(base, 'gpu')
-  assert (gpu.dtype, gpu.attention) == (jnp.bfloat16, 'fused')
-  assert config_lib.fast_path(base, 'cpu') == base
+  assert gpu == config_lib.Execution(dtype=jnp.bfloat16, attention='fused')
+  assert config_lib.fast_path(base, 'cpu') == base.execution == config_lib.Execution()
   # Fused attention has no attention dropout and needs d_k == d_v: einsum then.
   assert config_lib.fast_path(base.replace(attention_dropout_rate=0.1), 'gpu').attention == \
       'einsum'
   assert config_lib.fast_path(base.replace(qk_dim=16), 'gpu').attention == 'einsum'
   with pytest.raises(ValueError, match='no attention dropout'):
-    base.replace(attention='fused', attention_dropout_rate=0.1)
+    base.run_as(attention='fused').replace(attention_dropout_rate=0.1)
   with pytest.raises(ValueError, match="attention must be 'einsum' or 'fused'"):
-    base.replace(attention='flash')
+    base.run_as(attention='flash')
 
 
 def test_checkpoints_accept_other_execution_fields_only():
   meta = checkpoint.make_meta(config_lib.base(), b'spm')
-  fast = config_lib.fast_path(config_lib.base(), 'gpu').replace(remat=True, loss_chunk=4096)
+  fast = config_lib.base().run_as(remat=True, loss_chunk=4096, dtype=jnp.bfloat16)
   checkpoint.check_compatible(meta, 'ckpt', config=fast, spm_model=b'spm')  # no error
   with pytest.raises(checkpoint.IncompatibleCheckpointError, match='d_ff'):
     checkpoint.check_compatible(meta, 'ckpt', config=fast.replace(d_ff=1024), spm_model=b'spm')
+
+
+def test_configs_round_trip_and_old_flat_checkpoint_configs_load():
+  cfg = config_lib.tiny().run_as(dtype=jnp.bfloat16, remat=True)
+  fields = checkpoint.config_to_dict(cfg)
+  assert fields['execution'] == {'dtype': 'bfloat16', 'attention': 'einsum', 'remat': True,
+                                 'loss_chunk': 1024}
+  assert checkpoint.config_from_dict(fields) == cfg
+  # jaxformer 0.1 wrote the execution fields at the top level.
+  old = {k: v for k, v in fields.items() if k != 'execution'}
+  old.update(dtype='float32', attention='einsum', remat=False, loss_chunk=1024)
+  assert checkpoint.config_from_dict(old) == config_lib.tiny()
+  checkpoint.check_compatible({'config': old, 'spm_sha256': checkpoint.make_meta(
+      cfg, b'x')['spm_sha256']}, 'old', config=cfg, spm_model=b'x')  # execution ignored
+  with pytest.raises(checkpoint.CheckpointError, match=r"does not know: \['colour'\]"):
+    checkpoint.config_from_dict({**fields, 'colour': 'red'})
 
 
 # --- prefetching ----------------------------------------------------------------------------------

@@ -176,11 +176,11 @@ def test_resumes_with_the_fast_path_and_remat(trained, tmp_path):
   """Execution fields (bf16, fused attention, remat) may differ from the checkpoint's run."""
   workdir = tmp_path / 'w'
   shutil.copytree(trained, workdir)
-  summary = train.train_and_evaluate(CFG.replace(remat=True),
+  summary = train.train_and_evaluate(CFG.run_as(remat=True),
                                      _tc(workdir, num_steps=8, fast_path=True), TEXT)
   assert summary['step'] == 8 and np.isfinite(summary['train']['loss'])
   _, saved_config, _, step = checkpoint.load(workdir)
-  assert step == 8 and saved_config == CFG.replace(remat=True)  # as given, not as run (bf16)
+  assert step == 8 and saved_config == CFG.run_as(remat=True)  # as given, not as run (bf16)
 
 
 def test_a_damaged_checkpoint_falls_back_to_the_previous_one(trained, tmp_path, caplog):

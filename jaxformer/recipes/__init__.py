@@ -95,9 +95,18 @@ _NOT_SETTABLE = {'train': ('workdir',)}  # given by its own flag
 
 
 def settable(section: str) -> list[str]:
-  """The field names `--set section.NAME=...` accepts."""
-  return [f.name for f in dataclasses.fields(_SECTIONS[section])
-          if f.name not in _NOT_SETTABLE.get(section, ())]
+  """The names `--set section.NAME=...` accepts (a nested dataclass's fields as 'outer.inner',
+  e.g. model.execution.dtype)."""
+  names = []
+  hints = typing.get_type_hints(_SECTIONS[section])
+  for field in dataclasses.fields(_SECTIONS[section]):
+    if field.name in _NOT_SETTABLE.get(section, ()):
+      continue
+    if dataclasses.is_dataclass(hints[field.name]):
+      names += [f'{field.name}.{inner.name}' for inner in dataclasses.fields(hints[field.name])]
+    else:
+      names.append(field.name)
+  return names
 
 
 def _field(cls: type, section: str, name: str) -> Any:
@@ -105,7 +114,20 @@ def _field(cls: type, section: str, name: str) -> Any:
   if name not in settable(section):
     raise DataError(f'unknown setting {section}.{name}; valid {section} settings: '
                     f'{", ".join(settable(section))}.')
-  return typing.get_type_hints(cls)[name]
+  outer, _, inner = name.partition('.')
+  hint = typing.get_type_hints(cls)[outer]
+  return typing.get_type_hints(hint)[inner] if inner else hint
+
+
+def _replace(obj: Any, changes: dict[str, Any]) -> Any:
+  """`obj` with `changes` applied; 'outer.inner' names change a nested dataclass."""
+  nested: dict[str, dict[str, Any]] = {}
+  for name in [n for n in changes if '.' in n]:
+    outer, _, inner = name.partition('.')
+    nested.setdefault(outer, {})[inner] = changes.pop(name)
+  for outer, inner in nested.items():
+    changes[outer] = dataclasses.replace(getattr(obj, outer), **inner)
+  return dataclasses.replace(obj, **changes)
 
 
 def parse_value(hint: Any, text: str) -> Any:
@@ -152,8 +174,8 @@ def override(recipe: Recipe, assignments: Sequence[str]) -> Recipe:
     except ValueError as e:
       raise DataError(f'--set {key}: {e}, got {text!r}.') from None
   try:
-    return Recipe(recipe.model.replace(**changes['model']), {**recipe.train, **changes['train']},
-                  dataclasses.replace(recipe.data, **changes['data']))
+    return Recipe(_replace(recipe.model, changes['model']), {**recipe.train, **changes['train']},
+                  _replace(recipe.data, changes['data']))
   except ValueError as e:
     raise DataError(f'--set: {e}') from None
 
