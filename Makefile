@@ -91,7 +91,7 @@ train-multi30k: $(STAMP)
 # Real corpora for benchmarks live beside the repository, never in it.
 SHARED_DATA ?= ../shared/data
 bench: $(STAMP)
-	$(PY) experiments/bench.py --data-dir $(SHARED_DATA) $(ARGS)
+	$(PY) experiments/bench --data-dir $(SHARED_DATA) $(ARGS)
 
 # A new host's first command: the device line, then fused attention, bf16 training, decoding and
 # checkpoints checked on jax's backend, as a pass/fail table (under a minute on 2 CPU cores).

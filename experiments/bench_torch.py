@@ -1,4 +1,4 @@
-"""The PyTorch peer of bench.py's train section: nn.Transformer on the same shapes; prints JSON.
+"""The PyTorch peer of the bench's train section: nn.Transformer on the same shapes; prints JSON.
 
   python experiments/bench_torch.py [--case base --case big] [--compile/--no-compile]
   (make bench runs it beside jaxformer's train cases when torch is installed: pip install
@@ -10,7 +10,7 @@ sqrt(d_model), plus sinusoids), dropout P_drop, label smoothing 0.1, Adam(0.9, 0
 the paper's lrate. nn.Transformer also puts a LayerNorm after each stack (jaxformer's post-LN
 stacks have none): 2 x d_model extra work per token, negligible. bfloat16 autocast on GPU,
 float32 on CPU; torch.compile by default on GPU (--compile to try it elsewhere; a compile that
-fails falls back to eager and says so). Timed as bench.py times jaxformer: the same rows of
+fails falls back to eager and says so). Timed as the bench times jaxformer: the same rows of
 random tokens, two warm-up steps (and compilation) excluded, then the median of the timed steps.
 """
 
@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench import TRAIN_CASES  # noqa: E402  (the cases: one table for both frameworks)
+from bench.train import TRAIN_CASES  # noqa: E402  (the cases: one table for both frameworks)
 from jaxformer import config  # noqa: E402
 
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--case', action='append',
-                      help="only these of bench.py's train cases (repeatable; default: all)")
+                      help="only these of the bench's train cases (repeatable; default: all)")
   parser.add_argument('--compile', action=argparse.BooleanOptionalAction,
                       help='torch.compile the model (default: on GPU only)')
   args = parser.parse_args(argv)

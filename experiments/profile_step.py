@@ -25,7 +25,7 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
 import jax  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import bench  # noqa: E402
+from bench.common import random_batch  # noqa: E402
 from jaxformer import config, parallel, train  # noqa: E402
 
 # (part, pattern on the op's name scope), first match wins.
@@ -53,7 +53,7 @@ def main() -> int:
   cfg = getattr(config, args.preset)()
   state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
   rng = parallel.replicate(jax.random.key(1))
-  batch = parallel.shard(bench._random_batch(1, args.rows, args.row_len, cfg.vocab_size))  # pylint: disable=protected-access
+  batch = parallel.shard(random_batch(1, args.rows, args.row_len, cfg.vocab_size))
   step = jax.pmap(lambda s, b, r: train.train_step(s, b, r, axis_name='batch'),
                   axis_name='batch', donate_argnums=0)
   compiled = step.lower(state, batch, rng).compile()

@@ -161,7 +161,12 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
     return BeamState(step=length, alive_seqs=alive_seqs, alive_log_probs=alive_log_probs,
                      finished_seqs=finished_seqs, finished_scores=finished_scores, cache=cache)
 
-  final = jax.lax.while_loop(cond, body, state)
+  return _results(jax.lax.while_loop(cond, body, state), alpha, num_results)
+
+
+def _results(final: BeamState, alpha: float, num_results: int | None) -> tuple[Array, Array]:
+  """The best (or the num_results best) hypotheses of a finished search, and their scores."""
+  k = final.alive_log_probs.shape[1]
   alive_scores = final.alive_log_probs / length_penalty(final.step, alpha)
   if num_results is None:
     # A sentence with nothing finished (only if max_len < max_lengths): its best live beam.

@@ -3,10 +3,8 @@
 import collections
 import dataclasses
 import functools
-import json
 import logging
 import pathlib
-import signal
 import time
 from typing import Any
 
@@ -14,11 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import tqdm
 from flax import struct
 from flax.training import train_state
 
-from jaxformer import checkpoint, losses, optim, parallel
+from jaxformer import checkpoint, evaluate, loop, losses, optim, parallel
 from jaxformer import data as data_lib
 from jaxformer.config import TransformerConfig, fast_path
 from jaxformer.model import Transformer
@@ -274,7 +271,7 @@ def _data_state(local: dict[str, Any]) -> dict[str, Any]:
                     for row in gathered]}
 
 
-def evaluate(p_eval_step: Any, p_state: TrainState, corpus: Any, *, src_len: int, tgt_len: int,
+def validation_metrics(p_eval_step: Any, p_state: TrainState, corpus: Any, *, src_len: int, tgt_len: int,
              rows_per_device: int) -> dict[str, float]:
   """Loss, perplexity and token accuracy over one pass of `corpus` (all hosts together)."""
   batches = data_lib.PackedBatches(
@@ -302,11 +299,9 @@ def _translate_validation(params: Any, config: TransformerConfig, tokenizer: Any
                           tc: TrainConfig) -> tuple[float | None, str]:
   """(sacreBLEU of the first bleu_sentences validation sentences or None, a markdown table of
   the first sample_translations: source, hypothesis, reference), decoded as in §6.1."""
-  from jaxformer import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
-
   count = max(tc.bleu_sentences, tc.sample_translations)
-  hypotheses = evaluate_lib.Translator(params, config, tokenizer).translate(text.src[:count])
-  bleu = evaluate_lib.sacre_bleu(hypotheses, text.tgt[:tc.bleu_sentences])[0] \
+  hypotheses = evaluate.Translator(params, config, tokenizer).translate(text.src[:count])
+  bleu = evaluate.sacre_bleu(hypotheses, text.tgt[:tc.bleu_sentences])[0] \
       if tc.bleu_sentences else None
   cell = lambda s: s.replace('|', '\\|')  # noqa: E731
   rows = [f'| {cell(src)} | {cell(hyp)} | {cell(ref)} |' for src, hyp, ref in
@@ -323,31 +318,28 @@ def _hparams(config: TransformerConfig, tc: TrainConfig, facts: dict[str, Any]
                       settings, is_leaf=lambda v: v is None or isinstance(v, list))
 
 
-def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: Any,
-                       eval_text: Any | None = None) -> dict[str, Any]:
-  """Trains `config` on `train_text` (a data.ParallelText), resuming from the workdir.
+@dataclasses.dataclass(frozen=True)
+class PreparedData:
+  """The vocabulary and the packed batches of a run."""
+  tokenizer: data_lib.Tokenizer
+  batches: data_lib.PackedBatches
+  eval_corpus: data_lib.TokenizedCorpus | None
+  src_len: int            # packed row lengths
+  tgt_len: int
+  rows: int               # rows per device per micro-batch
 
-  Returns a summary: final step, last train metrics, last evaluation, the newest checkpoint,
-  the averaged checkpoint (if any), and whether training stopped early on SIGTERM/SIGINT.
-  """
-  check_backend(tc)
-  check_settings(config, tc)
+
+def prepare_data(config: TransformerConfig, tc: TrainConfig, train_text: Any,
+                 eval_text: Any | None) -> PreparedData:
+  """Trains (or reuses) the workdir's vocabulary, tokenizes (or reads the cache of) both
+  corpora, and packs this host's share of the training pairs."""
   workdir = pathlib.Path(tc.workdir)
-  try:
-    workdir.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise TrainingError(f'{workdir}: cannot be the workdir ({e.strerror}).') from None
-  is_main = jax.process_index() == 0
-  local_devices = jax.local_device_count()
-
-  # --- vocabulary and data -------------------------------------------------------------------
   tokenizer = data_lib.train_tokenizer(train_text.src + train_text.tgt, workdir / 'spm.model',
                                        config.vocab_size, sample_size=tc.spm_sample_size,
                                        seed=tc.seed)
   if tokenizer.vocab_size != config.vocab_size:
     raise TrainingError(f'{tokenizer.path} has {tokenizer.vocab_size} pieces but the model '
                         f'expects vocab_size={config.vocab_size}.')
-  spm_model = tokenizer.model_proto
   corpus = data_lib.tokenize_corpus(train_text, tokenizer, config.max_len, workdir / 'cache')
   src_len, tgt_len = data_lib.row_lengths(corpus, tc.row_len)
   try:
@@ -357,184 +349,175 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
     raise TrainingError(f'{e} Raise tokens_per_batch or lower accum_steps.') from None
   batches = data_lib.PackedBatches(
       corpus, src_len=src_len, tgt_len=tgt_len, rows_per_device=rows * tc.accum_steps,
-      num_devices=local_devices, seed=tc.seed, process_index=jax.process_index(),
+      num_devices=jax.local_device_count(), seed=tc.seed, process_index=jax.process_index(),
       process_count=jax.process_count())
   eval_corpus = None if eval_text is None else data_lib.tokenize_corpus(
       eval_text, tokenizer, config.max_len, workdir / 'cache')
+  return PreparedData(tokenizer, batches, eval_corpus, src_len, tgt_len, rows)
 
-  # --- state: fresh, or the newest checkpoint ------------------------------------------------
+
+def run_config(config: TransformerConfig, tc: TrainConfig) -> TransformerConfig:
+  """The config the steps compute with: the fast path's execution when it is on."""
+  on = jax.default_backend() == 'gpu' if tc.fast_path is None else tc.fast_path
+  return config.replace(execution=fast_path(config, 'gpu')) if on else config
+
+
+def init_or_restore(config: TransformerConfig, tc: TrainConfig, prepared: PreparedData,
+                    manager: Any) -> tuple[TrainState, Array]:
+  """A fresh state and rng, or the newest compatible checkpoint's (the data stream moved to its
+  position). The state computes with run_config; checkpoints record `config` as given."""
   init_rng, rng = jax.random.split(jax.random.key(tc.seed))
-  # Checkpoints record `config`; the steps run `run_config` (execution fields may differ).
-  use_fast_path = jax.default_backend() == 'gpu' if tc.fast_path is None else tc.fast_path
-  run_config = config.replace(execution=fast_path(config, 'gpu')) if use_fast_path else config
-  state = create_train_state(run_config, init_rng)
-  manager = checkpoint.make_manager(workdir / 'checkpoints',
-                                    max_to_keep=max(tc.keep_checkpoints, tc.average_last, 1))
+  state = create_train_state(run_config(config, tc), init_rng)
   found = checkpoint.restore_latest(
       manager, params=state.params, train=_train_item(state, rng), with_data=True,
-      check=functools.partial(checkpoint.check_compatible, config=config, spm_model=spm_model))
-  if found is not None:
-    step, restored = found
-    train_item = restored['train']
-    state = state.replace(params=restored['params'], opt_state=train_item['opt_state'],
-                          step=train_item['step'])
-    rng = jax.random.wrap_key_data(train_item['rng'])
-    resume_data(batches, restored['data']['hosts'], tc)
-    log.info('resumed from step %d (%s)', step, manager.directory / str(step))
-  start_step = int(state.step)
-  meta = checkpoint.make_meta(config, spm_model)
-  facts = run_facts(run_config, tc, src_len=src_len, tgt_len=tgt_len, rows=rows)
-  log.info('training on %s', describe_run(facts))
+      check=functools.partial(checkpoint.check_compatible, config=config,
+                              spm_model=prepared.tokenizer.model_proto))
+  if found is None:
+    return state, rng
+  step, restored = found
+  train_item = restored['train']
+  state = state.replace(params=restored['params'], opt_state=train_item['opt_state'],
+                        step=train_item['step'])
+  resume_data(prepared.batches, restored['data']['hosts'], tc)
+  log.info('resumed from step %d (%s)', step, manager.directory / str(step))
+  return state, jax.random.wrap_key_data(train_item['rng'])
 
-  p_state = parallel.replicate(state)
-  p_rng = parallel.replicate(rng)
-  p_train_step = jax.pmap(
-      functools.partial(train_step, axis_name='batch', accum_steps=tc.accum_steps,
-                        skip_nonfinite=tc.skip_nonfinite),
-      axis_name='batch', donate_argnums=0)
-  p_eval_step = jax.pmap(eval_step, axis_name='batch')
 
-  def save(step: int, data_state: dict[str, Any]) -> None:
-    host_state = parallel.unreplicate(p_state)
-    checkpoint.save(manager, step, params=host_state.params, meta=meta,
-                    train=_train_item(host_state, rng), data=_data_state(data_state))
-
-  # --- what the user sees ----------------------------------------------------------------------
-  writer = metrics_file = None
-  if is_main:
-    from flax.metrics import tensorboard  # pylint: disable=g-import-not-at-top  (imports TF: slow)
-    writer = tensorboard.SummaryWriter(str(workdir / 'tensorboard'))
-    metrics_file = open(workdir / 'metrics.jsonl', 'a', encoding='utf-8')  # noqa: SIM115
-    metrics_file.write(json.dumps({'step': start_step, 'split': 'run', **facts}) + '\n')
-    writer.text('run', describe_run(facts), start_step)
-    writer.hparams(_hparams(config, tc, facts))
-
-  def report(step: int, scalars: dict[str, float], prefix: str) -> None:
-    if not is_main:
-      return
-    scalars = {name: float(value) for name, value in scalars.items()}
-    for name, value in scalars.items():
-      writer.scalar(f'{prefix}/{name}', value, step)
-    writer.flush()
-    metrics_file.write(json.dumps({'step': step, 'split': prefix, **scalars}) + '\n')
-    metrics_file.flush()
-
-  stop = {'signal': None}
-
-  def on_signal(signum, frame):  # pylint: disable=unused-argument
-    stop['signal'] = signal.Signals(signum).name
-
-  previous_handlers = {sig: signal.signal(sig, on_signal)
-                       for sig in (signal.SIGTERM, signal.SIGINT)}
-
-  # --- the loop ------------------------------------------------------------------------------
-  # Step n's metrics are read only after step n + 1 has been dispatched (or when step n logs,
-  # evaluates or saves), so the accelerator always has the next step queued.
-  summary: dict[str, Any] = {'preempted': False, 'skipped_updates': 0}
-  last_save_time = time.monotonic()
-  interval = collections.defaultdict(float)
-  interval_start = time.monotonic()
-  data_state = batches.get_state()
-  train_metrics: dict[str, float] = {}
-  pending: list[tuple[int, dict[str, Array]]] = []  # dispatched steps whose metrics are unread
-
-  def read_metrics() -> None:
-    """Reads the pending steps' metrics: a non-finite loss stops training (or is counted)."""
-    while pending:
-      step, metrics = pending.pop(0)
-      metrics = jax.device_get(jax.tree.map(lambda x: x[0], metrics))
-      if metrics['nonfinite']:
-        if not tc.skip_nonfinite:
-          latest = manager.latest_step()
-          raise TrainingError(
-              f'non-finite loss ({metrics["loss"]}) at step {step}. The last good checkpoint is '
-              f'{manager.directory / str(latest) if latest is not None else "none (no save yet)"}'
-              '; resume from it with a lower learning rate or --skip-nonfinite.')
-        summary['skipped_updates'] += 1
-        log.warning('step %d: non-finite loss, update skipped (%d so far)', step,
-                    summary['skipped_updates'])
-      for key in ('loss', 'accuracy', 'grad_norm', 'tokens'):
-        interval[key] += metrics[key]
-      interval['steps'] += 1
-      interval['lr'] = metrics['lr']
-      progress.update(1)
-
-  device_batches = parallel.prefetch(batches)
-  progress = tqdm.tqdm(total=tc.num_steps, initial=start_step, desc='training', unit='step',
-                       disable=not is_main, dynamic_ncols=True)
+def _workdir(tc: TrainConfig) -> pathlib.Path:
+  workdir = pathlib.Path(tc.workdir)
   try:
-    for step in range(start_step + 1, tc.num_steps + 1):
-      batch, data_state = next(device_batches)
-      p_state, metrics = p_train_step(p_state, batch, p_rng)
-      read_metrics()  # the previous step's
-      pending.append((step, metrics))
-      log_now = step % tc.log_every_steps == 0 or step == tc.num_steps
-      eval_now = eval_corpus is not None and (step % tc.eval_every_steps == 0
-                                              or step == tc.num_steps)
-      # Step-based saves need no agreement; a signal and the save clock are local, so the
-      # hosts agree on them (one all-gather) only every host_sync_every_steps steps.
-      preempted = timed_save = False
-      if host_sync_due(step, tc, jax.process_count()):
-        preempted, timed_save = parallel.all_hosts(np.array([
-            stop['signal'] is not None,
-            tc.checkpoint_every_secs is not None
-            and time.monotonic() - last_save_time >= tc.checkpoint_every_secs])).any(0)
-      save_now = (step == tc.num_steps or preempted or timed_save or bool(
-          tc.checkpoint_every_steps and step % tc.checkpoint_every_steps == 0))
-      if log_now or eval_now or save_now:
-        read_metrics()  # this step's: never save or report past an unchecked update
+    workdir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise TrainingError(f'{workdir}: cannot be the workdir ({e.strerror}).') from None
+  return workdir
 
-      if log_now:
-        seconds = time.monotonic() - interval_start
-        train_metrics = {key: float(interval[key] / interval['steps'])
-                         for key in ('loss', 'accuracy', 'grad_norm')}
-        train_metrics.update(lr=float(interval['lr']),
-                             tokens_per_s=float(interval['tokens'] / seconds),
-                             steps_per_s=interval['steps'] / seconds,
-                             skipped_updates=summary['skipped_updates'])
-        report(step, train_metrics, 'train')
-        progress.set_postfix(loss=f'{train_metrics["loss"]:.3f}', lr=f'{interval["lr"]:.2e}',
-                             tok_s=f'{train_metrics["tokens_per_s"]:.0f}')
-        interval.clear()
-        interval_start = time.monotonic()
 
-      if eval_now:
-        summary['eval'] = evaluate(p_eval_step, p_state, eval_corpus, src_len=src_len,
-                                   tgt_len=tgt_len, rows_per_device=rows)
-        if (tc.bleu_sentences or tc.sample_translations) and is_main:
-          bleu, samples = _translate_validation(parallel.unreplicate(p_state.params), config,
-                                                tokenizer, eval_text, tc)
-          if bleu is not None:
-            summary['eval']['bleu'] = bleu
-          if tc.sample_translations:
-            writer.text('samples', samples, step)
-        report(step, summary['eval'], 'eval')
+def _agree(guard: loop.PreemptionGuard, last_save: float, tc: TrainConfig) -> tuple[bool, bool]:
+  """(preempted, timed save due) as all hosts agree: one all-gather."""
+  local = [guard.signal is not None, loop.clock_ran_out(last_save, tc.checkpoint_every_secs)]
+  return tuple(bool(x) for x in parallel.all_hosts(np.array(local)).any(0))
 
-      if save_now:
-        save(step, data_state)
-        last_save_time = time.monotonic()
-      if preempted:
-        manager.wait_until_finished()
-        summary['preempted'] = True
-        log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
-                    stop['signal'] or 'stop', step, manager.directory / str(step))
-        break
+
+def _on_skip(step: int, skipped: int) -> None:
+  log.warning('step %d: non-finite loss, update skipped (%d so far)', step, skipped)
+
+
+def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: Any,
+                       eval_text: Any | None = None) -> dict[str, Any]:
+  """Trains `config` on `train_text` (a data.ParallelText), resuming from the workdir.
+
+  Returns a summary: final step, last train metrics, last evaluation, the newest checkpoint,
+  the averaged checkpoint (if any), and whether training stopped early on SIGTERM/SIGINT.
+  """
+  check_backend(tc)
+  check_settings(config, tc)
+  workdir = _workdir(tc)
+  prepared = prepare_data(config, tc, train_text, eval_text)
+  manager = checkpoint.make_manager(workdir / 'checkpoints',
+                                    max_to_keep=max(tc.keep_checkpoints, tc.average_last, 1))
+  state, rng = init_or_restore(config, tc, prepared, manager)
+  start_step = int(state.step)
+  meta = checkpoint.make_meta(config, prepared.tokenizer.model_proto)
+  facts = run_facts(state.config, tc, src_len=prepared.src_len, tgt_len=prepared.tgt_len,
+                    rows=prepared.rows)
+  log.info('training on %s', describe_run(facts))
+  p_state, p_rng = parallel.replicate(state), parallel.replicate(rng)
+  p_train_step, p_eval_step = _pmapped_steps(tc)
+  reader = loop.MetricReader(skip_nonfinite=tc.skip_nonfinite, on_skip=_on_skip)
+  summary: dict[str, Any] = {'preempted': False, 'train': {}}
+  last_save = time.monotonic()
+  sink = loop.MetricsSink(workdir, enabled=jax.process_index() == 0, start_step=start_step,
+                          total_steps=tc.num_steps)
+  device_batches = parallel.prefetch(prepared.batches)
+  try:
+    with sink, loop.PreemptionGuard() as guard:
+      sink.start(start_step, facts, describe_run(facts), _hparams(config, tc, facts))
+      for step in range(start_step + 1, tc.num_steps + 1):
+        batch, data_state = next(device_batches)
+        p_state, metrics = p_train_step(p_state, batch, p_rng)
+        sink.progress.update(reader.read())  # the previous step's: the device has this one
+        reader.push(step, metrics)
+        preempted, timed_save = _agree(guard, last_save, tc) if host_sync_due(
+            step, tc, jax.process_count()) else (False, False)
+        now = loop.due(step, tc, evaluating=prepared.eval_corpus is not None,
+                       timed_save=timed_save, preempted=preempted)
+        if now.any:  # never report or save past an unchecked update
+          sink.progress.update(reader.read())
+        if now.log:
+          summary['train'] = _report_train(sink, step, reader.interval())
+        if now.eval:
+          summary['eval'] = _evaluate(p_eval_step, p_state, prepared, eval_text, config, tc,
+                                      sink, step)
+        if now.save:
+          _save(manager, step, parallel.unreplicate(p_state), rng, meta, data_state)
+          last_save = time.monotonic()
+        if preempted:
+          manager.wait_until_finished()
+          summary['preempted'] = True
+          log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
+                      guard.signal or 'stop', step, manager.directory / str(step))
+          break
+  except loop.NonFiniteLoss as e:
+    latest = manager.latest_step()
+    raise TrainingError(
+        f'{e}. The last good checkpoint is '
+        f'{manager.directory / str(latest) if latest is not None else "none (no save yet)"}'
+        '; resume from it with a lower learning rate or --skip-nonfinite.') from None
   finally:
     device_batches.close()
-    progress.close()
     manager.wait_until_finished()
-    for sig, handler in previous_handlers.items():
-      signal.signal(sig, handler)
-    if is_main:
-      writer.close()
-      metrics_file.close()
-
-  summary.update(step=int(parallel.unreplicate(p_state.step)), train=train_metrics,
+  summary.update(step=int(parallel.unreplicate(p_state.step)), skipped_updates=reader.skipped,
                  checkpoint=str(manager.directory / str(manager.latest_step())))
   if tc.average_last and not summary['preempted'] and summary['step'] == tc.num_steps:
-    available = len(manager.all_steps())
-    if available >= tc.average_last:
-      summary['averaged'] = str(checkpoint.save_average(workdir, tc.average_last))
-    else:
-      log.warning('only %d checkpoints: not averaging the last %d.', available, tc.average_last)
+    _average(workdir, manager, tc, summary)
   return summary
+
+
+def _pmapped_steps(tc: TrainConfig) -> tuple[Any, Any]:
+  """The train step (donating its state) and the eval step, pmapped over the local devices."""
+  p_train_step = jax.pmap(
+      functools.partial(train_step, axis_name='batch', accum_steps=tc.accum_steps,
+                        skip_nonfinite=tc.skip_nonfinite), axis_name='batch', donate_argnums=0)
+  return p_train_step, jax.pmap(eval_step, axis_name='batch')
+
+
+def _report_train(sink: loop.MetricsSink, step: int, values: dict[str, float]
+                  ) -> dict[str, float]:
+  sink.scalars(step, 'train', values)
+  sink.progress.set_postfix(loss=f'{values["loss"]:.3f}', lr=f'{values["lr"]:.2e}',
+                            tok_s=f'{values["tokens_per_s"]:.0f}')
+  return values
+
+
+def _save(manager: Any, step: int, state: TrainState, rng: Array, meta: dict[str, Any],
+          data_state: dict[str, Any]) -> None:
+  """Starts an async save of an unreplicated state, with every host's data position."""
+  checkpoint.save(manager, step, params=state.params, meta=meta,
+                  train=_train_item(state, rng), data=_data_state(data_state))
+
+
+def _evaluate(p_eval_step: Any, p_state: TrainState, prepared: PreparedData, eval_text: Any,
+              config: TransformerConfig, tc: TrainConfig, sink: loop.MetricsSink,
+              step: int) -> dict[str, float]:
+  """Validation loss, perplexity and accuracy (all hosts); on process 0 also sacreBLEU and
+  sample translations, as configured. Reported to the sink."""
+  result = validation_metrics(p_eval_step, p_state, prepared.eval_corpus,
+                              src_len=prepared.src_len, tgt_len=prepared.tgt_len,
+                              rows_per_device=prepared.rows)
+  if (tc.bleu_sentences or tc.sample_translations) and sink.enabled:
+    bleu, samples = _translate_validation(parallel.unreplicate(p_state.params), config,
+                                          prepared.tokenizer, eval_text, tc)
+    if bleu is not None:
+      result['bleu'] = bleu
+    if tc.sample_translations:
+      sink.text(step, 'samples', samples)
+  sink.scalars(step, 'eval', result)
+  return result
+
+
+def _average(workdir: pathlib.Path, manager: Any, tc: TrainConfig, summary: dict) -> None:
+  available = len(manager.all_steps())
+  if available >= tc.average_last:
+    summary['averaged'] = str(checkpoint.save_average(workdir, tc.average_last))
+  else:
+    log.warning('only %d checkpoints: not averaging the last %d.', available, tc.average_last)

@@ -58,13 +58,13 @@ def test_readme_python_snippets_run(tmp_path, monkeypatch, shared_data):
 
 
 def test_bench_answers_help():
-  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench.py'), '--help'],
+  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench'), '--help'],
                           capture_output=True, text=True, check=True)
   assert '--only' in result.stdout and 'data' in result.stdout and '--fast-path' in result.stdout
 
 
 def test_bench_train_reports_mfu_against_its_measured_peak():
-  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench.py'), '--only',
+  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench'), '--only',
                            'train', '--train-case', 'tiny'], capture_output=True, text=True,
                           check=True, timeout=300)
   report = json.loads(result.stdout)
@@ -84,16 +84,16 @@ def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):
   """The ratio jaxformer / torch per case, from bench_torch.py's JSON (faked here: torch is an
   optional extra; test_torch_peer_matches_jaxformer checks the peer where torch is installed)."""
   sys.path.insert(0, str(ROOT / 'experiments'))
-  import bench  # pylint: disable=g-import-not-at-top
+  from bench import train as bench_train  # pylint: disable=g-import-not-at-top
   peer = {'torch': 'x', 'cases': {'tiny': {'target_tokens_per_s': 400.0}}}
   calls = []
 
   def fake_run(command, **kwargs):
     calls.append(command)
     return subprocess.CompletedProcess(command, 0, stdout=json.dumps(peer))
-  monkeypatch.setattr(bench.subprocess, 'run', fake_run)
+  monkeypatch.setattr(bench_train.subprocess, 'run', fake_run)
   results = {'tiny': {'target_tokens_per_s': 1000.0}, 'base': {'target_tokens_per_s': 5.0}}
-  assert bench._torch_peer(results, ['tiny', 'base']) == peer  # pylint: disable=protected-access
+  assert bench_train._torch_peer(results, ['tiny', 'base']) == peer  # pylint: disable=protected-access
   assert calls[0][-2:] == ['--case=tiny', '--case=base']
   assert calls[0][1].endswith('experiments/bench_torch.py')
   assert results['tiny']['ratio_to_torch'] == 2.5 and 'ratio_to_torch' not in results['base']
@@ -103,17 +103,12 @@ def test_torch_peer_matches_jaxformer():
   """Where torch is installed (jaxformer[bench]): the peer has jaxformer's parameters plus the
   two stack LayerNorms nn.Transformer adds, the paper's lrate, and times the tiny case."""
   pytest.importorskip('torch')
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
   from jaxformer import optim  # pylint: disable=g-import-not-at-top
-  from jaxformer.model import Transformer  # pylint: disable=g-import-not-at-top
+  from jaxformer.model import parameter_count  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, str(ROOT / 'experiments'))
   import bench_torch  # pylint: disable=g-import-not-at-top
   for cfg in (config.tiny(), config.base()):
-    dummy = jnp.ones((1, 1), jnp.int32)
-    ours = sum(x.size for x in jax.tree.leaves(
-        jax.eval_shape(Transformer(cfg).init, jax.random.key(0), dummy, dummy)))
+    ours = parameter_count(cfg)
     peer = sum(p.numel() for p in bench_torch.PaperTransformer(cfg).parameters())
     assert peer == ours + 2 * 2 * cfg.d_model
     schedule = optim.lrate_schedule(cfg.d_model, cfg.warmup_steps)
@@ -130,9 +125,8 @@ def test_torch_peer_matches_jaxformer():
 
 def test_bench_memory_compiles_the_step_and_reports_its_buffers():
   sys.path.insert(0, str(ROOT / 'experiments'))
-  import bench  # pylint: disable=g-import-not-at-top
-  report = bench.bench_memory(ROOT, preset='tiny', rows=16, row_len=64,
-                              cases=((False, 1), (False, 4)))
+  from bench import memory  # pylint: disable=g-import-not-at-top
+  report = memory.run(preset='tiny', rows=16, row_len=64, cases=((False, 1), (False, 4)))
   assert len(report) == 2
   sizes = {name.split('tokens_')[1]: case['temp_mb'] for name, case in report.items()}
   assert all(case['arguments_mb'] > 0 for case in report.values())

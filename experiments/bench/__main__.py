@@ -1,0 +1,75 @@
+"""Benchmarks; prints one JSON object.
+
+  make bench   (or: python experiments/bench --only train --train-case base)
+Sections, one module each of this package (its docstring says what it measures): data, train,
+checkpoint, memory, decode; common.py holds the timing, matmul-peak, RSS and batch helpers.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+
+if '--devices' in sys.argv:  # before jax starts
+  os.environ['XLA_FLAGS'] = ('--xla_force_host_platform_device_count='
+                             f'{sys.argv[sys.argv.index("--devices") + 1]}')
+sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # experiments/: the bench package
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from bench import checkpoint, data, decode, memory, train  # noqa: E402
+from bench.common import ROOT  # noqa: E402
+
+# Each section, and the options of this command it takes.
+SECTIONS = {
+    'data': (data.run, lambda args: {'data_dir': args.data_dir}),
+    'train': (train.run, lambda args: {'fast_path': args.fast_path, 'only': args.train_case}),
+    'checkpoint': (checkpoint.run, lambda args: {}),
+    'decode': (decode.run, lambda args: {'data_dir': args.data_dir,
+                                         'demo_model': args.demo_model}),
+    'memory': (memory.run, lambda args: {}),
+}
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--only', choices=sorted(SECTIONS), action='append',
+                      help='run only these sections (repeatable); default: all')
+  parser.add_argument('--devices', type=int,
+                      help='simulate this many CPU devices (XLA_FLAGS; set before jax starts)')
+  parser.add_argument('--fast-path', action=argparse.BooleanOptionalAction,
+                      help='train section: bfloat16 compute and fused attention '
+                      '(default: on GPU only)')
+  parser.add_argument('--train-case', action='append',
+                      help='train section: only these cases (repeatable), e.g. base big')
+  parser.add_argument('--demo-model', help='decode section: also time this trained model '
+                      '(e.g. workdirs/demo/average-last5 after make demo)')
+  parser.add_argument('--data-dir', type=pathlib.Path,
+                      default=os.environ.get('JAXFORMER_SHARED_DATA', ROOT.parent / 'shared/data'),
+                      help='folder with multi30k/ and newstest2014/ (default: ../shared/data)')
+  args = parser.parse_args()
+  sections = args.only or sorted(SECTIONS)
+  if {'data', 'decode'} & set(sections) and not (args.data_dir / 'multi30k').is_dir():
+    print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
+    return 2
+  results = {'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+             'machine': {'platform': platform.platform(), 'cpus': os.cpu_count(),
+                         'backend': jax.default_backend(),
+                         'device': jax.devices()[0].device_kind,
+                         'local_devices': jax.local_device_count(),
+                         'python': platform.python_version(), 'jax': jax.__version__,
+                         'numpy': np.__version__}}
+  for name in sections:
+    run, options = SECTIONS[name]
+    results[name] = run(**options(args))
+  print(json.dumps(results, indent=2))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,55 @@
+"""What the sections share: timing, the matmul peak, peak RSS and random full batches."""
+
+import pathlib
+import resource
+import statistics
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def peak_rss_mb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def median_time(fn, runs: int) -> tuple[float, float]:
+  """(compile + first run, median of `runs` more), each ended with block_until_ready."""
+  start = time.perf_counter()
+  jax.block_until_ready(fn())
+  first = time.perf_counter() - start
+  times = []
+  for _ in range(runs):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return first, statistics.median(times)
+
+
+def matmul_peak(dtype: Any, sizes: tuple[int, ...]) -> dict:
+  """FLOP/s of square jnp.dot in `dtype` on one device (median of 5 runs per size); the
+  peak is the best size's."""
+  results = {}
+  dot = jax.jit(jnp.dot)
+  for n in sizes:
+    a = jax.device_put(jnp.ones((n, n), dtype))
+    _, median = median_time(lambda a=a: dot(a, a), runs=5)
+    results[str(n)] = round(2 * n ** 3 / median / 1e9, 1)
+  return {'dtype': jnp.dtype(dtype).name, 'gflops_by_size': results,
+          'peak_gflops': max(results.values())}
+
+
+def random_batch(num_devices: int, rows: int, length: int, vocab: int) -> dict:
+  """Full rows (one segment each) of random tokens: the packed batch at 100% efficiency."""
+  rng = np.random.default_rng(0)
+  shape = (num_devices, rows, length)
+  tokens = rng.integers(3, vocab, size=shape).astype(np.int32)
+  positions = np.broadcast_to(np.arange(length, dtype=np.int32), shape).copy()
+  ones = np.ones(shape, np.int32)
+  return {'src': tokens, 'tgt_in': tokens, 'tgt_out': tokens, 'weights': ones.astype(np.float32),
+          'src_segments': ones, 'tgt_segments': ones, 'src_positions': positions,
+          'tgt_positions': positions}

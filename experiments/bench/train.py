@@ -1,0 +1,114 @@
+"""The train section: the pmap'd train step on random full rows (TRAIN_CASES: tiny, base, big;
+CPU: 2k-4k target tokens per step, GPU: the paper's ~25k): compile time apart, then the median
+of timed steps, tokens/s, steps/s, and MFU: analytic model FLOPs (jaxformer.flops) / step time /
+the peak of a square jnp.dot in the compute dtype measured in the same run. bf16 + fused
+attention on GPU (--fast-path to choose). When torch is installed (jaxformer[bench]),
+bench_torch.py times PyTorch's nn.Transformer on the same cases in the same run:
+`ratio_to_torch` per case."""
+
+import functools
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from bench.common import ROOT, matmul_peak, random_batch
+from jaxformer import config, flops, parallel, train
+
+
+def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accum_steps: int,
+                     timed_steps: int, peak_gflops: float) -> dict:
+  """Median step time of the pmap'd train step on `rows` x `length`-token rows per side, split
+  over the local devices; MFU against `peak_gflops` (one device's) x devices."""
+  devices = jax.local_device_count()
+  state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
+  rng = parallel.replicate(jax.random.key(1))
+  batch = parallel.shard(random_batch(devices, rows // devices, length, cfg.vocab_size))
+  step = jax.pmap(functools.partial(train.train_step, axis_name='batch',
+                                    accum_steps=accum_steps),
+                  axis_name='batch', donate_argnums=0)
+  start = time.perf_counter()
+  compiled = step.lower(state, batch, rng).compile()
+  compile_s = time.perf_counter() - start
+  times = []
+  for i in range(timed_steps + 2):  # two warm-up steps
+    start = time.perf_counter()
+    state, metrics = compiled(state, batch, rng)
+    jax.block_until_ready(metrics)
+    if i >= 2:
+      times.append(time.perf_counter() - start)
+  median = statistics.median(times)
+  tokens = rows * length
+  model_flops = flops.train_flops(cfg, rows, length, length)
+  result = {
+      'devices': devices, 'dtype': jnp.dtype(cfg.execution.dtype).name,
+      'attention': cfg.execution.attention, 'remat': cfg.execution.remat, 'rows': rows, 'row_len': length, 'accum_steps': accum_steps,
+      'target_tokens_per_step': tokens, 'compile_s': round(compile_s, 2),
+      'timed_steps': timed_steps, 'step_s_median': round(median, 4),
+      'step_s_range': [round(min(times), 4), round(max(times), 4)],
+      'steps_per_s': round(1 / median, 3), 'target_tokens_per_s': round(tokens / median, 1),
+      'model_tflops_per_step': round(model_flops / 1e12, 4),
+      'achieved_gflops': round(model_flops / median / 1e9, 1),
+      'mfu': round(model_flops / median / 1e9 / (peak_gflops * devices), 4)}
+  memory = compiled.memory_analysis()  # this step's own buffers, per device
+  if memory is not None:
+    result['step_buffers_gb'] = round(
+        (memory.temp_size_in_bytes + memory.argument_size_in_bytes) / 1e9, 2)
+  return result
+
+
+# What `make bench` times per backend:
+# (name, preset, rows, row length, accum steps, remat, timed steps).
+# CPU: batches of 2k-4k target tokens (the issue's CPU target: base, float32, >= 2048 tokens).
+# GPU: the paper's ~25k target tokens per step, on one device.
+TRAIN_CASES = {
+    'cpu': [('tiny', 'tiny', 32, 64, 1, False, 20), ('base', 'base', 16, 256, 1, False, 3),
+            ('base_accum2', 'base', 16, 256, 2, False, 3),
+            ('base_2k', 'base', 8, 256, 1, False, 3), ('big_2k', 'big', 8, 256, 1, False, 2)],
+    'gpu': [('tiny', 'tiny', 512, 64, 1, False, 20), ('base', 'base', 100, 256, 1, False, 10),
+            ('big', 'big', 100, 256, 1, False, 5), ('big_remat', 'big', 100, 256, 1, True, 5)],
+}
+PAPER_RECIPES = {'base': 100_000, 'big': 300_000}  # steps of ~25k target tokens (§5.2)
+
+
+def run(*, fast_path: bool | None = None, only: list[str] | None = None) -> dict:
+  """Train-step throughput and MFU of the cases for this backend (TRAIN_CASES)."""
+  backend = jax.default_backend()
+  use_fast = backend == 'gpu' if fast_path is None else fast_path
+  cases = [c for c in TRAIN_CASES['gpu' if backend == 'gpu' else 'cpu']
+           if not only or c[0] in only]
+  dtype = config.fast_path(config.base(), 'gpu').dtype if use_fast else jnp.float32
+  peak = matmul_peak(dtype, (2048, 4096, 8192) if backend == 'gpu' else (1024, 2048, 4096))
+  results = {'matmul_peak': peak, 'fast_path': use_fast}
+  for name, preset, rows, length, accum, remat, timed in cases:
+    cfg = getattr(config, preset)()
+    cfg = cfg.replace(execution=config.fast_path(cfg, 'gpu')) if use_fast else cfg
+    cfg = cfg.run_as(remat=remat)
+    result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'])
+    if preset in PAPER_RECIPES:  # at this speed, the paper's recipe would take this long
+      result['paper_recipe_hours'] = round(
+          PAPER_RECIPES[preset] * 25_000 / result['target_tokens_per_s'] / 3600, 2)
+    results[name] = result
+    print(f'train {name}: {result["target_tokens_per_s"]} tokens/s, MFU {result["mfu"]}',
+          file=sys.stderr, flush=True)
+  if importlib.util.find_spec('torch') is not None:
+    results['torch'] = _torch_peer(results, [c[0] for c in cases])
+  return results
+
+
+def _torch_peer(results: dict, names: list[str]) -> dict:
+  """bench_torch.py on the same cases, in a process of its own, and jaxformer / torch per case
+  (added to each case as `ratio_to_torch`)."""
+  command = [sys.executable, str(ROOT / 'experiments' / 'bench_torch.py')]
+  peer = json.loads(subprocess.run(command + [f'--case={n}' for n in names], check=True,
+                                   stdout=subprocess.PIPE, text=True).stdout)
+  for name, case in peer['cases'].items():
+    ratio = results[name]['target_tokens_per_s'] / case['target_tokens_per_s']
+    results[name]['ratio_to_torch'] = round(ratio, 3)
+    print(f'train {name}: jaxformer / torch = {ratio:.2f}', file=sys.stderr, flush=True)
+  return peer

@@ -1,0 +1,185 @@
+"""The training loop's parts that are not the model: what the user sees, when to act, preemption,
+and the one-step-late metric reader. `train.train_and_evaluate` puts them together.
+"""
+
+import collections
+import dataclasses
+import json
+import pathlib
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import tqdm
+
+Array = jax.Array
+
+
+# --- what the user sees ---------------------------------------------------------------------------
+
+
+class MetricsSink:
+  """TensorBoard, metrics.jsonl and the progress bar of a run, on process 0; a no-op on the
+  other processes (clu's `create_default_writer` does the same)."""
+
+  def __init__(self, workdir: pathlib.Path, *, enabled: bool, start_step: int, total_steps: int):
+    self.enabled = enabled
+    self.progress = tqdm.tqdm(total=total_steps, initial=start_step, desc='training',
+                              unit='step', disable=not enabled, dynamic_ncols=True)
+    self._writer = self._file = None
+    if enabled:
+      from flax.metrics import tensorboard  # pylint: disable=g-import-not-at-top  (imports TF)
+      self._writer = tensorboard.SummaryWriter(str(workdir / 'tensorboard'))
+      self._file = open(workdir / 'metrics.jsonl', 'a', encoding='utf-8')  # noqa: SIM115
+
+  def start(self, step: int, facts: dict[str, Any], line: str, hparams: dict[str, Any]) -> None:
+    """The run's facts: metrics.jsonl's 'run' record, TensorBoard text and hparams."""
+    if self.enabled:
+      self._record({'step': step, 'split': 'run', **facts})
+      self._writer.text('run', line, step)
+      self._writer.hparams(hparams)
+
+  def scalars(self, step: int, prefix: str, values: dict[str, float]) -> None:
+    if self.enabled:
+      values = {name: float(value) for name, value in values.items()}
+      for name, value in values.items():
+        self._writer.scalar(f'{prefix}/{name}', value, step)
+      self._writer.flush()
+      self._record({'step': step, 'split': prefix, **values})
+
+  def text(self, step: int, tag: str, text: str) -> None:
+    if self.enabled:
+      self._writer.text(tag, text, step)
+
+  def _record(self, record: dict[str, Any]) -> None:
+    self._file.write(json.dumps(record) + '\n')
+    self._file.flush()
+
+  def close(self) -> None:
+    self.progress.close()
+    if self.enabled:
+      self._writer.close()
+      self._file.close()
+
+  def __enter__(self) -> 'MetricsSink':
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.close()
+
+
+# --- when to act ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Due:
+  """What to do after a step."""
+  log: bool = False
+  eval: bool = False
+  save: bool = False
+
+  @property
+  def any(self) -> bool:
+    return self.log or self.eval or self.save
+
+
+def due(step: int, tc: Any, *, evaluating: bool, timed_save: bool = False,
+        preempted: bool = False) -> Due:
+  """Log / evaluate / save after `step` (every N steps, and at the last); a save also when the
+  save clock ran out or the run is being preempted (both agreed on by the hosts)."""
+  last = step == tc.num_steps
+  every = lambda n: bool(n) and step % n == 0  # noqa: E731
+  return Due(log=last or every(tc.log_every_steps),
+             eval=evaluating and (last or every(tc.eval_every_steps)),
+             save=last or preempted or timed_save or every(tc.checkpoint_every_steps))
+
+
+def clock_ran_out(since: float, every_secs: float | None, now: float | None = None) -> bool:
+  """Whether `every_secs` passed since `since` (monotonic seconds); never when it is None."""
+  return every_secs is not None and (time.monotonic() if now is None else now) - since >= \
+      every_secs
+
+
+# --- preemption -----------------------------------------------------------------------------------
+
+
+class PreemptionGuard:
+  """Within `with`: SIGTERM and SIGINT only record their name in `.signal` (the loop saves and
+  stops at the next step boundary); the previous handlers come back on exit."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.signal: str | None = None
+    self._previous: dict[int, Any] = {}
+
+  def _record(self, signum: int, frame: Any) -> None:  # pylint: disable=unused-argument
+    self.signal = signal.Signals(signum).name
+
+  def __enter__(self) -> 'PreemptionGuard':
+    self._previous = {sig: signal.signal(sig, self._record) for sig in self.SIGNALS}
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+# --- the one-step-late metric reader --------------------------------------------------------------
+
+
+class NonFiniteLoss(RuntimeError):
+  """A step's loss or gradient was not finite (and skipping was off)."""
+
+  def __init__(self, step: int, loss: float):
+    super().__init__(f'non-finite loss ({loss}) at step {step}')
+    self.step, self.loss = step, loss
+
+
+class MetricReader:
+  """Holds the device metrics of dispatched steps and reads them later, so that the device
+  always has the next step queued; sums them per logging interval.
+
+  A step with a non-finite loss raises NonFiniteLoss, or with skip_nonfinite is counted in
+  `.skipped` and reported through `on_skip(step, skipped)`.
+  """
+
+  KEYS = ('loss', 'accuracy', 'grad_norm', 'tokens')
+
+  def __init__(self, *, skip_nonfinite: bool, on_skip: Callable[[int, int], None]):
+    self.skip_nonfinite, self.on_skip = skip_nonfinite, on_skip
+    self.skipped = 0
+    self._pending: list[tuple[int, dict[str, Array]]] = []
+    self._interval: collections.Counter = collections.Counter()
+    self._lr = 0.0
+    self._interval_start = time.monotonic()
+
+  def push(self, step: int, metrics: dict[str, Array]) -> None:
+    self._pending.append((step, metrics))
+
+  def read(self) -> int:
+    """Reads every pending step (waiting for the device); returns how many."""
+    count = len(self._pending)
+    while self._pending:
+      step, metrics = self._pending.pop(0)
+      metrics = jax.device_get(jax.tree.map(lambda x: x[0], metrics))  # device 0's copy
+      if metrics['nonfinite']:
+        if not self.skip_nonfinite:
+          raise NonFiniteLoss(step, float(metrics['loss']))
+        self.skipped += 1
+        self.on_skip(step, self.skipped)
+      self._interval.update({key: float(metrics[key]) for key in self.KEYS}, steps=1)
+      self._lr = float(metrics['lr'])
+    return count
+
+  def interval(self) -> dict[str, float]:
+    """Means over the steps read since the last call, rates, the latest lr; starts a new one."""
+    seconds, steps = time.monotonic() - self._interval_start, max(self._interval['steps'], 1)
+    values = {key: self._interval[key] / steps for key in ('loss', 'accuracy', 'grad_norm')}
+    values.update(lr=self._lr, tokens_per_s=self._interval['tokens'] / seconds,
+                  steps_per_s=self._interval['steps'] / seconds, skipped_updates=self.skipped)
+    self._interval.clear()
+    self._interval_start = time.monotonic()
+    return values
