@@ -17,12 +17,13 @@ endif
 STAMP := $(VENV)/.installed-$(JAX_EXTRA)
 OTHER_BUILD := $(filter-out $(STAMP),$(wildcard $(VENV)/.installed-*))
 
-.PHONY: help install jax-extra test test-fast demo train-base train-big train-multi30k eval bench \
+.PHONY: help install jax-extra lint test test-fast demo train-base train-big train-multi30k eval bench \
   gpu-check clean
 
 help:
 	@echo "make test        set up $(VENV) (if needed) and run the whole test suite"
 	@echo "make test-fast   the tests not marked slow"
+	@echo "make lint        ruff with the house rules (pyproject.toml): no finding allowed"
 	@echo "make demo        offline end-to-end demo on the embedded corpus (WORKDIR=, DEMO_STEPS=)"
 	@echo "make train-base  the paper's base recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
 	@echo "make train-big   the paper's big recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
@@ -51,6 +52,9 @@ jax-extra:
 # Two pytest workers (pytest-xdist), each running whole test files: ~10.5-12 min on 2 cores.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m 'not slow'

@@ -6,6 +6,7 @@ be changed with `--set SECTION.NAME=VALUE` (SECTION: model, train, data).
 """
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -270,28 +271,25 @@ def _translate(args: argparse.Namespace) -> int:
   except (checkpoint.CheckpointError, data.DataError) as e:
     return _fail(e)
   try:
-    out = open(args.output, 'w', encoding='utf-8') if args.output else sys.stdout
-  except OSError as e:
+    with open(args.output, 'w', encoding='utf-8') if args.output else \
+        contextlib.nullcontext(sys.stdout) as out:
+      if args.input:  # a whole file, with a progress bar
+        if args.nbest is None:
+          out.write(''.join(t + '\n' for t in model.translate(sentences, progress=True)))
+        else:
+          for start in range(0, len(sentences), args.batch_size):
+            _write(model, sentences[start:start + args.batch_size], start, args.nbest, out)
+        return 0
+      lines = _lines(sys.stdin.buffer, 'stdin')
+      size = 1 if sys.stdin.isatty() else args.batch_size  # a terminal: answer each line
+      first = 0
+      while chunk := list(itertools.islice(lines, size)):
+        _write(model, chunk, first, args.nbest, out)
+        first += len(chunk)
+  except OSError as e:  # the output file
     return _fail(f'cannot write to {args.output} ({e.strerror}).')
-  try:
-    if args.input:  # a whole file, with a progress bar
-      if args.nbest is None:
-        out.write(''.join(t + '\n' for t in model.translate(sentences, progress=True)))
-      else:
-        for start in range(0, len(sentences), args.batch_size):
-          _write(model, sentences[start:start + args.batch_size], start, args.nbest, out)
-      return 0
-    lines = _lines(sys.stdin.buffer, 'stdin')
-    size = 1 if sys.stdin.isatty() else args.batch_size  # a terminal: answer each line
-    first = 0
-    while chunk := list(itertools.islice(lines, size)):
-      _write(model, chunk, first, args.nbest, out)
-      first += len(chunk)
   except data.DataError as e:  # input that is not UTF-8: stop at that line
     return _fail(e)
-  finally:
-    if out is not sys.stdout:
-      out.close()
   return 0
 
 

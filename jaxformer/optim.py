@@ -18,9 +18,11 @@ def lrate_schedule(d_model: int, warmup_steps: int) -> optax.Schedule:
   return schedule
 
 
-def make_optimizer(config: TransformerConfig) -> optax.GradientTransformation:
-  """Adam on `lrate_schedule`; clipping and weight decay only when the config asks for them."""
-  lr = lrate_schedule(config.d_model, config.warmup_steps)
+def make_optimizer(config: TransformerConfig, schedule: optax.Schedule | None = None
+                   ) -> optax.GradientTransformation:
+  """Adam on `schedule` (default: the config's lrate_schedule); clipping and weight decay only
+  when the config asks for them."""
+  lr = schedule or lrate_schedule(config.d_model, config.warmup_steps)
   adam = dict(learning_rate=lr, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps)
   tx = optax.adamw(weight_decay=config.weight_decay, **adam) if config.weight_decay \
       else optax.adam(**adam)

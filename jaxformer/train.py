@@ -27,8 +27,10 @@ _LAYOUT_KEYS = ('src_segments', 'tgt_segments', 'src_positions', 'tgt_positions'
 
 
 class TrainState(train_state.TrainState):
-  """Params, optimiser state and step (flax), plus the config the step reads."""
+  """Params, optimiser state and step (flax), plus the config the step reads and the learning
+  rate schedule the optimiser was built with (the logged lr reads it)."""
   config: TransformerConfig = struct.field(pytree_node=False)
+  lr_schedule: optax.Schedule = struct.field(pytree_node=False)
 
 
 def create_train_state(config: TransformerConfig, rng: Array, src_len: int = 8,
@@ -38,8 +40,9 @@ def create_train_state(config: TransformerConfig, rng: Array, src_len: int = 8,
   dummy_src = jnp.ones((1, src_len), jnp.int32)
   dummy_tgt = jnp.ones((1, tgt_len), jnp.int32)
   params = jax.jit(model.init)(rng, dummy_src, dummy_tgt)['params']
-  return TrainState.create(apply_fn=model.apply, params=params,
-                           tx=optim.make_optimizer(config), config=config)
+  schedule = optim.lrate_schedule(config.d_model, config.warmup_steps)
+  return TrainState.create(apply_fn=model.apply, params=params, config=config,
+                           tx=optim.make_optimizer(config, schedule), lr_schedule=schedule)
 
 
 def _apply(state: TrainState, params: Any, batch: Batch, **kwargs: Any) -> Array:
@@ -108,8 +111,7 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
       'accuracy': correct / tokens,
       'tokens': tokens,
       'grad_norm': grad_norm,
-      'lr': optim.lrate_schedule(state.config.d_model, state.config.warmup_steps)(
-          _applied_updates(state)),
+      'lr': state.lr_schedule(_applied_updates(state)),
   }
   new_state = state.apply_gradients(grads=grads)
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(grad_norm)
@@ -271,8 +273,8 @@ def _data_state(local: dict[str, Any]) -> dict[str, Any]:
                     for row in gathered]}
 
 
-def validation_metrics(p_eval_step: Any, p_state: TrainState, corpus: Any, *, src_len: int, tgt_len: int,
-             rows_per_device: int) -> dict[str, float]:
+def validation_metrics(p_eval_step: Any, p_state: TrainState, corpus: Any, *, src_len: int,
+                       tgt_len: int, rows_per_device: int) -> dict[str, float]:
   """Loss, perplexity and token accuracy over one pass of `corpus` (all hosts together)."""
   batches = data_lib.PackedBatches(
       corpus, src_len=src_len, tgt_len=tgt_len, rows_per_device=rows_per_device,

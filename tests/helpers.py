@@ -4,8 +4,9 @@ import numpy as np
 
 from jaxformer import data, train
 
-WORDS = ('the a man woman dog cat sees walks with under house garden red small big quickly '
-         'der die das mann frau hund katze sieht geht mit unter haus garten rot klein groß').split()
+_EN = 'the a man woman dog cat sees walks with under house garden red small big quickly'
+_DE = 'der die das mann frau hund katze sieht geht mit unter haus garten rot klein groß'
+WORDS = (_EN + ' ' + _DE).split()  # 16 English-ish words, then 16 German-ish ones
 
 
 def synthetic_text(n: int, seed: int = 0) -> data.ParallelText:

@@ -143,8 +143,9 @@ def test_incremental_decoding_matches_full_decoding(tiny_model):
 
 def test_dropout_is_active_only_in_training(tiny_model):
   model, params = tiny_model
-  run = lambda det, seed: model.apply({'params': params}, SRC, TGT, deterministic=det,
-                                      rngs={'dropout': jax.random.key(seed)})
+  def run(det: bool, seed: int):
+    return model.apply({'params': params}, SRC, TGT, deterministic=det,
+                       rngs={'dropout': jax.random.key(seed)})
   np.testing.assert_array_equal(run(True, 0), run(True, 1))
   assert not np.allclose(run(False, 0), run(False, 1))
 

@@ -47,7 +47,8 @@ def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accu
   model_flops = flops.train_flops(cfg, rows, length, length)
   result = {
       'devices': devices, 'dtype': jnp.dtype(cfg.execution.dtype).name,
-      'attention': cfg.execution.attention, 'remat': cfg.execution.remat, 'rows': rows, 'row_len': length, 'accum_steps': accum_steps,
+      'attention': cfg.execution.attention, 'remat': cfg.execution.remat, 'rows': rows,
+      'row_len': length, 'accum_steps': accum_steps,
       'target_tokens_per_step': tokens, 'compile_s': round(compile_s, 2),
       'timed_steps': timed_steps, 'step_s_median': round(median, 4),
       'step_s_range': [round(min(times), 4), round(max(times), 4)],
