@@ -303,10 +303,13 @@ def _export(args: argparse.Namespace) -> int:
     params, config, spm_model, step = checkpoint.load(args.path)
     if args.average_last:
       params = checkpoint.average_checkpoints(args.path, args.average_last)
-    out = export.save(args.out, params, config, spm_model, step=step)
+    if args.format == 'ctranslate2':
+      out = export.save_ctranslate2(args.out, params, config, spm_model)
+    else:
+      out = export.save(args.out, params, config, spm_model, step=step)
   except checkpoint.CheckpointError as e:
     return _fail(e)
-  print(f'exported step {step} of {args.path} to {out} ({", ".join(export.FILES)})')
+  print(f'exported step {step} of {args.path} to {out} ({args.format})')
   return 0
 
 
@@ -387,11 +390,16 @@ def build_parser() -> argparse.ArgumentParser:
   translate.add_argument('--nbest', type=positive_int, help='the N best translations with scores')
 
   export = command(
-      'export', _export, 'a self-contained folder: config.json, spm.model, params.safetensors',
+      'export', _export, 'a self-contained folder (config.json, spm.model, params.safetensors) '
+      'or a CTranslate2 model',
       'Writes a model that Translator.from_pretrained(OUT) (and jaxformer eval/translate) load '
-      'without orbax or the workdir.')
+      'without orbax or the workdir; with --format ctranslate2, a CTranslate2 model of the same '
+      "weights (pip install 'jaxformer[ctranslate2]'), with spm.model beside it.")
   export.add_argument('path', help='a workdir, checkpoint folder or averaged checkpoint')
   export.add_argument('out', help='the folder to write')
+  export.add_argument('--format', choices=('jaxformer', 'ctranslate2'), default='jaxformer',
+                      help='jaxformer: config.json + spm.model + safetensors; ctranslate2: a '
+                      'CTranslate2 model directory')
   _add_model_flags(export, beam=False)
 
   average = command('average', _average,

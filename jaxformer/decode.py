@@ -3,7 +3,8 @@
 `tokens_to_logits(tokens [N, 1], cache) -> (logits [N, V], cache)` scores the next token after
 `tokens`, the last token of each hypothesis (0 before the first). The cache is any pytree whose
 arrays with a leading axis of size N are per-hypothesis (beam search reorders them as beams are
-chosen); scalars (e.g. a position counter) are shared.
+chosen); other arrays (a position counter, or values shared by the beams of a sentence such as
+[B, ...] encoder keys) are left as they are.
 
 Lengths count generated tokens, EOS included. Sentence b stops at EOS or after max_lengths[b]
 tokens, whichever comes first; the paper uses max_lengths = source length + 50.
@@ -81,7 +82,7 @@ def _gather(x: Array, indices: Array) -> Array:
 
 def _gather_cache(cache: Cache, indices: Array, beam: int) -> Cache:
   def gather(x):
-    if x.ndim == 0:
+    if x.ndim == 0 or x.shape[0] != indices.size:  # shared, not per hypothesis
       return x
     return _flatten(_gather(_unflatten(x, beam), indices))
   return jax.tree.map(gather, cache)

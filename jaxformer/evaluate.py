@@ -61,11 +61,12 @@ def search(params: Any, src: Array, max_lengths: Array, *, config: TransformerCo
   num_results=n, the n best of the beam search and their scores ([B, n, max_len], [B, n])."""
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
-  src, encoded = (jnp.repeat(x, beam_size, axis=0) for x in (src, encoded))  # beams adjacent
-  if cached:
-    cache = model.apply({'params': params}, encoded, max_len, method=Transformer.init_cache)
+  if cached:  # the beams of a sentence share its encoder keys/values
+    cache = model.apply({'params': params}, encoded, max_len, beam_size,
+                        method=Transformer.init_cache)
     step = cached_tokens_to_logits(model, params, src)
   else:
+    src, encoded = (jnp.repeat(x, beam_size, axis=0) for x in (src, encoded))  # beams adjacent
     cache = {'tokens': jnp.zeros((src.shape[0], max_len), jnp.int32), 'index': jnp.array(0)}
     step = uncached_tokens_to_logits(model, params, src, encoded)
   if beam_size == 1 and num_results is None:
@@ -116,10 +117,14 @@ class Translator:
     A source longer than the model's max_len (with its EOS) is cut to that length, with a
     warning naming the lines (0-based indices); outputs stop at max_len tokens as well.
     """
-    out = [''] * len(sentences)
+    return self.tokenizer.decode(self.translate_ids(sentences, progress))
+
+  def translate_ids(self, sentences: Sequence[str], progress: bool = False) -> list[list[int]]:
+    """As translate, but the output pieces' ids (without EOS; [] for a blank input)."""
+    out: list[list[int]] = [[] for _ in sentences]
     for chosen, ids, _ in self._batches(sentences, progress, None):
-      for i, text in zip(chosen, self.tokenizer.decode(ids)):
-        out[i] = text
+      for i, row in zip(chosen, ids):
+        out[i] = [int(t) for t in row[:np.argmax(np.append(row, 0) <= EOS_ID)]]
     return out
 
   def translate_nbest(self, sentences: Sequence[str], n: int, progress: bool = False

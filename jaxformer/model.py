@@ -72,11 +72,21 @@ class MultiHeadAttention(nn.Module):
 
   def __call__(self, x: Array, kv: dict[str, Array], mask: Array, *,
                deterministic: bool) -> Array:
-    """Attends from x [B, T, D] to kv (from `project_kv`) where mask [B, 1, T, L] is True."""
+    """Attends from x [B, T, D] to kv (from `project_kv`) where mask [B, 1, T, L] is True.
+
+    Beam search shares one kv [B, L, ...] among the n beams of each sentence: then x is
+    [B * n, T, D] (beams adjacent) and its queries attend as n * T positions of their sentence.
+    """
     q = self.query(x) * self.config.key_dim ** -0.5  # [B, T, H, K]
+    batch, length = kv['k'].shape[0], q.shape[1]
+    q = q.reshape(batch, -1, *q.shape[2:])  # [B, n * T, H, K]: n = 1 unless beams share kv
+    return self.out(self._attend(q, kv, mask, deterministic).reshape(
+        x.shape[0], length, *q.shape[2:-1], -1))  # [B * n, T, D]
+
+  def _attend(self, q: Array, kv: dict[str, Array], mask: Array, deterministic: bool) -> Array:
+    """The heads [B, T, H, J] of q [B, T, H, K] over kv."""
     if self.config.execution.attention == 'fused':  # cuDNN's fused kernel where it applies (GPU)
-      heads = jax.nn.dot_product_attention(q, kv['k'], kv['v'], mask=mask, scale=1.0)
-      return self.out(heads)  # [B, T, D]
+      return jax.nn.dot_product_attention(q, kv['k'], kv['v'], mask=mask, scale=1.0)
     # Heads-first operands make both products plain batched matmuls, which XLA:CPU runs
     # without the transposes it put around the head-in-the-middle einsums (docs/BENCHMARKS.md).
     q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, kv['k'], kv['v']))  # [B, H, T|L, K|J]
@@ -87,7 +97,7 @@ class MultiHeadAttention(nn.Module):
     self.sow('intermediates', 'attention_weights', weights)  # only kept when asked for
     weights = self.dropout(weights, deterministic=deterministic)
     heads = jnp.einsum('BHTL,BHLJ->BHTJ', weights, v)  # [B, H, T, J]
-    return self.out(jnp.swapaxes(heads, 1, 2))  # [B, T, D]
+    return jnp.swapaxes(heads, 1, 2)  # [B, T, H, J]
 
 
 class FeedForward(nn.Module):
@@ -167,9 +177,10 @@ class DecoderLayer(nn.Module):
            deterministic=det)
     return r3(y, self.ffn(r3.normed(y), deterministic=det), deterministic=det), cache
 
-  def init_cache(self, encoded: Array, max_len: int) -> Cache:
-    """Empty self-attention keys/values for max_len positions; cross ones computed once."""
-    cfg, batch = self.config, encoded.shape[0]
+  def init_cache(self, encoded: Array, max_len: int, beams: int = 1) -> Cache:
+    """Empty self-attention keys/values for max_len positions of each of the `beams`
+    hypotheses per sentence; cross ones computed once per sentence, shared by its beams."""
+    cfg, batch = self.config, encoded.shape[0] * beams
     def empty(dim: int) -> Array:
       return jnp.zeros((batch, max_len, cfg.num_heads, dim), cfg.execution.dtype)
     return {'self': {'k': empty(cfg.key_dim), 'v': empty(cfg.value_dim)},
@@ -256,9 +267,9 @@ class Decoder(nn.Module):
       return logits, None
     return logits, {'index': cache['index'] + 1, 'layers': new_caches}
 
-  def init_cache(self, encoded: Array, max_len: int) -> Cache:
+  def init_cache(self, encoded: Array, max_len: int, beams: int = 1) -> Cache:
     return {'index': jnp.array(0, jnp.int32),
-            'layers': [layer.init_cache(encoded, max_len) for layer in self.layers]}
+            'layers': [layer.init_cache(encoded, max_len, beams) for layer in self.layers]}
 
 
 def _default_segments(tokens: Array, segments: Array | None) -> Array:
@@ -304,8 +315,8 @@ class Transformer(nn.Module):
 
     Without segments, target padding needs no mask: it comes after the real tokens, which the
     causal mask already hides from them. With `cache` (from `init_cache`), tgt_in is the next
-    token [B, 1], `encoded` is not used (its keys/values are cached), and (logits, cache) is
-    returned.
+    token [B * n, 1] of the n hypotheses per sentence the cache was made for (src stays [B, S]),
+    `encoded` is not used (its keys/values are cached), and (logits, cache) is returned.
     """
     src_segments = _default_segments(src, src_segments)
     window = self.config.attention_window
@@ -315,7 +326,7 @@ class Transformer(nn.Module):
       key_positions = jnp.broadcast_to(jnp.arange(max_len), (tgt_in.shape[0], max_len))
       self_mask = ((key_positions <= cache['index'])[:, None, None, :]
                    & window_mask(positions, key_positions, window))  # [B, 1, 1, L]
-      cross_mask = segment_mask(jnp.ones_like(tgt_in), src_segments)  # [B, 1, 1, S]
+      cross_mask = segment_mask(jnp.ones_like(src[:, :1]), src_segments)  # [B, 1, 1, S]
       return self.decoder(tgt_in, None, self_mask, cross_mask, positions,
                           deterministic=deterministic, cache=cache)
     _check_length(self.config, tgt_in.shape[1], 'the target')
@@ -328,10 +339,11 @@ class Transformer(nn.Module):
                               deterministic=deterministic, return_hidden=return_hidden)
     return outputs
 
-  def init_cache(self, encoded: Array, max_len: int) -> Cache:
-    """A key/value cache for decoding up to max_len tokens after `encode`."""
+  def init_cache(self, encoded: Array, max_len: int, beams: int = 1) -> Cache:
+    """A key/value cache for decoding up to max_len tokens after `encode`, for `beams`
+    hypotheses per sentence (adjacent), which share the encoder-decoder keys/values."""
     _check_length(self.config, max_len, 'the decoding cache')
-    return self.decoder.init_cache(encoded, max_len)
+    return self.decoder.init_cache(encoded, max_len, beams)
 
   def __call__(self, src: Array, tgt_in: Array, *, deterministic: bool = True,
                src_segments: Array | None = None, tgt_segments: Array | None = None,

@@ -1,8 +1,11 @@
 """The decode section: target tokens/s at base dimensions (random weights, 64 output tokens):
 greedy and beam 4, with and without the key/value cache; beam-4 sentences/s of the tiny config
-on newstest2014 sources (and of a trained model with --demo-model)."""
+on newstest2014 sources (and of a trained model with --demo-model). When ctranslate2 is
+installed, jaxformer and CTranslate2 side by side on the same weights and sources, in this run:
+tokens/s of each, the ratio and the agreement of their outputs (`ctranslate2`)."""
 
 import functools
+import importlib.util
 import pathlib
 import tempfile
 import time
@@ -12,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.common import median_time
-from jaxformer import config, data, evaluate, train
+from jaxformer import checkpoint, config, data, evaluate, export, train
+from jaxformer.data import embedded
 from jaxformer.model import Transformer
 
 
@@ -25,6 +29,78 @@ def _newstest_throughput(translator: evaluate.Translator, sources: list[str]) ->
   return {'sentences': len(sources), 'sentences_per_s': round(len(sources) / seconds, 2),
           'seconds': round(seconds, 2), 'mean_output_pieces': round(float(np.mean(
               [len(x) for x in translator.tokenizer.encode(outputs)])), 1)}
+
+
+def _timed(fn):
+  start = time.perf_counter()
+  result = fn()
+  return result, time.perf_counter() - start
+
+
+def compare_ctranslate2(translator: evaluate.Translator, model_dir: pathlib.Path,
+                        sentences: list[str], *, threads: int = 2) -> dict:
+  """jaxformer and a CTranslate2 export of the same weights on the same sentences: greedy and
+  beam 4 with the translator's alpha and length limit, batches of the translator's size, each
+  compiled / loaded and warmed up first. Per search: tokens/s of each (output pieces, EOS
+  excluded), jaxformer / CTranslate2, and the fraction of sentences with the same output ids."""
+  import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
+  engine = ctranslate2.Translator(str(model_dir), device='cpu', inter_threads=1,
+                                  intra_threads=threads)
+  tok = translator.tokenizer
+  pieces = [tok.pieces(ids + [data.EOS_ID]) for ids in tok.encode(sentences)]
+  results = {}
+  for name, beam in (('greedy', 1), ('beam4', 4)):
+    ours_translator = evaluate.Translator(
+        translator.params, translator.config, tok, beam_size=beam, alpha=translator.alpha,
+        extra_length=translator.extra_length, batch_size=translator.batch_size)
+
+    def theirs(beam=beam):
+      found = engine.translate_batch(
+          pieces, max_batch_size=translator.batch_size, beam_size=beam,
+          length_penalty=translator.alpha, min_decoding_length=0,
+          max_decoding_length=max(map(len, pieces)) + translator.extra_length,
+          suppress_sequences=[tok.pieces([data.PAD_ID])])
+      return [tok.piece_ids(r.hypotheses[0]) for r in found]
+    ours_translator.translate_ids(sentences)  # compile every width bucket
+    theirs()
+    ours, ours_s = _timed(lambda t=ours_translator: t.translate_ids(sentences))
+    their_ids, theirs_s = _timed(theirs)
+    ours_rate = sum(map(len, ours)) / ours_s
+    theirs_rate = sum(map(len, their_ids)) / theirs_s
+    results[name] = {
+        'jaxformer_tokens_per_s': round(ours_rate, 1),
+        'ctranslate2_tokens_per_s': round(theirs_rate, 1),
+        'ratio': round(ours_rate / theirs_rate, 3),
+        'same_output': round(float(np.mean([a == b for a, b in zip(ours, their_ids)])), 4)}
+  return {'ctranslate2': ctranslate2.__version__, 'sentences': len(sentences),
+          'threads': threads, 'batch_size': translator.batch_size, **results}
+
+
+def _side_by_side(data_dir: pathlib.Path, demo_model: str | None) -> dict:
+  """compare_ctranslate2 at base dimensions with random weights (64 newstest2014 sources of 20
+  pieces each, outputs to the length limit) and, with --demo-model, on a trained model."""
+  news = data.read_parallel_text(data_dir / 'newstest2014' / 'newstest2014.en',
+                                 data_dir / 'newstest2014' / 'newstest2014.de')
+  results = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    tokenizer = data.train_tokenizer(news.src + news.tgt, pathlib.Path(tmp, 'spm.model'), 8000)
+    sources = [ids[:20] for ids in tokenizer.encode(news.src) if len(ids) >= 20]
+    texts = [t for t, ids in zip(tokenizer.decode(sources), sources)
+             if tokenizer.encode([t])[0] == ids][:64]  # 20 pieces again when re-encoded
+    cfg = config.base(vocab_size=tokenizer.vocab_size)
+    params = train.create_train_state(cfg, jax.random.key(0)).params
+    translator = evaluate.Translator(params, cfg, tokenizer, extra_length=44)  # 64 tokens
+    model_dir = export.save_ctranslate2(pathlib.Path(tmp, 'ct2'), params, cfg,
+                                        tokenizer.model_proto)
+    results['base_random_weights'] = compare_ctranslate2(translator, model_dir, texts)
+    if demo_model:
+      translator = evaluate.Translator.from_checkpoint(demo_model)
+      params, cfg, spm_model, _ = checkpoint.load(demo_model)
+      model_dir = export.save_ctranslate2(pathlib.Path(tmp, 'demo'), params, cfg, spm_model)
+      demo_test = embedded.splits(10, 10, 256)['test'].src
+      results['demo_model'] = {'model': demo_model, **compare_ctranslate2(
+          translator, model_dir, demo_test)}
+  return results
 
 
 def run(data_dir: pathlib.Path, demo_model: str | None = None) -> dict:
@@ -65,4 +141,6 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None) -> dict:
     results['demo_model_beam4_newstest2014'] = {
         **_newstest_throughput(evaluate.Translator.from_checkpoint(demo_model, batch_size=32),
                                news.src[:512]), 'model': demo_model}
+  if importlib.util.find_spec('ctranslate2') is not None:
+    results['ctranslate2'] = _side_by_side(data_dir, demo_model)
   return results

@@ -45,8 +45,12 @@ class Tokenizer:
     return self._sp.encode(list(texts), num_threads=num_threads)
 
   def pieces(self, ids: Sequence[int]) -> list[str]:
-    """The sentencepiece string of each id (for plots and debugging)."""
+    """The sentencepiece string of each id (for plots, debugging and CTranslate2)."""
     return [self._sp.id_to_piece(int(i)) for i in ids]
+
+  def piece_ids(self, pieces: Sequence[str]) -> list[int]:
+    """The id of each sentencepiece string (the inverse of `pieces`)."""
+    return [self._sp.piece_to_id(p) for p in pieces]
 
   def decode(self, ids: Sequence[Sequence[int]] | np.ndarray) -> list[str]:
     """Text of each id sequence; stops at the first EOS and ignores padding.
