@@ -67,14 +67,19 @@ class MultiHeadAttention(nn.Module):
     self.dropout = nn.Dropout(cfg.attention_dropout_rate)
 
   def project_kv(self, context: Array) -> dict[str, Array]:
-    """Keys [B, L, H, K] and values [B, L, H, J] of the attended sequence: {'k', 'v'}."""
-    return {'k': self.key(context), 'v': self.value(context)}
+    """Keys [B, H, L, K] and values [B, H, L, J] of the attended sequence: {'k', 'v'}.
+
+    Heads first: the layout both products read as plain batched matmuls, so that neither the
+    products nor a decoding cache (which stores this layout) need a transpose per step.
+    """
+    return {name: jnp.swapaxes(dense(context), 1, 2)  # [B, H, L, K|J]
+            for name, dense in (('k', self.key), ('v', self.value))}
 
   def __call__(self, x: Array, kv: dict[str, Array], mask: Array, *,
                deterministic: bool) -> Array:
     """Attends from x [B, T, D] to kv (from `project_kv`) where mask [B, 1, T, L] is True.
 
-    Beam search shares one kv [B, L, ...] among the n beams of each sentence: then x is
+    Beam search shares one kv [B, H, L, ...] among the n beams of each sentence: then x is
     [B * n, T, D] (beams adjacent) and its queries attend as n * T positions of their sentence.
     """
     q = self.query(x) * self.config.key_dim ** -0.5  # [B, T, H, K]
@@ -86,10 +91,11 @@ class MultiHeadAttention(nn.Module):
   def _attend(self, q: Array, kv: dict[str, Array], mask: Array, deterministic: bool) -> Array:
     """The heads [B, T, H, J] of q [B, T, H, K] over kv."""
     if self.config.execution.attention == 'fused':  # cuDNN's fused kernel where it applies (GPU)
-      return jax.nn.dot_product_attention(q, kv['k'], kv['v'], mask=mask, scale=1.0)
+      k, v = (jnp.swapaxes(kv[name], 1, 2) for name in ('k', 'v'))  # [B, L, H, K|J]
+      return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0)
     # Heads-first operands make both products plain batched matmuls, which XLA:CPU runs
     # without the transposes it put around the head-in-the-middle einsums (docs/BENCHMARKS.md).
-    q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, kv['k'], kv['v']))  # [B, H, T|L, K|J]
+    q, k, v = jnp.swapaxes(q, 1, 2), kv['k'], kv['v']  # [B, H, T|L, K|J]
     logits = jnp.einsum('BHTK,BHLK->BHTL', q, k,
                         preferred_element_type=jnp.float32)  # [B, H, T, L]
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
@@ -168,7 +174,7 @@ class DecoderLayer(nn.Module):
     h = r1.normed(y)
     kv = self_attn.project_kv(h)
     if cache is not None:  # write this position's keys and values into the cache
-      kv = {name: jax.lax.dynamic_update_slice_in_dim(cache['self'][name], new, index, axis=1)
+      kv = {name: jax.lax.dynamic_update_slice_in_dim(cache['self'][name], new, index, axis=2)
             for name, new in kv.items()}
       cache = {'self': kv, 'cross': cache['cross']}
     y = r1(y, self_attn(h, kv, self_mask, deterministic=det), deterministic=det)
@@ -182,7 +188,7 @@ class DecoderLayer(nn.Module):
     hypotheses per sentence; cross ones computed once per sentence, shared by its beams."""
     cfg, batch = self.config, encoded.shape[0] * beams
     def empty(dim: int) -> Array:
-      return jnp.zeros((batch, max_len, cfg.num_heads, dim), cfg.execution.dtype)
+      return jnp.zeros((batch, cfg.num_heads, max_len, dim), cfg.execution.dtype)
     return {'self': {'k': empty(cfg.key_dim), 'v': empty(cfg.value_dim)},
             'cross': self.cross_attention.project_kv(encoded)}
 
@@ -321,7 +327,7 @@ class Transformer(nn.Module):
     src_segments = _default_segments(src, src_segments)
     window = self.config.attention_window
     if cache is not None:
-      max_len = cache['layers'][0]['self']['k'].shape[1]
+      max_len = cache['layers'][0]['self']['k'].shape[2]
       positions = jnp.full_like(tgt_in, cache['index'])  # [B, 1]
       key_positions = jnp.broadcast_to(jnp.arange(max_len), (tgt_in.shape[0], max_len))
       self_mask = ((key_positions <= cache['index'])[:, None, None, :]

@@ -5,6 +5,7 @@ import importlib.util
 import pathlib
 import sys
 
+import jax
 import pytest
 
 from jaxformer import checkpoint, cli, config, evaluate, export, recipes, train
@@ -46,7 +47,7 @@ def test_ctranslate2_decodes_the_same_ids_greedy_and_beam4(demo_sized, tmp_path)
 
 def test_export_refuses_what_ctranslate2_cannot_compute(tmp_path):
   cfg = config.tiny().replace(qk_dim=4, v_dim=8)
-  params = train.create_train_state(cfg, __import__('jax').random.key(0)).params
+  params = train.create_train_state(cfg, jax.random.key(0)).params
   with pytest.raises(checkpoint.CheckpointError, match=r'no Transformer with d_k \(4\) != d_v'):
     export.save_ctranslate2(tmp_path / 'x', params, cfg, b'')
   window = config.tiny().replace(attention_window=3)

@@ -7,6 +7,7 @@ tokens/s of each, the ratio and the agreement of their outputs (`ctranslate2`)."
 import functools
 import importlib.util
 import pathlib
+import statistics
 import tempfile
 import time
 
@@ -31,18 +32,25 @@ def _newstest_throughput(translator: evaluate.Translator, sources: list[str]) ->
               [len(x) for x in translator.tokenizer.encode(outputs)])), 1)}
 
 
-def _timed(fn):
-  start = time.perf_counter()
-  result = fn()
-  return result, time.perf_counter() - start
+def _alternating(fns: dict, repeats: int) -> tuple[dict, dict]:
+  """(last result, median seconds) of each function, run `repeats` times in turn, so that a
+  slow spell of a shared machine falls on both."""
+  results, seconds = {}, {name: [] for name in fns}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      results[name] = fn()
+      seconds[name].append(time.perf_counter() - start)
+  return results, {name: statistics.median(times) for name, times in seconds.items()}
 
 
 def compare_ctranslate2(translator: evaluate.Translator, model_dir: pathlib.Path,
-                        sentences: list[str], *, threads: int = 2) -> dict:
+                        sentences: list[str], *, threads: int = 2, repeats: int = 3) -> dict:
   """jaxformer and a CTranslate2 export of the same weights on the same sentences: greedy and
   beam 4 with the translator's alpha and length limit, batches of the translator's size, each
-  compiled / loaded and warmed up first. Per search: tokens/s of each (output pieces, EOS
-  excluded), jaxformer / CTranslate2, and the fraction of sentences with the same output ids."""
+  compiled / loaded and warmed up first, then timed `repeats` times in turn (medians). Per
+  search: tokens/s of each (output pieces, EOS excluded), jaxformer / CTranslate2, and the
+  fraction of sentences with the same output ids."""
   import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
   engine = ctranslate2.Translator(str(model_dir), device='cpu', inter_threads=1,
                                   intra_threads=threads)
@@ -50,7 +58,7 @@ def compare_ctranslate2(translator: evaluate.Translator, model_dir: pathlib.Path
   pieces = [tok.pieces(ids + [data.EOS_ID]) for ids in tok.encode(sentences)]
   results = {}
   for name, beam in (('greedy', 1), ('beam4', 4)):
-    ours_translator = evaluate.Translator(
+    ours = evaluate.Translator(
         translator.params, translator.config, tok, beam_size=beam, alpha=translator.alpha,
         extra_length=translator.extra_length, batch_size=translator.batch_size)
 
@@ -61,19 +69,19 @@ def compare_ctranslate2(translator: evaluate.Translator, model_dir: pathlib.Path
           max_decoding_length=max(map(len, pieces)) + translator.extra_length,
           suppress_sequences=[tok.pieces([data.PAD_ID])])
       return [tok.piece_ids(r.hypotheses[0]) for r in found]
-    ours_translator.translate_ids(sentences)  # compile every width bucket
-    theirs()
-    ours, ours_s = _timed(lambda t=ours_translator: t.translate_ids(sentences))
-    their_ids, theirs_s = _timed(theirs)
-    ours_rate = sum(map(len, ours)) / ours_s
-    theirs_rate = sum(map(len, their_ids)) / theirs_s
+    fns = {'jaxformer': lambda t=ours: t.translate_ids(sentences), 'ctranslate2': theirs}
+    for fn in fns.values():  # compile every width bucket; load and warm up
+      fn()
+    outputs, seconds = _alternating(fns, repeats)
+    rates = {k: sum(map(len, outputs[k])) / seconds[k] for k in fns}
     results[name] = {
-        'jaxformer_tokens_per_s': round(ours_rate, 1),
-        'ctranslate2_tokens_per_s': round(theirs_rate, 1),
-        'ratio': round(ours_rate / theirs_rate, 3),
-        'same_output': round(float(np.mean([a == b for a, b in zip(ours, their_ids)])), 4)}
+        'jaxformer_tokens_per_s': round(rates['jaxformer'], 1),
+        'ctranslate2_tokens_per_s': round(rates['ctranslate2'], 1),
+        'ratio': round(rates['jaxformer'] / rates['ctranslate2'], 3),
+        'same_output': round(float(np.mean([a == b for a, b in zip(*outputs.values())])), 4)}
   return {'ctranslate2': ctranslate2.__version__, 'sentences': len(sentences),
-          'threads': threads, 'batch_size': translator.batch_size, **results}
+          'threads': threads, 'batch_size': translator.batch_size, 'repeats': repeats,
+          **results}
 
 
 def _side_by_side(data_dir: pathlib.Path, demo_model: str | None) -> dict:
