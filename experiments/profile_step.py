@@ -3,6 +3,7 @@ durations by the part of the model they come from (from the ops' HLO metadata).
 
   python experiments/profile_step.py                      # base, 16 rows x 256 tokens
   python experiments/profile_step.py --preset big --rows 8
+  python experiments/profile_step.py --preset demo --rows 32 --row-len 128   # make demo's step
 
 Prints one JSON object: the step's wall time and, per part, the summed op time. On CPU the op
 times of the runtime's threads add up to more than the wall time (ops run side by side).
@@ -26,7 +27,7 @@ import jax  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench.common import random_batch  # noqa: E402
-from jaxformer import config, parallel, train  # noqa: E402
+from jaxformer import config, parallel, recipes, train  # noqa: E402
 
 # (part, pattern on the op's name scope), first match wins.
 PARTS = [('softmax projection + loss', r'chunked|_projected|/while/|closed_call|log_softmax'
@@ -46,11 +47,11 @@ def _op_scopes(hlo_text: str) -> dict[str, str]:
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--preset', choices=('tiny', 'base', 'big'), default='base')
+  parser.add_argument('--preset', choices=('tiny', 'base', 'big', 'demo'), default='base')
   parser.add_argument('--rows', type=int, default=16)
   parser.add_argument('--row-len', type=int, default=256)
   args = parser.parse_args()
-  cfg = getattr(config, args.preset)()
+  cfg = recipes.load('demo').model if args.preset == 'demo' else getattr(config, args.preset)()
   state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
   rng = parallel.replicate(jax.random.key(1))
   batch = parallel.shard(random_batch(1, args.rows, args.row_len, cfg.vocab_size))

@@ -21,6 +21,15 @@ Array = jax.Array
 Cache = Any
 TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
 NEG_INF = -1.0e7  # finite, so that -inf - -inf never makes a NaN
+FIRST_STAGE = 16  # tokens of room in the first stage of a beam search with a growing cache
+
+
+def stage_lengths(max_len: int) -> list[int]:
+  """The room of each stage of a search whose cache grows: 16, 32, 64, ..., max_len tokens."""
+  rooms = [min(FIRST_STAGE, max_len)]
+  while rooms[-1] < max_len:
+    rooms.append(min(2 * rooms[-1], max_len))
+  return rooms
 
 
 def length_penalty(length: Array, alpha: float) -> Array:
@@ -31,27 +40,47 @@ def length_penalty(length: Array, alpha: float) -> Array:
 # --- greedy --------------------------------------------------------------------------------------
 
 
+@flax.struct.dataclass
+class GreedyState:
+  step: Array   # [] tokens generated so far
+  last: Array   # [B] the last token of each sentence
+  out: Array    # [B, L]
+  done: Array   # [B]
+  cache: Cache
+
+
 def greedy_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array,
-                  max_len: int, eos_id: int = 1) -> Array:
-  """The argmax token at every step. Returns [B, max_len] ids, 0 after EOS or the limit."""
-  batch = max_lengths.shape[0]
+                  max_len: int, eos_id: int = 1,
+                  grow_cache: Callable[[Cache, int], Cache] | None = None) -> Array:
+  """The argmax token at every step. Returns [B, max_len] ids, 0 after EOS or the limit.
+  `grow_cache` as in beam_search."""
+  def cond(s: GreedyState) -> Array:
+    return (s.step < max_len) & ~jnp.all(s.done)
 
-  def cond(carry):
-    step, _, _, done, _ = carry
-    return (step < max_len) & ~jnp.all(done)
-
-  def body(carry):
-    step, last, out, done, cache = carry
-    logits, cache = tokens_to_logits(last[:, None], cache)  # --> [B, V]
+  def body(s: GreedyState) -> GreedyState:
+    logits, cache = tokens_to_logits(s.last[:, None], s.cache)  # --> [B, V]
     logits = logits.at[:, 0].set(NEG_INF)  # padding is never generated (as in beam search)
-    token = jnp.where(done, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
-    out = out.at[:, step].set(token)
-    done = done | (token == eos_id) | (step + 1 >= max_lengths)
-    return step + 1, token, out, done, cache
+    token = jnp.where(s.done, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+    done = s.done | (token == eos_id) | (s.step + 1 >= max_lengths)
+    return GreedyState(step=s.step + 1, last=token, out=s.out.at[:, s.step].set(token),
+                       done=done, cache=cache)
 
-  init = (jnp.array(0), jnp.zeros(batch, jnp.int32), jnp.zeros((batch, max_len), jnp.int32),
-          max_lengths <= 0, cache)
-  return jax.lax.while_loop(cond, body, init)[2]
+  batch = max_lengths.shape[0]
+  state = GreedyState(step=jnp.array(0), last=jnp.zeros(batch, jnp.int32),
+                      out=jnp.zeros((batch, max_len), jnp.int32), done=max_lengths <= 0,
+                      cache=cache)
+  return _search_loop(cond, body, state, max_len, grow_cache).out
+
+
+def _search_loop(cond: Callable[[Any], Array], body: Callable[[Any], Any], state: Any,
+                 max_len: int, grow_cache: Callable[[Cache, int], Cache] | None) -> Any:
+  """while cond: state = body(state); with grow_cache, in stages whose cache grows."""
+  if grow_cache is None:
+    return jax.lax.while_loop(cond, body, state)
+  for room in stage_lengths(max_len):
+    state = jax.lax.while_loop(lambda s, room=room: cond(s) & (s.step < room), body,
+                               state.replace(cache=grow_cache(state.cache, room)))
+  return state
 
 
 # --- beam search ---------------------------------------------------------------------------------
@@ -81,10 +110,14 @@ def _gather(x: Array, indices: Array) -> Array:
 
 
 def _gather_cache(cache: Cache, indices: Array, beam: int) -> Cache:
+  """Each per-hypothesis array's rows for the chosen beams indices [B, K]: one gather of whole
+  rows along the leading axis (XLA:CPU lowers take_along_axis on [B, K, ...] to a slow select)."""
+  rows = (jnp.arange(indices.shape[0])[:, None] * beam + indices).reshape(-1)  # [B * K]
+
   def gather(x):
     if x.ndim == 0 or x.shape[0] != indices.size:  # shared, not per hypothesis
       return x
-    return _flatten(_gather(_unflatten(x, beam), indices))
+    return jnp.take(x, rows, axis=0, mode='clip', indices_are_sorted=True)
   return jax.tree.map(gather, cache)
 
 
@@ -96,7 +129,9 @@ def _top_k(scores: Array, k: int, *arrays: Array) -> tuple[Array, ...]:
 
 def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array,
                 max_len: int, *, beam_size: int = 4, alpha: float = 0.6,
-                eos_id: int = 1, num_results: int | None = None) -> tuple[Array, Array]:
+                eos_id: int = 1, num_results: int | None = None,
+                grow_cache: Callable[[Cache, int], Cache] | None = None
+                ) -> tuple[Array, Array]:
   """Beam search with GNMT's length penalty, stopping when no live beam can beat the best
   finished one in any sentence.
 
@@ -107,6 +142,10 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
     max_lengths: [B] the most tokens each sentence may generate.
     max_len: a static bound on max_lengths (the output length).
     num_results: None for the best hypothesis only; n <= beam_size for the n best.
+    grow_cache: with `grow_cache(cache, room) -> cache` for `room` tokens, the search runs in
+      stages of `stage_lengths(max_len)` tokens and grows the cache before each, so that
+      reordering beams copies only the part that early steps can fill (the cache passed in may
+      then be smaller than max_len).
 
   Returns:
     (ids [B, max_len], score [B]) of the best hypothesis of each sentence, 0 after EOS; with
@@ -162,7 +201,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
     return BeamState(step=length, alive_seqs=alive_seqs, alive_log_probs=alive_log_probs,
                      finished_seqs=finished_seqs, finished_scores=finished_scores, cache=cache)
 
-  return _results(jax.lax.while_loop(cond, body, state), alpha, num_results)
+  return _results(_search_loop(cond, body, state, max_len, grow_cache), alpha, num_results)
 
 
 def _results(final: BeamState, alpha: float, num_results: int | None) -> tuple[Array, Array]:

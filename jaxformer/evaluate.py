@@ -24,7 +24,7 @@ from tqdm import tqdm
 from jaxformer import checkpoint, decode, export
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
-from jaxformer.model import Transformer
+from jaxformer.model import Transformer, grow_cache
 
 Array = jax.Array
 log = logging.getLogger(__name__)
@@ -61,18 +61,19 @@ def search(params: Any, src: Array, max_lengths: Array, *, config: TransformerCo
   num_results=n, the n best of the beam search and their scores ([B, n, max_len], [B, n])."""
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
-  if cached:  # the beams of a sentence share its encoder keys/values
-    cache = model.apply({'params': params}, encoded, max_len, beam_size,
-                        method=Transformer.init_cache)
+  if cached:  # the beams of a sentence share its encoder keys/values; the cache grows
+    cache = model.apply({'params': params}, encoded, decode.stage_lengths(max_len)[0],
+                        beam_size, method=Transformer.init_cache)
     step = cached_tokens_to_logits(model, params, src)
   else:
     src, encoded = (jnp.repeat(x, beam_size, axis=0) for x in (src, encoded))  # beams adjacent
     cache = {'tokens': jnp.zeros((src.shape[0], max_len), jnp.int32), 'index': jnp.array(0)}
     step = uncached_tokens_to_logits(model, params, src, encoded)
+  grow = grow_cache if cached else None
   if beam_size == 1 and num_results is None:
-    return decode.greedy_search(step, cache, max_lengths, max_len)
+    return decode.greedy_search(step, cache, max_lengths, max_len, grow_cache=grow)
   found = decode.beam_search(step, cache, max_lengths, max_len, beam_size=beam_size,
-                             alpha=alpha, num_results=num_results)
+                             alpha=alpha, num_results=num_results, grow_cache=grow)
   return found if num_results else found[0]
 
 

@@ -278,6 +278,15 @@ class Decoder(nn.Module):
             'layers': [layer.init_cache(encoded, max_len, beams) for layer in self.layers]}
 
 
+def grow_cache(cache: Cache, max_len: int) -> Cache:
+  """`cache` (from `Transformer.init_cache`) with room for max_len target positions: its
+  self-attention keys and values [N, H, L, K] padded with zeros after the L it has."""
+  def grow(x: Array) -> Array:
+    return jnp.pad(x, ((0, 0), (0, 0), (0, max_len - x.shape[2]), (0, 0)))
+  return {**cache, 'layers': [{**layer, 'self': jax.tree.map(grow, layer['self'])}
+                              for layer in cache['layers']]}
+
+
 def _default_segments(tokens: Array, segments: Array | None) -> Array:
   return (tokens != 0).astype(jnp.int32) if segments is None else segments
 
