@@ -1,16 +1,22 @@
-"""Where one train step's time goes: traces it with jax.profiler and sums the compiled ops'
-durations by the part of the model they come from (from the ops' HLO metadata).
+"""Where one train step's (or one search's) time goes: traces it with jax.profiler and sums
+the compiled ops' durations by the part of the model they come from (from the ops' HLO
+metadata).
 
   python experiments/profile_step.py                      # base, 16 rows x 256 tokens
   python experiments/profile_step.py --preset big --rows 8
   python experiments/profile_step.py --preset demo --rows 32 --row-len 128   # make demo's step
+  python experiments/profile_step.py --preset base --vocab-size 8000 --search beam4 --rows 32
+  python experiments/profile_step.py --search beam4 --rows 32 \
+      --checkpoint workdirs/demo/average-last5
 
-Prints one JSON object: the step's wall time and, per part, the summed op time. On CPU the op
+A search decodes --rows sentences of 20 random pieces to 64 pieces. Prints one JSON object:
+the wall time and, per part, the summed op time. On CPU the op
 times of the runtime's threads add up to more than the wall time (ops run side by side).
 """
 
 import argparse
 import collections
+import functools
 import json
 import os
 import pathlib
@@ -24,10 +30,11 @@ os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
                            + ' --xla_cpu_enable_xprof_traceme=true').strip()
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench.common import random_batch  # noqa: E402
-from jaxformer import config, parallel, recipes, train  # noqa: E402
+from jaxformer import checkpoint, config, evaluate, parallel, recipes, train  # noqa: E402
 
 # (part, pattern on the op's name scope), first match wins.
 PARTS = [('softmax projection + loss', r'chunked|_projected|/while/|closed_call|log_softmax'
@@ -40,47 +47,92 @@ PARTS = [('softmax projection + loss', r'chunked|_projected|/while/|closed_call|
          ('optimizer', r'adam|optax|scale_by|apply_gradients')]
 
 
+# The same for one search's loop.
+SEARCH_PARTS = [('reorder beams (cache and sequences)', r'_take|take_along_axis'),
+                ('log-softmax with the output projection', r'log_softmax'),
+                ('top-k', r'top_k'),
+                ('attention: scores, softmax, weighted sum',
+                 r'attention/(?!.*(query|key|value|out)/)'),
+                ('attention: q, k, v, out projections', r'attention.*(query|key|value|out)/'),
+                ('feed-forward', r'/ffn/'),
+                ('layer norm', r'norm')]
+
+
 def _op_scopes(hlo_text: str) -> dict[str, str]:
   return dict(re.findall(r'%?([\w.\-]+) = \S+ .*?op_name="([^"]*)"', hlo_text))
 
 
-def main() -> int:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument('--preset', choices=('tiny', 'base', 'big', 'demo'), default='base')
-  parser.add_argument('--rows', type=int, default=16)
-  parser.add_argument('--row-len', type=int, default=256)
-  args = parser.parse_args()
-  cfg = recipes.load('demo').model if args.preset == 'demo' else getattr(config, args.preset)()
-  state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
-  rng = parallel.replicate(jax.random.key(1))
-  batch = parallel.shard(random_batch(1, args.rows, args.row_len, cfg.vocab_size))
-  step = jax.pmap(lambda s, b, r: train.train_step(s, b, r, axis_name='batch'),
-                  axis_name='batch', donate_argnums=0)
-  compiled = step.lower(state, batch, rng).compile()
+def _profile(compiled, run, parts: list[tuple[str, str]]) -> tuple[float, collections.Counter]:
+  """(wall seconds of one traced run after a warm-up, op seconds summed by part)."""
   scopes = _op_scopes(compiled.as_text())
-  state, metrics = compiled(state, batch, rng)  # warm-up
-  jax.block_until_ready(metrics)
+  jax.block_until_ready(run())  # warm-up
   with tempfile.TemporaryDirectory() as tmp:
     jax.profiler.start_trace(tmp)
     start = time.perf_counter()
-    state, metrics = compiled(state, batch, rng)
-    jax.block_until_ready(metrics)
+    jax.block_until_ready(run())
     wall = time.perf_counter() - start
     jax.profiler.stop_trace()
     trace = next(pathlib.Path(tmp).rglob('*.xplane.pb'))
     profile = jax.profiler.ProfileData.from_file(str(trace))
-  parts = collections.Counter()
+  seconds = collections.Counter()
   for plane in profile.planes:
     for line in plane.lines:
       for event in line.events:
         if event.name not in scopes:  # runtime bookkeeping, not a compiled op
           continue
         scope = scopes[event.name]
-        part = next((name for name, pattern in PARTS if re.search(pattern, scope)), 'other')
-        parts[part] += event.duration_ns / 1e9
+        part = next((name for name, pattern in parts if re.search(pattern, scope)), 'other')
+        seconds[part] += event.duration_ns / 1e9
+  return wall, seconds
+
+
+def _config(args: argparse.Namespace) -> config.TransformerConfig:
+  cfg = recipes.load('demo').model if args.preset == 'demo' else getattr(config, args.preset)()
+  return cfg.replace(vocab_size=args.vocab_size) if args.vocab_size else cfg
+
+
+def _train_step(args: argparse.Namespace) -> tuple[float, collections.Counter]:
+  cfg = _config(args)
+  state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
+  rng = parallel.replicate(jax.random.key(1))
+  batch = parallel.shard(random_batch(1, args.rows, args.row_len, cfg.vocab_size))
+  step = jax.pmap(lambda s, b, r: train.train_step(s, b, r, axis_name='batch'),
+                  axis_name='batch')
+  compiled = step.lower(state, batch, rng).compile()
+  return _profile(compiled, lambda: compiled(state, batch, rng), PARTS)
+
+
+def _search(args: argparse.Namespace) -> tuple[float, collections.Counter]:
+  """One jitted evaluate.search: args.rows sentences of 20 random pieces + EOS, decoding
+  to 64 pieces (random weights almost never emit EOS)."""
+  cfg = _config(args)
+  params = train.create_train_state(cfg, jax.random.key(0)).params
+  if args.checkpoint:
+    params, cfg, _, _ = checkpoint.load(args.checkpoint)
+  src = np.random.default_rng(0).integers(3, cfg.vocab_size, (args.rows, 21)).astype(np.int32)
+  src[:, -1] = 1
+  lengths = np.full(args.rows, 64, np.int32)
+  search = jax.jit(functools.partial(evaluate.search, config=cfg, max_len=64, alpha=0.6,
+                                     beam_size=1 if args.search == 'greedy' else 4))
+  compiled = search.lower(params, src, lengths).compile()
+  return _profile(compiled, lambda: compiled(params, src, lengths), SEARCH_PARTS)
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--preset', choices=('tiny', 'base', 'big', 'demo'), default='base')
+  parser.add_argument('--rows', type=int, default=16, help='rows per step, or sentences')
+  parser.add_argument('--row-len', type=int, default=256)
+  parser.add_argument('--vocab-size', type=int, help="default: the preset's")
+  parser.add_argument('--search', choices=('greedy', 'beam4'),
+                      help='profile one search instead of a train step')
+  parser.add_argument('--checkpoint', help='with --search: decode with these trained weights')
+  args = parser.parse_args()
+  wall, parts = (_search if args.search else _train_step)(args)
   print(json.dumps({'preset': args.preset, 'rows': args.rows, 'row_len': args.row_len,
-                    'device': jax.devices()[0].device_kind, 'step_wall_s': round(wall, 3),
+                    'search': args.search, 'checkpoint': args.checkpoint,
+                    'device': jax.devices()[0].device_kind, 'wall_s': round(wall, 3),
                     'op_seconds_total': round(sum(parts.values()), 6),
                     'op_seconds_by_part': {k: round(v, 6) for k, v in parts.most_common()}},
                    indent=2))

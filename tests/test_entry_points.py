@@ -142,7 +142,16 @@ def test_profile_step_splits_a_step_by_model_part():
   assert {'feed-forward', 'softmax projection + loss',
           'attention: q, k, v, out projections'} <= set(parts)
   assert parts['feed-forward'] > 0 and parts['softmax projection + loss'] > 0
-  assert report['step_wall_s'] > 0
+  assert report['wall_s'] > 0
+
+
+def test_profile_step_splits_a_beam_search_by_part():
+  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'profile_step.py'),
+                           '--preset', 'tiny', '--rows', '2', '--search', 'beam4'],
+                          capture_output=True, text=True, check=True, timeout=300)
+  parts = json.loads(result.stdout)['op_seconds_by_part']
+  assert parts['reorder beams (cache and sequences)'] > 0 and parts['top-k'] > 0
+  assert parts['feed-forward'] > 0
 
 
 def test_make_train_base_refuses_a_cpu_backend_before_reading_data(tmp_path):

@@ -56,13 +56,17 @@ def test_cached_and_uncached_steps_give_the_same_logits(translator):
     np.testing.assert_allclose(c_logits, u_logits, atol=1e-5)
 
 
-def test_cached_and_uncached_beam_search_agree(translator):
+@pytest.mark.parametrize('beam_size', [1, 4])
+def test_cached_and_uncached_search_agree(translator, beam_size):
+  # max_len 40: the cached search grows its cache through stages of 16, 32 and 40 tokens.
   src = jnp.array([[5, 9, 13, 1, 0, 0, 0, 0], [7, 8, 1, 0, 0, 0, 0, 0]])
-  lengths = jnp.array([9, 7])
+  lengths = jnp.array([40, 23])
   run = lambda cached: evaluate.search(  # noqa: E731
-      translator.params, src, lengths, config=translator.config, max_len=10, beam_size=4,
-      alpha=0.6, cached=cached)
-  np.testing.assert_array_equal(jax.jit(lambda: run(True))(), jax.jit(lambda: run(False))())
+      translator.params, src, lengths, config=translator.config, max_len=40,
+      beam_size=beam_size, alpha=0.6, cached=cached)
+  cached = jax.jit(lambda: run(True))()
+  assert (cached[0] != 0).sum() > 16  # the untrained model ran into the second stage
+  np.testing.assert_array_equal(cached, jax.jit(lambda: run(False))())
 
 
 def test_batch_padding_does_not_change_a_translation(translator):
