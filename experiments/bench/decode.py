@@ -70,7 +70,8 @@ def compare_ctranslate2(translator: evaluate.Translator, model_dir: pathlib.Path
       found = engine.translate_batch(
           pieces, max_batch_size=translator.batch_size, beam_size=beam,
           length_penalty=translator.alpha, min_decoding_length=0,
-          max_decoding_length=max(map(len, pieces)) + translator.extra_length,
+          max_decoding_length=min(max(map(len, pieces)) + translator.extra_length,
+                                  translator.config.max_len),  # jaxformer's limits too
           suppress_sequences=[tok.pieces([data.PAD_ID])])
       return [tok.piece_ids(r.hypotheses[0]) for r in found]
     fns = {'jaxformer': lambda t=ours: t.translate_ids(sentences),
