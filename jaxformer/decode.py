@@ -21,7 +21,7 @@ Array = jax.Array
 Cache = Any
 TokensToLogits = Callable[[Array, Cache], tuple[Array, Cache]]
 NEG_INF = -1.0e7  # finite, so that -inf - -inf never makes a NaN
-FIRST_STAGE = 16  # tokens of room in the first stage of a beam search with a growing cache
+FIRST_STAGE = 16  # tokens of room in the first stage of a search with a growing cache
 
 
 def stage_lengths(max_len: int) -> list[int]:
@@ -111,7 +111,8 @@ def _gather(x: Array, indices: Array) -> Array:
 
 def _gather_cache(cache: Cache, indices: Array, beam: int) -> Cache:
   """Each per-hypothesis array's rows for the chosen beams indices [B, K]: one gather of whole
-  rows along the leading axis (XLA:CPU lowers take_along_axis on [B, K, ...] to a slow select)."""
+  rows along the leading axis (XLA:CPU lowers take_along_axis on [B, K, ...] to a slow select;
+  mode='clip', as the rows are in bounds, spares the default mode's select as well)."""
   rows = (jnp.arange(indices.shape[0])[:, None] * beam + indices).reshape(-1)  # [B * K]
 
   def gather(x):

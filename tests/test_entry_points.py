@@ -7,12 +7,14 @@ import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
+import jax
 import jax.numpy as jnp
 
-from jaxformer import cli, config, recipes, train
+from jaxformer import cli, config, data, export, recipes, train
 from jaxformer.flops import forward_flops
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -39,18 +41,28 @@ def test_params_command_prints_the_readme_counts(capsys, preset, count):
   assert count in (ROOT / 'README.md').read_text()
 
 
-def test_readme_python_snippets_run(tmp_path, monkeypatch, shared_data):
+def test_readme_python_snippets_run(tmp_path, monkeypatch, shared_data, capsys):
   """Runs every python block of the README in order, in a folder holding Multi30k's train files
-  (as the data example expects train.en and train.de)."""
+  (as the data example expects train.en and train.de) and a CTranslate2 export of a small
+  random model where the serving example reads one (exported/base-ct2)."""
   multi30k = shared_data / 'multi30k'
   for name in ('train.en', 'train.de'):
     (tmp_path / name).symlink_to(multi30k / name)
+  text = data.read_parallel_text(tmp_path / 'train.en', tmp_path / 'train.de')
+  tokenizer = data.train_tokenizer(text.src[:2000] + text.tgt[:2000], tmp_path / 'ct2.model',
+                                   vocab_size=500)
+  cfg = config.tiny(vocab_size=500).replace(max_len=256)  # the recipes' max_len
+  export.save_ctranslate2(tmp_path / 'exported' / 'base-ct2',
+                          train.create_train_state(cfg, jax.random.key(0)).params, cfg,
+                          tokenizer.model_proto)
   monkeypatch.chdir(tmp_path)
   blocks = re.findall(r'```python\n(.*?)```', (ROOT / 'README.md').read_text(), flags=re.S)
-  assert len(blocks) >= 3, 'the README lost its python examples'
+  assert len(blocks) >= 4, 'the README lost its python examples'
   namespace: dict = {}
-  for block in blocks:  # later blocks use names from earlier ones
-    exec(compile(block, 'README.md', 'exec'), namespace)  # pylint: disable=exec-used
+  for block in blocks:  # later blocks use names from earlier ones; some sit in list items
+    exec(compile(textwrap.dedent(block), 'README.md', 'exec'), namespace)  # pylint: disable=exec-used
+  assert namespace['model'].__class__.__name__ == 'Translator'  # CTranslate2's, from the last
+  assert len(capsys.readouterr().out.splitlines()) == 1  # its one translation
   assert namespace['logits'].shape == (1, 1, 37000)
   assert float(namespace['peak']) == pytest.approx(6.988e-4, rel=1e-3)
   assert namespace['batch']['src'].shape[:2] == (8, 12)
