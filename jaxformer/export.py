@@ -32,12 +32,7 @@ FILES = ('config.json', 'spm.model', 'params.safetensors')
 def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_model: bytes, *,
          step: int) -> pathlib.Path:
   """Writes the three files into `out` (created if needed) and returns it."""
-  out = pathlib.Path(out)
-  try:
-    out.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise checkpoint.CheckpointError(f'{out}: cannot create the export folder ({e.strerror}).'
-                                     ) from None
+  out = _folder(out)
   tensors = {key: np.ascontiguousarray(value) for key, value in
              traverse_util.flatten_dict(params, sep='/').items()}
   safetensors.numpy.save_file(tensors, out / 'params.safetensors')
@@ -127,6 +122,7 @@ def save_ctranslate2(out: str | pathlib.Path, params: Any, config: TransformerCo
                                      "'jaxformer[ctranslate2]'.")
   if reason := _ctranslate2_refusal(config):
     raise checkpoint.CheckpointError(f'CTranslate2 has no Transformer with {reason}.')
+  out = _folder(out)  # before the work: a folder that cannot be made fails at once
   from ctranslate2.specs import transformer_spec  # pylint: disable=g-import-not-at-top
 
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
@@ -163,8 +159,20 @@ def save_ctranslate2(out: str | pathlib.Path, params: Any, config: TransformerCo
   spec.config.layer_norm_epsilon = 1e-6
   spec.validate()
   spec.optimize(quantization='float32')
+  try:
+    spec.save(str(out))
+    (out / 'spm.model').write_bytes(spm_model)  # to tokenize for it: pieces in, pieces out
+  except OSError as e:
+    raise checkpoint.CheckpointError(f'{out}: cannot write the export ({e.strerror}).') from None
+  return out
+
+
+def _folder(out: str | pathlib.Path) -> pathlib.Path:
+  """The export folder, created if needed; a one-line error if it cannot be."""
   out = pathlib.Path(out)
-  out.mkdir(parents=True, exist_ok=True)
-  spec.save(str(out))
-  (out / 'spm.model').write_bytes(spm_model)  # to tokenize for it: pieces in, pieces out
+  try:
+    out.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise checkpoint.CheckpointError(f'{out}: cannot create the export folder ({e.strerror}).'
+                                     ) from None
   return out

@@ -55,6 +55,14 @@ def test_export_refuses_what_ctranslate2_cannot_compute(tmp_path):
     export.save_ctranslate2(tmp_path / 'x', params, window, b'')
 
 
+def test_export_into_a_file_is_a_one_line_error(tmp_path):
+  cfg = config.tiny()
+  params = train.create_train_state(cfg, jax.random.key(0)).params
+  (tmp_path / 'taken').write_text('')
+  with pytest.raises(checkpoint.CheckpointError, match='cannot create the export folder'):
+    export.save_ctranslate2(tmp_path / 'taken', params, cfg, b'')
+
+
 def test_export_without_ctranslate2_says_what_to_install(tmp_path, monkeypatch):
   real = importlib.util.find_spec
   monkeypatch.setattr(importlib.util, 'find_spec',
