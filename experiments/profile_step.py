@@ -62,8 +62,10 @@ def _op_scopes(hlo_text: str) -> dict[str, str]:
   return dict(re.findall(r'%?([\w.\-]+) = \S+ .*?op_name="([^"]*)"', hlo_text))
 
 
-def _profile(compiled, run, parts: list[tuple[str, str]]) -> tuple[float, collections.Counter]:
-  """(wall seconds of one traced run after a warm-up, op seconds summed by part)."""
+def _profile(compiled, run, parts: list[tuple[str, str]]) -> tuple[float, collections.Counter,
+                                                                    collections.Counter]:
+  """(wall seconds of one traced run after a warm-up, op seconds summed by part, op seconds
+  by op name). On a GPU only the device's own op events count (not their host launches)."""
   scopes = _op_scopes(compiled.as_text())
   jax.block_until_ready(run())  # warm-up
   with tempfile.TemporaryDirectory() as tmp:
@@ -74,8 +76,11 @@ def _profile(compiled, run, parts: list[tuple[str, str]]) -> tuple[float, collec
     jax.profiler.stop_trace()
     trace = next(pathlib.Path(tmp).rglob('*.xplane.pb'))
     profile = jax.profiler.ProfileData.from_file(str(trace))
-  seconds = collections.Counter()
+  seconds, by_op = collections.Counter(), collections.Counter()
+  on_gpu = jax.default_backend() == 'gpu'
   for plane in profile.planes:
+    if on_gpu and not plane.name.startswith('/device:GPU'):
+      continue
     for line in plane.lines:
       for event in line.events:
         if event.name not in scopes:  # runtime bookkeeping, not a compiled op
@@ -83,15 +88,18 @@ def _profile(compiled, run, parts: list[tuple[str, str]]) -> tuple[float, collec
         scope = scopes[event.name]
         part = next((name for name, pattern in parts if re.search(pattern, scope)), 'other')
         seconds[part] += event.duration_ns / 1e9
-  return wall, seconds
+        by_op[f'{event.name} ({scope[-80:]})'] += event.duration_ns / 1e9
+  return wall, seconds, by_op
 
 
 def _config(args: argparse.Namespace) -> config.TransformerConfig:
+  """The preset in the fast path's execution (bfloat16 and fused attention on GPU)."""
   cfg = recipes.load('demo').model if args.preset == 'demo' else getattr(config, args.preset)()
-  return cfg.replace(vocab_size=args.vocab_size) if args.vocab_size else cfg
+  cfg = cfg.replace(vocab_size=args.vocab_size) if args.vocab_size else cfg
+  return cfg.replace(execution=config.fast_path(cfg))
 
 
-def _train_step(args: argparse.Namespace) -> tuple[float, collections.Counter]:
+def _train_step(args: argparse.Namespace):
   cfg = _config(args)
   state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
   rng = parallel.replicate(jax.random.key(1))
@@ -99,10 +107,10 @@ def _train_step(args: argparse.Namespace) -> tuple[float, collections.Counter]:
   step = jax.pmap(lambda s, b, r: train.train_step(s, b, r, axis_name='batch'),
                   axis_name='batch')
   compiled = step.lower(state, batch, rng).compile()
-  return _profile(compiled, lambda: compiled(state, batch, rng), PARTS)
+  return compiled, _profile(compiled, lambda: compiled(state, batch, rng), PARTS)
 
 
-def _search(args: argparse.Namespace) -> tuple[float, collections.Counter]:
+def _search(args: argparse.Namespace):
   """One jitted evaluate.search: args.rows sentences of 20 random pieces + EOS, decoding
   to 64 pieces (random weights almost never emit EOS)."""
   cfg = _config(args)
@@ -115,7 +123,7 @@ def _search(args: argparse.Namespace) -> tuple[float, collections.Counter]:
   search = jax.jit(functools.partial(evaluate.search, config=cfg, max_len=64, alpha=0.6,
                                      beam_size=1 if args.search == 'greedy' else 4))
   compiled = search.lower(params, src, lengths).compile()
-  return _profile(compiled, lambda: compiled(params, src, lengths), SEARCH_PARTS)
+  return compiled, _profile(compiled, lambda: compiled(params, src, lengths), SEARCH_PARTS)
 
 
 def main() -> int:
@@ -128,14 +136,19 @@ def main() -> int:
   parser.add_argument('--search', choices=('greedy', 'beam4'),
                       help='profile one search instead of a train step')
   parser.add_argument('--checkpoint', help='with --search: decode with these trained weights')
+  parser.add_argument('--top', type=int, default=0, help='also list the N slowest ops')
   args = parser.parse_args()
-  wall, parts = (_search if args.search else _train_step)(args)
-  print(json.dumps({'preset': args.preset, 'rows': args.rows, 'row_len': args.row_len,
-                    'search': args.search, 'checkpoint': args.checkpoint,
-                    'device': jax.devices()[0].device_kind, 'wall_s': round(wall, 3),
-                    'op_seconds_total': round(sum(parts.values()), 6),
-                    'op_seconds_by_part': {k: round(v, 6) for k, v in parts.most_common()}},
-                   indent=2))
+  compiled, (wall, parts, by_op) = (_search if args.search else _train_step)(args)
+  hlo = compiled.as_text()
+  result = {'preset': args.preset, 'rows': args.rows, 'row_len': args.row_len,
+            'search': args.search, 'checkpoint': args.checkpoint,
+            'device': jax.devices()[0].device_kind, 'jax': jax.__version__,
+            'cudnn_attention_calls': hlo.count('custom_call_target="__cudnn$fmha'),
+            'wall_s': round(wall, 3), 'op_seconds_total': round(sum(parts.values()), 6),
+            'op_seconds_by_part': {k: round(v, 6) for k, v in parts.most_common()}}
+  if args.top:
+    result['slowest_ops'] = {k: round(v, 6) for k, v in by_op.most_common(args.top)}
+  print(json.dumps(result, indent=2))
   return 0
 
 

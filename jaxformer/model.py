@@ -52,6 +52,15 @@ def window_mask(q_positions: Array, k_positions: Array, window: int | None) -> A
   return (jnp.abs(distance) <= window)[:, None]
 
 
+def _cudnn_applies(q: Array, k: Array) -> bool:
+  """Whether cuDNN's flash attention takes q [B, T, H, K] and k [B, L, H, K]: on a GPU, in
+  bfloat16 or float16, and with even T and L (its masked kernel's training pass needs them).
+  jax.nn.dot_product_attention's default is XLA's own lowering even on a GPU: it must be asked
+  for cuDNN by name."""
+  return (jax.default_backend() == 'gpu' and q.dtype in (jnp.bfloat16, jnp.float16)
+          and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0)
+
+
 class MultiHeadAttention(nn.Module):
   """Scaled dot-product attention over h heads (§3.2)."""
   config: TransformerConfig
@@ -90,9 +99,12 @@ class MultiHeadAttention(nn.Module):
 
   def _attend(self, q: Array, kv: dict[str, Array], mask: Array, deterministic: bool) -> Array:
     """The heads [B, T, H, J] of q [B, T, H, K] over kv."""
-    if self.config.execution.attention == 'fused':  # cuDNN's fused kernel where it applies (GPU)
+    if self.config.execution.attention == 'fused':
       k, v = (jnp.swapaxes(kv[name], 1, 2) for name in ('k', 'v'))  # [B, L, H, K|J]
-      return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0)
+      if not _cudnn_applies(q, k):  # XLA's lowering of the same op
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0)
+      mask = jnp.broadcast_to(mask, (*jnp.shape(mask)[:2], q.shape[1], k.shape[1]))
+      return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0, implementation='cudnn')
     # Heads-first operands make both products plain batched matmuls, which XLA:CPU runs
     # without the transposes it put around the head-in-the-middle einsums (docs/BENCHMARKS.md).
     q, k, v = jnp.swapaxes(q, 1, 2), kv['k'], kv['v']  # [B, H, T|L, K|J]

@@ -180,7 +180,7 @@ def test_make_train_base_refuses_a_cpu_backend_before_reading_data(tmp_path):
 
 @pytest.mark.parametrize('config,variant', [
     ('big', None), ('big_enfr', None), ('base', 'E'), ('base', 'big'), ('demo', None),
-    ('multi30k', None)])
+    ('multi30k', None), ('multi30k_gpu', None)])
 def test_only_the_paper_recipes_require_an_accelerator(config, variant):
   argv = ['train', '--config', config, '--workdir', 'w']
   args = cli.build_parser().parse_args(argv + (['--variant', variant] if variant else []))

@@ -27,7 +27,9 @@ from bench.common import ROOT  # noqa: E402
 # Each section, and the options of this command it takes.
 SECTIONS = {
     'data': (data.run, lambda args: {'data_dir': args.data_dir}),
-    'train': (train.run, lambda args: {'fast_path': args.fast_path, 'only': args.train_case}),
+    'train': (train.run, lambda args: {'fast_path': args.fast_path, 'only': args.train_case,
+                                       'loss_chunks': args.loss_chunk,
+                                       'peer': args.peer}),
     'checkpoint': (checkpoint.run, lambda args: {}),
     'decode': (decode.run, lambda args: {'data_dir': args.data_dir,
                                          'demo_model': args.demo_model}),
@@ -47,6 +49,11 @@ def main() -> int:
                       '(default: on GPU only)')
   parser.add_argument('--train-case', action='append',
                       help='train section: only these cases (repeatable), e.g. base big')
+  parser.add_argument('--loss-chunk', type=int, action='append',
+                      help='train section: time each case with these loss_chunk sizes '
+                      '(repeatable; no PyTorch peer then)')
+  parser.add_argument('--torch', action=argparse.BooleanOptionalAction, default=True,
+                      help='train section: time PyTorch beside jaxformer when it is installed')
   parser.add_argument('--demo-model', help='decode section: also time this trained model '
                       '(e.g. workdirs/demo/average-last5 after make demo)')
   parser.add_argument('--data-dir', type=pathlib.Path,
@@ -57,6 +64,9 @@ def main() -> int:
   if {'data', 'decode'} & set(sections) and not (args.data_dir / 'multi30k').is_dir():
     print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
     return 2
+  # PyTorch's peer first, in a process of its own, before jax starts and takes the GPU.
+  args.peer = (train.torch_peer(args.train_case)
+               if 'train' in sections and args.torch and not args.loss_chunk else None)
   results = {'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
              'machine': {'platform': platform.platform(), 'cpus': os.cpu_count(),
                          'backend': jax.default_backend(),

@@ -93,14 +93,50 @@ def compare_ctranslate2(translator: evaluate.Translator, model_dir: pathlib.Path
           'repeats': repeats, **results}
 
 
+def _newstest(data_dir: pathlib.Path, tmp: str) -> tuple[data.ParallelText, data.Tokenizer]:
+  """newstest2014 and an 8k sentencepiece vocabulary trained on it (in folder `tmp`)."""
+  news = data.read_parallel_text(data_dir / 'newstest2014' / 'newstest2014.en',
+                                 data_dir / 'newstest2014' / 'newstest2014.de')
+  return news, data.train_tokenizer(news.src + news.tgt, pathlib.Path(tmp, 'spm.model'), 8000)
+
+
+def base_fast_path(data_dir: pathlib.Path, *, batch_size: int = 128,
+                   sentences: int = 1024, preset: str = 'base') -> dict:
+  """Greedy and beam-4 target tokens/s of `preset`'s dimensions with random weights, in the fast
+  path's execution (bfloat16 and fused attention on GPU), through the Translator: batches of
+  `batch_size` newstest2014 sources of 17-31 pieces (one 32-wide bucket: one compiled program
+  per search, compiled on the first batch before timing), outputs to source length + 50 (random
+  weights almost never emit EOS)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    news, tokenizer = _newstest(data_dir, tmp)
+  texts = [t for t, ids in zip(news.src, tokenizer.encode(news.src))
+           if 16 < len(ids) < 32][:sentences]
+  cfg = getattr(config, preset)(vocab_size=tokenizer.vocab_size)
+  cfg = cfg.replace(execution=config.fast_path(cfg))
+  params = train.create_train_state(cfg, jax.random.key(0)).params
+  results = {'preset': preset, 'dtype': jnp.dtype(cfg.execution.dtype).name,
+             'attention': cfg.execution.attention, 'batch_size': batch_size,
+             'sentences': len(texts)}
+  for name, beam in (('greedy', 1), ('beam4', 4)):
+    translator = evaluate.Translator(params, cfg, tokenizer, beam_size=beam,
+                                     batch_size=batch_size)
+    start = time.perf_counter()
+    translator.translate_ids(texts[:batch_size])
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    tokens = sum(map(len, translator.translate_ids(texts)))
+    seconds = time.perf_counter() - start
+    results[name] = {'target_tokens_per_s': round(tokens / seconds, 1), 'tokens': tokens,
+                     'seconds': round(seconds, 3), 'compile_and_first_batch_s': round(compile_s, 2)}
+  return results
+
+
 def _side_by_side(data_dir: pathlib.Path, demo_model: str | None) -> dict:
   """compare_ctranslate2 at base dimensions with random weights (64 newstest2014 sources of 20
   pieces each, outputs to the length limit) and, with --demo-model, on a trained model."""
-  news = data.read_parallel_text(data_dir / 'newstest2014' / 'newstest2014.en',
-                                 data_dir / 'newstest2014' / 'newstest2014.de')
   results = {}
   with tempfile.TemporaryDirectory() as tmp:
-    tokenizer = data.train_tokenizer(news.src + news.tgt, pathlib.Path(tmp, 'spm.model'), 8000)
+    news, tokenizer = _newstest(data_dir, tmp)
     sources = [ids[:20] for ids in tokenizer.encode(news.src) if len(ids) >= 20]
     texts = [t for t, ids in zip(tokenizer.decode(sources), sources)
              if tokenizer.encode([t])[0] == ids][:64]  # 20 pieces again when re-encoded
@@ -121,6 +157,8 @@ def _side_by_side(data_dir: pathlib.Path, demo_model: str | None) -> dict:
 
 
 def run(data_dir: pathlib.Path, demo_model: str | None = None) -> dict:
+  if jax.default_backend() == 'gpu':  # the GPU's case: base dims, bf16, batches of 128
+    return {'base_newstest2014': base_fast_path(data_dir)}
   results = {}
   cfg = config.base()
   params = jax.jit(Transformer(cfg).init)(jax.random.key(0), jnp.ones((1, 8), jnp.int32),
@@ -144,10 +182,8 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None) -> dict:
   results['setup'] = {'batch': batch, 'source_tokens': src_len, 'output_tokens': out_len}
 
   # The tiny config through the Translator (bucketing, batching) on newstest2014 sources.
-  news = data.read_parallel_text(data_dir / 'newstest2014' / 'newstest2014.en',
-                                 data_dir / 'newstest2014' / 'newstest2014.de')
   with tempfile.TemporaryDirectory() as tmp:
-    tokenizer = data.train_tokenizer(news.src + news.tgt, pathlib.Path(tmp, 'spm.model'), 8000)
+    news, tokenizer = _newstest(data_dir, tmp)
   tiny = config.tiny(vocab_size=tokenizer.vocab_size).replace(max_len=256)
   tiny_params = train.create_train_state(tiny, jax.random.key(0)).params
   translator = evaluate.Translator(tiny_params, tiny, tokenizer, batch_size=32)

@@ -4,10 +4,11 @@ of timed steps, tokens/s, steps/s, and MFU: analytic model FLOPs (jaxformer.flop
 the peak of a square jnp.dot in the compute dtype measured in the same run. bf16 + fused
 attention on GPU (--fast-path to choose). When torch is installed (jaxformer[bench]),
 bench_torch.py times PyTorch's nn.Transformer on the same cases in the same run:
-`ratio_to_torch` per case."""
+`ratio_to_torch` per case (PyTorch first, before jax takes the GPU)."""
 
 import functools
 import importlib.util
+import itertools
 import json
 import statistics
 import subprocess
@@ -43,6 +44,11 @@ def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accu
     if i >= 2:
       times.append(time.perf_counter() - start)
   median = statistics.median(times)
+  start = time.perf_counter()  # as the trainer runs: the next step queued before this one ends
+  for _ in range(timed_steps):
+    state, metrics = compiled(state, batch, rng)
+  jax.block_until_ready(metrics)
+  pipelined = (time.perf_counter() - start) / timed_steps
   tokens = rows * length
   model_flops = flops.train_flops(cfg, rows, length, length)
   result = {
@@ -53,6 +59,8 @@ def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accu
       'timed_steps': timed_steps, 'step_s_median': round(median, 4),
       'step_s_range': [round(min(times), 4), round(max(times), 4)],
       'steps_per_s': round(1 / median, 3), 'target_tokens_per_s': round(tokens / median, 1),
+      'step_s_pipelined': round(pipelined, 4),
+      'target_tokens_per_s_pipelined': round(tokens / pipelined, 1),
       'model_tflops_per_step': round(model_flops / 1e12, 4),
       'achieved_gflops': round(model_flops / median / 1e9, 1),
       'mfu': round(model_flops / median / 1e9 / (peak_gflops * devices), 4)}
@@ -77,8 +85,11 @@ TRAIN_CASES = {
 PAPER_RECIPES = {'base': 100_000, 'big': 300_000}  # steps of ~25k target tokens (§5.2)
 
 
-def run(*, fast_path: bool | None = None, only: list[str] | None = None) -> dict:
-  """Train-step throughput and MFU of the cases for this backend (TRAIN_CASES)."""
+def run(*, fast_path: bool | None = None, only: list[str] | None = None,
+        loss_chunks: list[int] | None = None, peer: dict | None = None) -> dict:
+  """Train-step throughput and MFU of the cases for this backend (TRAIN_CASES); with
+  loss_chunks, each case once per chunk size (named CASE_chunkN). `peer`: torch_peer's
+  results on the same cases, added with jaxformer / torch per case (`ratio_to_torch`)."""
   backend = jax.default_backend()
   use_fast = backend == 'gpu' if fast_path is None else fast_path
   cases = [c for c in TRAIN_CASES['gpu' if backend == 'gpu' else 'cpu']
@@ -86,30 +97,35 @@ def run(*, fast_path: bool | None = None, only: list[str] | None = None) -> dict
   dtype = config.fast_path(config.base(), 'gpu').dtype if use_fast else jnp.float32
   peak = matmul_peak(dtype, (2048, 4096, 8192) if backend == 'gpu' else (1024, 2048, 4096))
   results = {'matmul_peak': peak, 'fast_path': use_fast}
-  for name, preset, rows, length, accum, remat, timed in cases:
+  for (name, preset, rows, length, accum, remat, timed), chunk in itertools.product(
+      cases, loss_chunks or [None]):
     cfg = getattr(config, preset)()
     cfg = cfg.replace(execution=config.fast_path(cfg, 'gpu')) if use_fast else cfg
-    cfg = cfg.run_as(remat=remat)
+    cfg = cfg.run_as(remat=remat, **({'loss_chunk': chunk} if chunk else {}))
     result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'])
+    result['loss_chunk'] = cfg.execution.loss_chunk
     if preset in PAPER_RECIPES:  # at this speed, the paper's recipe would take this long
       result['paper_recipe_hours'] = round(
           PAPER_RECIPES[preset] * 25_000 / result['target_tokens_per_s'] / 3600, 2)
+    name = f'{name}_chunk{chunk}' if chunk else name
     results[name] = result
     print(f'train {name}: {result["target_tokens_per_s"]} tokens/s, MFU {result["mfu"]}',
           file=sys.stderr, flush=True)
-  if importlib.util.find_spec('torch') is not None:
-    results['torch'] = _torch_peer(results, [c[0] for c in cases])
+  if peer:
+    for name, case in peer['cases'].items():
+      ratio = results[name]['target_tokens_per_s'] / case['target_tokens_per_s']
+      results[name]['ratio_to_torch'] = round(ratio, 3)
+      print(f'train {name}: jaxformer / torch = {ratio:.2f}', file=sys.stderr, flush=True)
+    results['torch'] = peer
   return results
 
 
-def _torch_peer(results: dict, names: list[str]) -> dict:
-  """bench_torch.py on the same cases, in a process of its own, and jaxformer / torch per case
-  (added to each case as `ratio_to_torch`)."""
+def torch_peer(only: list[str] | None = None) -> dict | None:
+  """bench_torch.py on the same cases (`only`, default all), in a process of its own; None
+  without torch. Run it before jax starts: on a GPU, jax's process keeps most of the device's
+  memory for itself, and PyTorch beside it runs out."""
+  if importlib.util.find_spec('torch') is None:
+    return None
   command = [sys.executable, str(ROOT / 'experiments' / 'bench_torch.py')]
-  peer = json.loads(subprocess.run(command + [f'--case={n}' for n in names], check=True,
+  return json.loads(subprocess.run(command + [f'--case={n}' for n in only or []], check=True,
                                    stdout=subprocess.PIPE, text=True).stdout)
-  for name, case in peer['cases'].items():
-    ratio = results[name]['target_tokens_per_s'] / case['target_tokens_per_s']
-    results[name]['ratio_to_torch'] = round(ratio, 3)
-    print(f'train {name}: jaxformer / torch = {ratio:.2f}', file=sys.stderr, flush=True)
-  return peer

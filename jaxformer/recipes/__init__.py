@@ -2,8 +2,8 @@
 
 A recipe is a module (or any .py file) whose `get_config()` returns a dict with 'model' (a
 TransformerConfig), 'train' (TrainConfig fields but the workdir) and 'data' (DataConfig fields).
-The shipped ones: base, big, big_enfr (the paper's), multi30k and demo; `table3` holds the paper's
-Table 3 rows as variants of base.
+The shipped ones: base, big, big_enfr (the paper's), multi30k, multi30k_gpu and demo; `table3`
+holds the paper's Table 3 rows as variants of base.
 """
 
 import dataclasses
@@ -19,7 +19,7 @@ from jaxformer.config import TransformerConfig
 from jaxformer.data import DataError, ParallelText, embedded, load_wmt14, read_parallel_text
 from jaxformer.train import TrainConfig
 
-NAMES = ('base', 'big', 'big_enfr', 'multi30k', 'demo')
+NAMES = ('base', 'big', 'big_enfr', 'multi30k', 'multi30k_gpu', 'demo')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU measurements of docs/BENCHMARKS.md ("GPU"), each result as JSON (or text) in OUT_DIR:
+#
+#   bash experiments/gpu_bench.sh OUT_DIR [DATA_DIR] [STEP...]     (DATA_DIR: ../shared/data)
+#
+# Steps (default: all, in this order), each bounded by `timeout` so that a slow one cannot take
+# the rest with it:
+#   check      gpu_check.py: fused attention (cuDNN), bf16 training, decoding, checkpoints
+#   train      the train step at the paper's ~25k target tokens, base and big, with PyTorch
+#              beside it when installed (ratio_to_torch)
+#   profile    where the base step's time goes (experiments/profile_step.py, slowest ops)
+#   chunks     the base step with larger loss_chunk sizes
+#   rbg        the base step with jax's rbg PRNG (dropout bits)
+#   decode     greedy and beam 4 at base dims, bf16, batches of 128 on newstest2014 sources
+#   multi30k   the multi30k_gpu recipe (train, then BLEU on test_2016_flickr)
+# BEFORE=DIR also times the train and decode steps with the jaxformer package in DIR (e.g. an
+# older commit's: git archive REV jaxformer | tar -x -C DIR). PYTHON: the interpreter (python3).
+set -u
+out=${1:?usage: gpu_bench.sh OUT_DIR [DATA_DIR] [STEP...]}
+data=${2:-../shared/data}
+shift $(( $# < 2 ? $# : 2 ))
+steps=${*:-check train profile chunks rbg decode multi30k}
+py=${PYTHON:-python3}
+root=$(cd "$(dirname "$0")/.." && pwd)
+path=$root${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+cd "$root"
+run() {  # run SECONDS NAME COMMAND...: stdout to OUT/NAME, stderr to the log
+  local seconds=$1 name=$2; shift 2
+  echo "== $name ($(date -u +%T))" >&2
+  timeout "$seconds" "$@" > "$out/$name" || echo "== $name: exit $?" >&2
+}
+bench=("$py" experiments/bench --data-dir "$data")
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >&2
+"$py" -c 'import jax, flax, optax; print("jax", jax.__version__, "flax", flax.__version__,
+  "optax", optax.__version__, jax.devices())' >&2
+for step in $steps; do
+  case $step in
+    check) PYTHONPATH=$path run 120 gpu_check.txt "$py" experiments/gpu_check.py ;;
+    train) PYTHONPATH=$path run 270 train.json "${bench[@]}" --only train --train-case base \
+             --train-case big
+           [ -n "${BEFORE:-}" ] && PYTHONPATH=$BEFORE run 80 train_before.json "${bench[@]}" \
+             --only train --train-case base --no-torch ;;
+    profile) PYTHONPATH=$path run 100 profile_base.json "$py" experiments/profile_step.py \
+               --preset base --rows 100 --row-len 256 --top 25 ;;
+    chunks) PYTHONPATH=$path run 80 loss_chunk.json "${bench[@]}" --only train --train-case base \
+              --loss-chunk 4096 ;;
+    rbg) JAX_DEFAULT_PRNG_IMPL=rbg PYTHONPATH=$path run 70 train_rbg.json "${bench[@]}" --only train \
+           --train-case base --no-torch ;;
+    decode) PYTHONPATH=$path run 100 decode.json "${bench[@]}" --only decode
+            [ -n "${BEFORE:-}" ] && PYTHONPATH=$BEFORE run 80 decode_before.json "${bench[@]}" \
+              --only decode ;;
+    multi30k)
+      work=$(mktemp -d) m=$data/multi30k
+      SECONDS=0
+      PYTHONPATH=$path run 420 multi30k_train.txt "$py" -m jaxformer.cli train \
+        --config multi30k_gpu --workdir "$work" --train-src "$m/train.en" \
+        --train-tgt "$m/train.de" --eval-src "$m/val.en" --eval-tgt "$m/val.de"
+      PYTHONPATH=$path run 120 multi30k_eval.txt "$py" -m jaxformer.cli eval \
+        --checkpoint "$work/average-last5" --src "$m/test_2016_flickr.en" \
+        --ref "$m/test_2016_flickr.de"
+      echo "== multi30k: ${SECONDS} s in all" >&2 ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
+echo "== done ($(date -u +%T))" >&2
