@@ -4,7 +4,8 @@
 #   bash experiments/gpu_bench.sh OUT_DIR [DATA_DIR] [STEP...]     (DATA_DIR: ../shared/data)
 #
 # Steps (default: all, in this order), each bounded by `timeout` so that a slow one cannot take
-# the rest with it:
+# the rest with it. On an H100 they take about 25 minutes together, so on a machine lent for
+# 10-minute commands name a few per call (e.g. `train decode`, then `multi30k check`):
 #   check      gpu_check.py: fused attention (cuDNN), bf16 training, decoding, checkpoints
 #   train      the train step at the paper's ~25k target tokens, base and big, with PyTorch
 #              beside it when installed (ratio_to_torch)
@@ -23,6 +24,7 @@ steps=${*:-check train profile chunks rbg decode multi30k}
 py=${PYTHON:-python3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 path=$root${PYTHONPATH:+:$PYTHONPATH}
+before=${BEFORE:-}${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 cd "$root"
@@ -37,24 +39,24 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >&2
   "optax", optax.__version__, jax.devices())' >&2
 for step in $steps; do
   case $step in
-    check) PYTHONPATH=$path run 120 gpu_check.txt "$py" experiments/gpu_check.py ;;
-    train) PYTHONPATH=$path run 270 train.json "${bench[@]}" --only train --train-case base \
+    check) PYTHONPATH=$path run 150 gpu_check.txt "$py" experiments/gpu_check.py ;;
+    train) PYTHONPATH=$path run 420 train.json "${bench[@]}" --only train --train-case base \
              --train-case big
-           [ -n "${BEFORE:-}" ] && PYTHONPATH=$BEFORE run 80 train_before.json "${bench[@]}" \
+           [ -n "${BEFORE:-}" ] && PYTHONPATH=$before run 120 train_before.json "${bench[@]}" \
              --only train --train-case base --no-torch ;;
-    profile) PYTHONPATH=$path run 100 profile_base.json "$py" experiments/profile_step.py \
+    profile) PYTHONPATH=$path run 120 profile_base.json "$py" experiments/profile_step.py \
                --preset base --rows 100 --row-len 256 --top 25 ;;
-    chunks) PYTHONPATH=$path run 80 loss_chunk.json "${bench[@]}" --only train --train-case base \
+    chunks) PYTHONPATH=$path run 120 loss_chunk.json "${bench[@]}" --only train --train-case base \
               --loss-chunk 4096 ;;
-    rbg) JAX_DEFAULT_PRNG_IMPL=rbg PYTHONPATH=$path run 70 train_rbg.json "${bench[@]}" --only train \
+    rbg) JAX_DEFAULT_PRNG_IMPL=rbg PYTHONPATH=$path run 100 train_rbg.json "${bench[@]}" --only train \
            --train-case base --no-torch ;;
-    decode) PYTHONPATH=$path run 100 decode.json "${bench[@]}" --only decode
-            [ -n "${BEFORE:-}" ] && PYTHONPATH=$BEFORE run 80 decode_before.json "${bench[@]}" \
+    decode) PYTHONPATH=$path run 120 decode.json "${bench[@]}" --only decode
+            [ -n "${BEFORE:-}" ] && PYTHONPATH=$before run 120 decode_before.json "${bench[@]}" \
               --only decode ;;
     multi30k)
       work=$(mktemp -d) m=$data/multi30k
       SECONDS=0
-      PYTHONPATH=$path run 420 multi30k_train.txt "$py" -m jaxformer.cli train \
+      PYTHONPATH=$path run 480 multi30k_train.txt "$py" -m jaxformer.cli train \
         --config multi30k_gpu --workdir "$work" --train-src "$m/train.en" \
         --train-tgt "$m/train.de" --eval-src "$m/val.en" --eval-tgt "$m/val.de"
       PYTHONPATH=$path run 120 multi30k_eval.txt "$py" -m jaxformer.cli eval \

@@ -5,6 +5,7 @@ and the one-step-late metric reader. `train.train_and_evaluate` puts them togeth
 import collections
 import dataclasses
 import json
+import logging
 import pathlib
 import signal
 import time
@@ -20,6 +21,25 @@ Array = jax.Array
 # --- what the user sees ---------------------------------------------------------------------------
 
 
+class _NoWriter:
+  """Stands in for TensorBoard's writer where TensorFlow is not installed."""
+
+  def __getattr__(self, name: str) -> Callable[..., None]:
+    return lambda *args, **kwargs: None
+
+
+def _tensorboard_writer(folder: pathlib.Path) -> Any:
+  """flax's TensorBoard writer; without TensorFlow (which it needs: a GPU image may lack it),
+  a warning and no events (metrics.jsonl still gets every record)."""
+  try:
+    from flax.metrics import tensorboard  # pylint: disable=g-import-not-at-top  (imports TF)
+    return tensorboard.SummaryWriter(str(folder))
+  except ImportError as e:
+    logging.getLogger(__name__).warning('no TensorBoard events (%s); metrics.jsonl has them '
+                                        'all.', e)
+    return _NoWriter()
+
+
 class MetricsSink:
   """TensorBoard, metrics.jsonl and the progress bar of a run, on process 0; a no-op on the
   other processes (clu's `create_default_writer` does the same)."""
@@ -30,8 +50,7 @@ class MetricsSink:
                               unit='step', disable=not enabled, dynamic_ncols=True)
     self._writer = self._file = None
     if enabled:
-      from flax.metrics import tensorboard  # pylint: disable=g-import-not-at-top  (imports TF)
-      self._writer = tensorboard.SummaryWriter(str(workdir / 'tensorboard'))
+      self._writer = _tensorboard_writer(workdir / 'tensorboard')
       self._file = open(workdir / 'metrics.jsonl', 'a', encoding='utf-8')  # noqa: SIM115
 
   def start(self, step: int, facts: dict[str, Any], line: str, hparams: dict[str, Any]) -> None:

@@ -94,20 +94,26 @@ def test_bench_train_reports_mfu_against_its_measured_peak():
 
 def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):
   """The ratio jaxformer / torch per case, from bench_torch.py's JSON (faked here: torch is an
-  optional extra; test_torch_peer_matches_jaxformer checks the peer where torch is installed)."""
+  optional extra; test_torch_peer_matches_jaxformer checks the peer where torch is installed);
+  a failed peer is reported, not raised."""
   sys.path.insert(0, str(ROOT / 'experiments'))
   from bench import train as bench_train  # pylint: disable=g-import-not-at-top
   peer = {'torch': 'x', 'cases': {'tiny': {'target_tokens_per_s': 400.0}}}
-  calls = []
+  calls, exits = [], [0, 1]
 
   def fake_run(command, **kwargs):
     calls.append(command)
-    return subprocess.CompletedProcess(command, 0, stdout=json.dumps(peer))
+    return subprocess.CompletedProcess(command, exits[len(calls) - 1], stdout=json.dumps(peer),
+                                       stderr='torch.OutOfMemoryError: CUDA out of memory\n')
+  monkeypatch.setattr(bench_train.importlib.util, 'find_spec', lambda name: True)
   monkeypatch.setattr(bench_train.subprocess, 'run', fake_run)
-  results = {'tiny': {'target_tokens_per_s': 1000.0}, 'base': {'target_tokens_per_s': 5.0}}
-  assert bench_train._torch_peer(results, ['tiny', 'base']) == peer  # pylint: disable=protected-access
+  assert bench_train.torch_peer(['tiny', 'base']) == peer
   assert calls[0][-2:] == ['--case=tiny', '--case=base']
   assert calls[0][1].endswith('experiments/bench_torch.py')
+  results = {'tiny': {'target_tokens_per_s': 1000.0}, 'base': {'target_tokens_per_s': 5.0}}
+  assert bench_train.add_ratios(results, peer) == peer
+  assert bench_train.torch_peer() == {
+      'error': 'bench_torch.py exited with 1: torch.OutOfMemoryError: CUDA out of memory'}
   assert results['tiny']['ratio_to_torch'] == 2.5 and 'ratio_to_torch' not in results['base']
 
 
@@ -143,6 +149,20 @@ def test_bench_memory_compiles_the_step_and_reports_its_buffers():
   sizes = {name.split('tokens_')[1]: case['temp_mb'] for name, case in report.items()}
   assert all(case['arguments_mb'] > 0 for case in report.values())
   assert sizes['remat_False_accum_4'] < sizes['remat_False_accum_1']  # a quarter of the batch
+
+
+def test_bench_decode_fast_path_counts_the_output_tokens(shared_data):
+  """The GPU's decode case (run here on CPU with the tiny preset): sources of one 32-wide
+  bucket, outputs to the length limit (64: tiny's max_len), tokens/s = tokens / seconds."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  from bench import decode  # pylint: disable=g-import-not-at-top
+  report = decode.base_fast_path(shared_data, batch_size=8, sentences=16, preset='tiny')
+  assert report['sentences'] == 16 and report['attention'] == 'einsum'
+  for search in ('greedy', 'beam4'):
+    case = report[search]
+    assert 0 < case['tokens'] <= 16 * 64
+    assert case['target_tokens_per_s'] == pytest.approx(case['tokens'] / case['seconds'],
+                                                        rel=1e-2)  # seconds: 3 decimals
 
 
 def test_profile_step_splits_a_step_by_model_part():

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import sys
 
 import numpy as np
 import pytest
@@ -89,3 +90,19 @@ def test_sink_writes_on_process_zero_only(tmp_path):
                      {'step': 2, 'split': 'train', 'loss': 1.5}]
   assert (tmp_path / 'main' / 'tensorboard').is_dir()
   assert os.listdir(tmp_path / 'other') == []
+
+
+def test_sink_without_tensorflow_writes_metrics_and_warns(tmp_path, monkeypatch, caplog):
+  """flax's TensorBoard writer imports TensorFlow; without it (a GPU image may lack it) the run
+  goes on: a warning, no event files, every record still in metrics.jsonl."""
+  import flax.metrics  # pylint: disable=g-import-not-at-top
+  monkeypatch.setitem(sys.modules, 'flax.metrics.tensorboard', None)  # its import now fails
+  monkeypatch.delattr(flax.metrics, 'tensorboard', raising=False)  # (if imported already)
+  with loop.MetricsSink(tmp_path, enabled=True, start_step=0, total_steps=4) as sink:
+    sink.start(0, {'backend': 'cpu'}, 'cpu line', {'model': 'x'})
+    sink.scalars(2, 'train', {'loss': 1.5})
+    sink.text(2, 'samples', '| a |')
+  assert [json.loads(line)['step'] for line in
+          (tmp_path / 'metrics.jsonl').read_text().splitlines()] == [0, 2]
+  assert not (tmp_path / 'tensorboard').exists()
+  assert 'no TensorBoard events' in caplog.text

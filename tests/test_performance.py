@@ -164,6 +164,35 @@ def test_fused_attention_agrees_with_einsum_attention(tiny_model, tiny_config):
   np.testing.assert_array_equal(outputs['fused'][1], outputs['einsum'][1])
 
 
+def test_fused_attention_names_cudnn_on_gpu_with_full_masks(tiny_model, tiny_config,
+                                                            monkeypatch):
+  """On a GPU (faked here), fused bfloat16 attention asks for cuDNN's kernel by name where its
+  lengths are even, with each mask broadcast to the [B, 1, T, L] bias cuDNN needs; odd lengths
+  keep XLA's lowering. The fake runs XLA's lowering, so the answers must equal the CPU path's."""
+  _, params = tiny_model
+  cfg = tiny_config.run_as(attention='fused', dtype=jnp.bfloat16)
+  xla, calls = jax.nn.dot_product_attention, []
+
+  def fake(q, k, v, *, mask, scale, implementation=None):
+    calls.append((implementation, mask.shape, (q.shape[0], 1, q.shape[1], k.shape[1])))
+    return xla(q, k, v, mask=mask, scale=scale)
+  even = {name: jnp.pad(x, ((0, 0), (0, 1))) if name.startswith('tgt') else x
+          for name, x in _packed_inputs().items()}  # targets of 8
+  on_cpu = Transformer(cfg).apply({'params': params}, **even)
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', fake)
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  on_gpu = Transformer(cfg).apply({'params': params}, **even)
+  np.testing.assert_array_equal(np.asarray(on_gpu), np.asarray(on_cpu))
+  assert len(calls) == 3 * cfg.num_layers  # encoder self, decoder self and cross, per layer
+  assert all(kernel == 'cudnn' and mask == bias for kernel, mask, bias in calls)
+  calls.clear()
+  Transformer(cfg).apply({'params': params}, **_packed_inputs())  # targets of 7
+  assert [kernel for kernel, _, _ in calls] == ['cudnn'] * 2 + [None] * 4
+  calls.clear()
+  Transformer(cfg.run_as(dtype=jnp.float32)).apply({'params': params}, **even)
+  assert {kernel for kernel, _, _ in calls} == {None}  # cuDNN's kernel is bf16/fp16 only
+
+
 def test_remat_changes_neither_params_nor_loss_nor_gradients():
   """With dropout on: the recomputed forward pass must draw the same masks."""
   cfg = config_lib.tiny(vocab_size=32)

@@ -109,23 +109,36 @@ def run(*, fast_path: bool | None = None, only: list[str] | None = None,
           PAPER_RECIPES[preset] * 25_000 / result['target_tokens_per_s'] / 3600, 2)
     name = f'{name}_chunk{chunk}' if chunk else name
     results[name] = result
-    print(f'train {name}: {result["target_tokens_per_s"]} tokens/s, MFU {result["mfu"]}',
-          file=sys.stderr, flush=True)
+    # Each case on stderr as it ends: a run cut short by a time limit keeps what it measured.
+    print(f'train {name}: {result["target_tokens_per_s"]} tokens/s, MFU {result["mfu"]} '
+          f'{json.dumps(result)}', file=sys.stderr, flush=True)
   if peer:
-    for name, case in peer['cases'].items():
-      ratio = results[name]['target_tokens_per_s'] / case['target_tokens_per_s']
-      results[name]['ratio_to_torch'] = round(ratio, 3)
-      print(f'train {name}: jaxformer / torch = {ratio:.2f}', file=sys.stderr, flush=True)
-    results['torch'] = peer
+    results['torch'] = add_ratios(results, peer)
   return results
 
 
+def add_ratios(results: dict, peer: dict) -> dict:
+  """Adds jaxformer / torch (`ratio_to_torch`) to each case of `results` that the peer timed;
+  returns the peer."""
+  for name, case in peer.get('cases', {}).items():
+    if name in results:
+      ratio = results[name]['target_tokens_per_s'] / case['target_tokens_per_s']
+      results[name]['ratio_to_torch'] = round(ratio, 3)
+      print(f'train {name}: jaxformer / torch = {ratio:.2f}', file=sys.stderr, flush=True)
+  return peer
+
+
 def torch_peer(only: list[str] | None = None) -> dict | None:
-  """bench_torch.py on the same cases (`only`, default all), in a process of its own; None
-  without torch. Run it before jax starts: on a GPU, jax's process keeps most of the device's
-  memory for itself, and PyTorch beside it runs out."""
+  """bench_torch.py on the same cases (`only`, default all), in a process of its own: its JSON,
+  {'error': ...} if it failed, None without torch. Run it before jax starts: on a GPU, jax's
+  process keeps most of the device's memory, and PyTorch beside it runs out."""
   if importlib.util.find_spec('torch') is None:
     return None
   command = [sys.executable, str(ROOT / 'experiments' / 'bench_torch.py')]
-  return json.loads(subprocess.run(command + [f'--case={n}' for n in only or []], check=True,
-                                   stdout=subprocess.PIPE, text=True).stdout)
+  done = subprocess.run(command + [f'--case={n}' for n in only or []], stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)
+  sys.stderr.write(done.stderr)
+  if done.returncode:
+    lines = done.stderr.strip().splitlines() or ['no output']
+    return {'error': f'bench_torch.py exited with {done.returncode}: {lines[-1]}'}
+  return json.loads(done.stdout)
