@@ -83,12 +83,15 @@ def _profile(compiled, run, parts: list[tuple[str, str]]) -> tuple[float, collec
       continue
     for line in plane.lines:
       for event in line.events:
-        if event.name not in scopes:  # runtime bookkeeping, not a compiled op
+        # A GPU kernel's event is named after the kernel (a cuBLAS or cuDNN one too); the
+        # HLO instruction it runs is its 'hlo_op' stat. On CPU the two are the same.
+        op = dict(event.stats).get('hlo_op', event.name)
+        if op not in scopes:  # runtime bookkeeping, not a compiled op
           continue
-        scope = scopes[event.name]
+        scope = scopes[op]
         part = next((name for name, pattern in parts if re.search(pattern, scope)), 'other')
         seconds[part] += event.duration_ns / 1e9
-        by_op[f'{event.name} ({scope[-80:]})'] += event.duration_ns / 1e9
+        by_op[f'{op} ({scope[-80:]})'] += event.duration_ns / 1e9
   return wall, seconds, by_op
 
 
