@@ -6,10 +6,10 @@ Run:      jaxformer train --config multi30k_gpu --workdir workdirs/multi30k_gpu 
           jaxformer eval --checkpoint workdirs/multi30k_gpu/average-last5 \
             --src DIR/test_2016_flickr.en --ref DIR/test_2016_flickr.de
           (DIR: ../shared/data/multi30k)
-Recipe:   the paper's base model (N=6, d_model 512, d_ff 2048, h 8) with P_drop 0.3 (Table 3's
-          regularisation for a corpus 150x smaller than WMT14), eps_ls 0.1, an 8k shared
+Recipe:   the paper's base model (N=6, d_model 512, d_ff 2048, h 8) with P_drop 0.3 (big's
+          rate: more regularisation for a corpus 150x smaller than WMT14), eps_ls 0.1, an 8k shared
           vocabulary, ~8k source + 8k target token slots per step, warmup 1000, 2000 steps
-          (about 30 epochs), bfloat16 and fused attention (the GPU fast path), a checkpoint every
+          (about 35 epochs), bfloat16 and fused attention (the GPU fast path), a checkpoint every
           100 steps and the last 5 averaged.
 Expected: docs/BENCHMARKS.md, "GPU", gives the measured BLEU on test_2016_flickr and wall time.
 """
