@@ -73,6 +73,11 @@ def test_bench_answers_help():
   result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench'), '--help'],
                           capture_output=True, text=True, check=True)
   assert '--only' in result.stdout and 'data' in result.stdout and '--fast-path' in result.stdout
+  bad = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench'), '--only', 'train',
+                        '--loss-chunk', '0'], capture_output=True, text=True)
+  assert bad.returncode == 2 and 'Traceback' not in bad.stderr
+  assert bad.stderr.strip().splitlines()[-1].endswith(
+      "--loss-chunk: must be an integer >= 1, got '0'")
 
 
 def test_bench_train_reports_mfu_against_its_measured_peak():

@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 
 from bench import checkpoint, data, decode, memory, train  # noqa: E402
 from bench.common import ROOT  # noqa: E402
+from jaxformer.cli import positive_int  # noqa: E402
 
 # Each section, and the options of this command it takes.
 SECTIONS = {
@@ -49,7 +50,7 @@ def main() -> int:
                       '(default: on GPU only)')
   parser.add_argument('--train-case', action='append',
                       help='train section: only these cases (repeatable), e.g. base big')
-  parser.add_argument('--loss-chunk', type=int, action='append',
+  parser.add_argument('--loss-chunk', type=positive_int, action='append',
                       help='train section: time each case with these loss_chunk sizes '
                       '(repeatable; no PyTorch peer then)')
   parser.add_argument('--torch', action=argparse.BooleanOptionalAction, default=True,
