@@ -4,8 +4,9 @@
 #   bash experiments/gpu_bench.sh OUT_DIR [DATA_DIR] [STEP...]     (DATA_DIR: ../shared/data)
 #
 # Steps (default: all, in this order), each bounded by `timeout` so that a slow one cannot take
-# the rest with it. On an H100 they take about 25 minutes together, so on a machine lent for
-# 10-minute commands name a few per call (e.g. `train decode`, then `multi30k check`):
+# the rest with it. Together they need more than one 10-minute command (on an H100, `train`
+# alone took over 270 s and one bench process 70-90 s), so on a machine lent for 10-minute
+# commands name a few per call (e.g. `train profile`, then `decode multi30k check`):
 #   check      gpu_check.py: fused attention (cuDNN), bf16 training, decoding, checkpoints
 #   train      the train step at the paper's ~25k target tokens, base and big, with PyTorch
 #              beside it when installed (ratio_to_torch)
