@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from jaxformer.config import TransformerConfig
 
 Array = jax.Array
-Cache = dict[str, Any]  # {'index': int32 [], 'layers': [{'self': {k, v}, 'cross': {k, v}}, ...]}
+# {'index': int32 [], 'slots': int32 [N, L], 'layers': [{'self': {k, v}, 'cross': {k, v}}, ...]}
+Cache = dict[str, Any]
 
 _dense_init = nn.initializers.xavier_uniform()  # tensor2tensor's uniform_unit_scaling(1.0)
 _layer_norm = functools.partial(nn.LayerNorm, epsilon=1e-6, dtype=jnp.float32)
@@ -76,19 +77,20 @@ class MultiHeadAttention(nn.Module):
     self.dropout = nn.Dropout(cfg.attention_dropout_rate)
 
   def project_kv(self, context: Array) -> dict[str, Array]:
-    """Keys [B, H, L, K] and values [B, H, L, J] of the attended sequence: {'k', 'v'}.
+    """Keys [B, H, K, L] and values [B, H, L, J] of the attended sequence: {'k', 'v'}.
 
-    Heads first: the layout both products read as plain batched matmuls, so that neither the
-    products nor a decoding cache (which stores this layout) need a transpose per step.
+    Heads first, keys transposed: the layout in which both products are plain (not transposed)
+    batched matmuls, so that neither the products nor a decoding cache (which stores this
+    layout) need a transpose per step.
     """
-    return {name: jnp.swapaxes(dense(context), 1, 2)  # [B, H, L, K|J]
-            for name, dense in (('k', self.key), ('v', self.value))}
+    return {'k': jnp.transpose(self.key(context), (0, 2, 3, 1)),  # [B, H, K, L]
+            'v': jnp.swapaxes(self.value(context), 1, 2)}  # [B, H, L, J]
 
   def __call__(self, x: Array, kv: dict[str, Array], mask: Array, *,
                deterministic: bool) -> Array:
     """Attends from x [B, T, D] to kv (from `project_kv`) where mask [B, 1, T, L] is True.
 
-    Beam search shares one kv [B, H, L, ...] among the n beams of each sentence: then x is
+    Beam search shares one kv [B, H, ...] among the n beams of each sentence: then x is
     [B * n, T, D] (beams adjacent) and its queries attend as n * T positions of their sentence.
     """
     q = self.query(x) * self.config.key_dim ** -0.5  # [B, T, H, K]
@@ -100,15 +102,15 @@ class MultiHeadAttention(nn.Module):
   def _attend(self, q: Array, kv: dict[str, Array], mask: Array, deterministic: bool) -> Array:
     """The heads [B, T, H, J] of q [B, T, H, K] over kv."""
     if self.config.execution.attention == 'fused':
-      k, v = (jnp.swapaxes(kv[name], 1, 2) for name in ('k', 'v'))  # [B, L, H, K|J]
+      k, v = jnp.transpose(kv['k'], (0, 3, 1, 2)), jnp.swapaxes(kv['v'], 1, 2)  # [B, L, H, K|J]
       if not _cudnn_applies(q, k):  # XLA's lowering of the same op
         return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0)
       mask = jnp.broadcast_to(mask, (*jnp.shape(mask)[:2], q.shape[1], k.shape[1]))
       return jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0, implementation='cudnn')
     # Heads-first operands make both products plain batched matmuls, which XLA:CPU runs
     # without the transposes it put around the head-in-the-middle einsums (docs/BENCHMARKS.md).
-    q, k, v = jnp.swapaxes(q, 1, 2), kv['k'], kv['v']  # [B, H, T|L, K|J]
-    logits = jnp.einsum('BHTK,BHLK->BHTL', q, k,
+    q, k, v = jnp.swapaxes(q, 1, 2), kv['k'], kv['v']  # [B, H, T, K], [B, H, K, L], [B, H, L, J]
+    logits = jnp.einsum('BHTK,BHKL->BHTL', q, k,
                         preferred_element_type=jnp.float32)  # [B, H, T, L]
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(logits, axis=-1).astype(self.config.execution.dtype)  # [B, H, T, L]
@@ -185,8 +187,9 @@ class DecoderLayer(nn.Module):
     r1, r2, r3 = self.residuals
     h = r1.normed(y)
     kv = self_attn.project_kv(h)
-    if cache is not None:  # write this position's keys and values into the cache
-      kv = {name: jax.lax.dynamic_update_slice_in_dim(cache['self'][name], new, index, axis=2)
+    if cache is not None:  # write this position's keys and values into each hypothesis's slot
+      beams = y.shape[0] // cache['cross']['k'].shape[0]
+      kv = {name: _write_slots(cache['self'][name], new, index, beams, _POSITION_AXIS[name])
             for name, new in kv.items()}
       cache = {'self': kv, 'cross': cache['cross']}
     y = r1(y, self_attn(h, kv, self_mask, deterministic=det), deterministic=det)
@@ -196,13 +199,27 @@ class DecoderLayer(nn.Module):
     return r3(y, self.ffn(r3.normed(y), deterministic=det), deterministic=det), cache
 
   def init_cache(self, encoded: Array, max_len: int, beams: int = 1) -> Cache:
-    """Empty self-attention keys/values for max_len positions of each of the `beams`
-    hypotheses per sentence; cross ones computed once per sentence, shared by its beams."""
-    cfg, batch = self.config, encoded.shape[0] * beams
-    def empty(dim: int) -> Array:
-      return jnp.zeros((batch, cfg.num_heads, max_len, dim), cfg.execution.dtype)
-    return {'self': {'k': empty(cfg.key_dim), 'v': empty(cfg.value_dim)},
+    """Empty self-attention keys [B, H, K, max_len * beams] and values [B, H, max_len * beams, J]
+    (position-major: position l of slot s at l * beams + s; see `Transformer.init_cache`); cross
+    ones computed once per sentence, shared by its beams."""
+    cfg, batch, length = self.config, encoded.shape[0], max_len * beams
+    return {'self': {'k': jnp.zeros((batch, cfg.num_heads, cfg.key_dim, length),
+                                    cfg.execution.dtype),
+                     'v': jnp.zeros((batch, cfg.num_heads, length, cfg.value_dim),
+                                    cfg.execution.dtype)},
             'cross': self.cross_attention.project_kv(encoded)}
+
+
+_POSITION_AXIS = {'k': -1, 'v': -2}  # of project_kv's keys [B, H, K, L] and values [B, H, L, J]
+
+
+def _write_slots(cache: Array, new: Array, index: Array, beams: int, axis: int) -> Array:
+  """A self-attention cache with new [B * n, ...] keys or values of one position written at
+  position `index`, hypothesis b * n + s into slot s of sentence b (entry index * n + s)."""
+  axis = cache.ndim + axis
+  new = jnp.moveaxis(new.reshape(-1, beams, *new.shape[1:]), 1, axis + 1)  # [..., 1, n, ...]
+  new = new.reshape(*cache.shape[:axis], beams, *cache.shape[axis + 1:])
+  return jax.lax.dynamic_update_slice_in_dim(cache, new, index * beams, axis=axis)
 
 
 def _maybe_remat(layer: type[nn.Module], config: TransformerConfig, *,
@@ -283,20 +300,25 @@ class Decoder(nn.Module):
     logits = self.embed.attend(y).astype(jnp.float32)  # [B, T, V]
     if cache is None:
       return logits, None
-    return logits, {'index': cache['index'] + 1, 'layers': new_caches}
+    return logits, {**cache, 'index': cache['index'] + 1, 'layers': new_caches}
 
   def init_cache(self, encoded: Array, max_len: int, beams: int = 1) -> Cache:
     return {'index': jnp.array(0, jnp.int32),
+            'slots': jnp.zeros((encoded.shape[0] * beams, max_len), jnp.int32),
             'layers': [layer.init_cache(encoded, max_len, beams) for layer in self.layers]}
 
 
 def grow_cache(cache: Cache, max_len: int) -> Cache:
   """`cache` (from `Transformer.init_cache`) with room for max_len target positions: its
-  self-attention keys and values [N, H, L, K] padded with zeros after the L it has."""
-  def grow(x: Array) -> Array:
-    return jnp.pad(x, ((0, 0), (0, 0), (0, max_len - x.shape[2]), (0, 0)))
-  return {**cache, 'layers': [{**layer, 'self': jax.tree.map(grow, layer['self'])}
-                              for layer in cache['layers']]}
+  self-attention keys and values and its slots [N, L] padded with zeros after the L they have."""
+  def grow(x: Array, axis: int) -> Array:  # L * n entries along `axis` -> max_len * n
+    beams = x.shape[axis] // cache['slots'].shape[1]
+    return jnp.pad(x, [(0, (max_len - cache['slots'].shape[1]) * beams)
+                       if a == x.ndim + axis else (0, 0) for a in range(x.ndim)])
+  return {**cache, 'slots': grow(cache['slots'], -1),
+          'layers': [{**layer, 'self': {name: grow(x, _POSITION_AXIS[name])
+                                        for name, x in layer['self'].items()}}
+                     for layer in cache['layers']]}
 
 
 def _default_segments(tokens: Array, segments: Array | None) -> Array:
@@ -348,14 +370,19 @@ class Transformer(nn.Module):
     src_segments = _default_segments(src, src_segments)
     window = self.config.attention_window
     if cache is not None:
-      max_len = cache['layers'][0]['self']['k'].shape[2]
-      positions = jnp.full_like(tgt_in, cache['index'])  # [B, 1]
-      key_positions = jnp.broadcast_to(jnp.arange(max_len), (tgt_in.shape[0], max_len))
-      self_mask = ((key_positions <= cache['index'])[:, None, None, :]
-                   & window_mask(positions, key_positions, window))  # [B, 1, 1, L]
+      index, (hypotheses, max_len) = cache['index'], cache['slots'].shape
+      beams = hypotheses // src.shape[0]
+      positions = jnp.full_like(tgt_in, index)  # [N, 1]
+      slots = jax.lax.dynamic_update_slice_in_dim(  # this position is in each one's own slot
+          cache['slots'], (jnp.arange(hypotheses) % beams)[:, None], index, axis=1)
+      key_positions = jnp.broadcast_to(jnp.arange(max_len), (hypotheses, max_len))
+      visible = ((key_positions <= index)[:, None, None]
+                 & window_mask(positions, key_positions, window))[:, 0, 0]  # [N, L]
+      own = visible[:, :, None] & (slots[:, :, None] == jnp.arange(beams))  # [N, L, n]
+      self_mask = own.reshape(src.shape[0], 1, beams, max_len * beams)  # [B, 1, n, L * n]
       cross_mask = segment_mask(jnp.ones_like(src[:, :1]), src_segments)  # [B, 1, 1, S]
       return self.decoder(tgt_in, None, self_mask, cross_mask, positions,
-                          deterministic=deterministic, cache=cache)
+                          deterministic=deterministic, cache={**cache, 'slots': slots})
     _check_length(self.config, tgt_in.shape[1], 'the target')
     tgt_segments = jnp.ones_like(tgt_in) if tgt_segments is None else tgt_segments
     positions = _default_positions(tgt_in, tgt_positions)
@@ -368,7 +395,16 @@ class Transformer(nn.Module):
 
   def init_cache(self, encoded: Array, max_len: int, beams: int = 1) -> Cache:
     """A key/value cache for decoding up to max_len tokens after `encode`, for `beams`
-    hypotheses per sentence (adjacent), which share the encoder-decoder keys/values."""
+    hypotheses per sentence (adjacent), which share the encoder-decoder keys/values.
+
+    Beam search never copies the self-attention keys/values. Each sentence has `beams` slots of
+    max_len positions, kept per sentence ([B, H, K, max_len * beams] keys): at step t,
+    hypothesis s writes its keys at position t of slot s, and `slots` [N, max_len] records, per
+    hypothesis, the slot holding each position of its history. When beams are chosen,
+    decode.beam_search reorders only `slots` (the one array with a leading axis of
+    N = B * beams), and each query attends to all its sentence's slots through a mask that keeps
+    its own history: `beams` times the attention products of one history, instead of copying
+    the whole cache of every layer at every step."""
     _check_length(self.config, max_len, 'the decoding cache')
     return self.decoder.init_cache(encoded, max_len, beams)
 

@@ -69,8 +69,8 @@ def test_independent_qk_and_v_dims_shape_and_train():
   model = Transformer(cfg)
   encoded = model.apply({'params': state.params}, batch['src'], method=Transformer.encode)
   cache = model.apply({'params': state.params}, encoded, 5, method=Transformer.init_cache)
-  assert cache['layers'][0]['self']['k'].shape == (1, 4, 5, 4)  # [B, H, L, K]
-  assert cache['layers'][0]['self']['v'].shape == (1, 4, 5, 12)
+  assert cache['layers'][0]['self']['k'].shape == (1, 4, 4, 5)  # [B, H, K, L * beams]
+  assert cache['layers'][0]['self']['v'].shape == (1, 4, 5, 12)  # [B, H, L * beams, J]
 
 
 # --- restricted self-attention ------------------------------------------------------------------
