@@ -15,7 +15,7 @@ import sacrebleu
 from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
 
 from helpers import synthetic_text
-from jaxformer import checkpoint, cli, config, evaluate, train
+from jaxformer import checkpoint, cli, config, decode, evaluate, train
 from jaxformer.model import Transformer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -54,6 +54,34 @@ def test_cached_and_uncached_steps_give_the_same_logits(translator):
     c_logits, c_cache = cached(tokens, c_cache)
     u_logits, u_cache = uncached(tokens, u_cache)
     np.testing.assert_allclose(c_logits, u_logits, atol=1e-5)
+
+
+def test_reordered_beams_attend_to_their_own_histories(translator):
+  """Beam search reorders only the cache's slot map: after any choice of parents (a swap, one
+  parent twice), each hypothesis's logits are those of its own token history."""
+  model, params, beams = Transformer(translator.config), translator.params, 3
+  src = jnp.array([[5, 9, 13, 1, 0, 0], [7, 8, 1, 0, 0, 0]])
+  encoded = model.apply({'params': params}, src, method=Transformer.encode)
+  cache = model.apply({'params': params}, encoded, 8, beams, method=Transformer.init_cache)
+  per_hypothesis = [x for x in jax.tree.leaves(cache) if x.ndim and x.shape[0] == 2 * beams]
+  assert [x.shape for x in per_hypothesis] == [(2 * beams, 8)]  # only the slot map is reordered
+  cached = jax.jit(evaluate.cached_tokens_to_logits(model, params, src))
+  uncached = evaluate.uncached_tokens_to_logits(
+      model, params, jnp.repeat(src, beams, axis=0), jnp.repeat(encoded, beams, axis=0))
+  history = jnp.zeros((2 * beams, 0), jnp.int32)
+  tokens = jnp.zeros((2 * beams, 1), jnp.int32)
+  for step, parents in enumerate([[[0, 0, 0], [0, 0, 0]], [[2, 0, 1], [1, 1, 2]],
+                                  [[1, 1, 0], [2, 0, 2]], [[0, 2, 1], [0, 1, 1]]]):
+    if step:  # choose parents as decode.beam_search does, then the next tokens
+      parents = jnp.array(parents)
+      cache = decode._gather_cache(cache, parents, beams)
+      history = decode._flatten(decode._gather(decode._unflatten(history, beams), parents))
+      tokens = jnp.arange(2 * beams)[:, None] * 7 + 10 + step
+    history = jnp.concatenate([history, tokens], axis=1)
+    logits, cache = cached(tokens, cache)
+    expected, _ = uncached(tokens, {'tokens': jnp.pad(history, ((0, 0), (0, 8 - step - 1))),
+                                    'index': jnp.array(step)})
+    np.testing.assert_allclose(logits, expected, atol=1e-5, err_msg=f'step {step}')
 
 
 @pytest.mark.parametrize('beam_size', [1, 4])
