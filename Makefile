@@ -49,7 +49,7 @@ install: $(STAMP)
 jax-extra:
 	@echo $(JAX_EXTRA)
 
-# Two pytest workers (pytest-xdist), each running whole test files: ~10.5-12 min on 2 cores.
+# Two pytest workers (pytest-xdist), each running whole test files: 14-17 min on 2 cores.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10
 
