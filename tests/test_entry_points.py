@@ -3,6 +3,7 @@
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -233,6 +234,38 @@ def test_make_eval_asks_for_a_workdir():
   result = subprocess.run(['make', '-s', 'eval'], cwd=ROOT, capture_output=True, text=True)
   assert result.returncode != 0
   assert 'set WORKDIR=' in result.stderr
+
+
+_THP = pathlib.Path('/sys/kernel/mm/transparent_hugepage/enabled')
+_MALLOC_64_MIB = """
+import ctypes, resource
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+ctypes.memset(libc.malloc(64 << 20), 1, 64 << 20)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not _THP.exists() or '[never]' in _THP.read_text(),
+                    reason='the kernel offers no transparent huge pages')
+def test_make_runs_its_commands_on_huge_pages_and_keeps_a_users_tunables(tmp_path):
+  """A block of 64 MiB that malloc hands out and the program touches: 16,384 page faults on
+  4 KB pages; the Makefile's GLIBC_TUNABLES backs it with 2 MB pages. One's own is kept."""
+  script = tmp_path / 'faults.py'
+  script.write_text(_MALLOC_64_MIB)
+  env = {k: v for k, v in os.environ.items() if k != 'GLIBC_TUNABLES'}
+
+  def faults(**extra: str) -> tuple[int, int]:
+    made = subprocess.run(['make', '-s', '--eval', f'faults: ; @{sys.executable} {script}',
+                           'faults'], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env={**env, **extra})
+    plain = subprocess.run([sys.executable, script], capture_output=True, text=True,
+                           check=True, env={**env, **extra})
+    return int(made.stdout), int(plain.stdout)
+  under_make, alone = faults()
+  assert alone >= 16_000 and under_make < 2_000, (under_make, alone)
+  assert min(faults(GLIBC_TUNABLES='glibc.malloc.check=0')) >= 16_000  # the user's setting
 
 
 def _readme_commands() -> list[str]:
