@@ -2,6 +2,7 @@
 
 import collections
 import gzip
+import json
 import pathlib
 import subprocess
 import sys
@@ -90,9 +91,45 @@ def test_tokenizer_is_deterministic_and_reused(tmp_path):
   b = data.train_tokenizer(texts, tmp_path / 'b.model', vocab_size=300, seed=5)
   assert (tmp_path / 'a.model').read_bytes() == (tmp_path / 'b.model').read_bytes()
   before = (tmp_path / 'a.model').stat().st_mtime_ns
-  again = data.train_tokenizer(['other text'], tmp_path / 'a.model', vocab_size=999)
+  again = data.train_tokenizer(texts, tmp_path / 'a.model', vocab_size=300, seed=5)
   assert (tmp_path / 'a.model').stat().st_mtime_ns == before and again.vocab_size == 300
   assert a.vocab_size == b.vocab_size == 300
+
+
+def test_a_vocabulary_trained_on_other_data_is_a_clear_error(tmp_path):
+  """spm.model.json records the corpus, sample, seed and size: a workdir's vocabulary is never
+  silently reused for another corpus."""
+  text = synthetic_text(500, seed=3)
+  data.train_tokenizer(text, tmp_path / 'spm.model', vocab_size=300, seed=5)
+  assert json.loads((tmp_path / 'spm.model.json').read_text())['corpus'] == text.fingerprint()
+  for other, change in ((dict(texts=synthetic_text(500, seed=4)), 'corpus'),
+                        (dict(seed=6), 'seed 5 -> 6'), (dict(vocab_size=320), 'vocab_size'),
+                        (dict(sample_size=100), 'sample_size')):
+    settings = dict(texts=text, vocab_size=300, seed=5) | other
+    with pytest.raises(DataError, match=rf'spm\.model was trained on other data or settings '
+                       rf'\(.*{change}.*\): use a new workdir'):
+      data.train_tokenizer(settings.pop('texts'), tmp_path / 'spm.model', **settings)
+
+
+def test_vocabulary_training_threads_do_not_change_the_model(tmp_path, monkeypatch):
+  """sentencepiece trains on every core; the model file is the same with one."""
+  text = synthetic_text(3000, seed=3)
+  data.train_tokenizer(text, tmp_path / 'many.model', vocab_size=400)
+  monkeypatch.setattr(data.tokenizer.os, 'sched_getaffinity', lambda pid: {0})
+  data.train_tokenizer(text, tmp_path / 'one.model', vocab_size=400)
+  assert (tmp_path / 'many.model').read_bytes() == (tmp_path / 'one.model').read_bytes()
+
+
+def test_a_streamed_source_samples_the_same_sentences_as_its_list(tmp_path):
+  """A PairSource (streamed side by side) gives the model its list of sentences gives."""
+  text = synthetic_text(3000, seed=3)
+  (tmp_path / 'a.en').write_text('\n'.join(text.src) + '\n')
+  (tmp_path / 'a.de').write_text('\n'.join(text.tgt) + '\n')
+  files = data.TextFiles(tmp_path / 'a.en', tmp_path / 'a.de')
+  data.train_tokenizer(files, tmp_path / 'files.model', vocab_size=400, sample_size=2500)
+  data.train_tokenizer(text.src + text.tgt, tmp_path / 'list.model', vocab_size=400,
+                       sample_size=2500)
+  assert (tmp_path / 'files.model').read_bytes() == (tmp_path / 'list.model').read_bytes()
 
 
 def test_tokenizer_round_trips_and_has_fixed_special_ids(tokenizer):
@@ -155,7 +192,8 @@ def test_hosts_training_the_vocabulary_at_once_never_see_half_a_model(tmp_path):
                        for r in range(25))
   assert [out.strip() for out, _ in results] == [expected] * 6
   assert {p.name for p in tmp_path.iterdir() if not p.name.startswith('ready-')} == {
-      'go', *(f'spm-{r}.model' for r in range(25))}  # no temporary file left
+      'go', *(f'spm-{r}.model{ext}' for r in range(25) for ext in ('', '.json'))}  # nothing
+  # temporary left
 
 
 def test_a_tokenizer_from_checkpoint_bytes_caches_like_one_from_a_file(tokenizer, tmp_path):

@@ -1,6 +1,13 @@
-"""Tokenise a corpus once, filter it (with counts), and cache the ids on disk as flat arrays."""
+"""Tokenise a corpus once, filter it (with counts), and cache the ids on disk as flat arrays.
+
+Pairs are streamed a chunk at a time: sentencepiece encodes each chunk on every core, the ids
+go straight into arrays, and with a cache folder they are appended to its files as they are
+made, so memory does not grow with the corpus. A cache is written into a temporary folder and
+renamed into place when complete; a failed or interrupted write leaves nothing behind.
+"""
 
 import dataclasses
+import errno
 import hashlib
 import itertools
 import json
@@ -13,23 +20,26 @@ import tempfile
 import numpy as np
 from tqdm import tqdm
 
-from jaxformer.data.sources import DataError, ParallelText
+from jaxformer.data.sources import DataError, PairSource
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 
 log = logging.getLogger(__name__)
-_CHUNK = 50_000  # sentences per sentencepiece call (and per progress-bar tick)
-_FORMAT = 1      # bump when the on-disk layout changes
+_CHUNK = 50_000  # pairs per sentencepiece call (and per progress-bar tick)
+_FORMAT = 2      # bump when the on-disk layout changes
+_PARTIAL = '.partial-'  # a cache folder being written
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenizedCorpus:
   """Token ids of kept pairs, EOS included, as flat arrays with offsets (pair i is
-  tokens[offsets[i]:offsets[i + 1]]), and the counts of what was read and dropped."""
+  tokens[offsets[i]:offsets[i + 1]]), the counts of what was read and dropped, and the
+  fingerprint of the source text, tokenizer and length limit it was made from."""
   src_tokens: np.ndarray
   src_offsets: np.ndarray
   tgt_tokens: np.ndarray
   tgt_offsets: np.ndarray
   counts: dict[str, int]  # read, kept, empty, too_long
+  fingerprint: str = ''
 
   def __len__(self) -> int:
     return len(self.src_offsets) - 1
@@ -48,94 +58,152 @@ class TokenizedCorpus:
             self.tgt_tokens[self.tgt_offsets[i]:self.tgt_offsets[i + 1]])
 
 
-def _fingerprint(text: ParallelText, tokenizer: Tokenizer, max_len: int) -> str:
-  digest = hashlib.sha256(f'{_FORMAT}|{max_len}|{len(text)}|'.encode())
-  digest.update(tokenizer.model_proto)
-  for side in (text.src, text.tgt):
-    for start in range(0, len(side), _CHUNK):
-      digest.update('\n'.join(side[start:start + _CHUNK]).encode('utf-8', 'surrogatepass'))
-      digest.update(b'\x00')
-  return digest.hexdigest()[:20]
+def corpus_fingerprint(text: PairSource, tokenizer: Tokenizer, max_len: int) -> str:
+  """What a tokenised corpus depends on: the text, the vocabulary and the length limit."""
+  key = f'{_FORMAT}|{max_len}|{text.fingerprint()}|'.encode() + tokenizer.model_proto
+  return hashlib.sha256(key).hexdigest()[:20]
 
 
-def _flatten(ids: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-  """Ragged ids, each followed by EOS, as (flat tokens, offsets)."""
-  lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
-  offsets = np.zeros(len(ids) + 1, np.int64)
-  np.cumsum(lengths, out=offsets[1:])
-  tokens = np.full(offsets[-1], EOS_ID, dtype)
-  body = np.ones(offsets[-1], bool)
-  body[offsets[1:] - 1] = False  # the EOS slots
-  tokens[body] = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype,
-                             count=int(body.sum()))
-  return tokens, offsets
+def _ids(ids: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+  """Ragged ids as (flat tokens, lengths), without EOS."""
+  lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+  return np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum())), lengths
 
 
-def tokenize_corpus(text: ParallelText, tokenizer: Tokenizer, max_len: int,
+def _with_eos(tokens: np.ndarray, lengths: np.ndarray, keep: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+  """The kept sequences' tokens, each followed by EOS, and their lengths with it."""
+  kept_tokens = np.repeat(keep, lengths)
+  out_lengths = lengths[keep] + 1
+  out = np.full(int(out_lengths.sum()), EOS_ID, tokens.dtype)
+  body = np.ones(len(out), bool)
+  body[np.cumsum(out_lengths) - 1] = False  # the EOS slots
+  out[body] = tokens[kept_tokens]
+  return out, out_lengths
+
+
+class _Sink:
+  """Where tokenised chunks go: files in a folder (the cache), or lists in memory."""
+
+  def __init__(self, folder: pathlib.Path | None):
+    self.folder = folder
+    self.files = None if folder is None else {
+        side: open(folder / f'{side}_tokens.bin', 'wb') for side in ('src', 'tgt')}  # noqa: SIM115
+    self.tokens: dict[str, list[np.ndarray]] = {'src': [], 'tgt': []}
+    self.lengths: dict[str, list[np.ndarray]] = {'src': [], 'tgt': []}
+
+  def add(self, side: str, tokens: np.ndarray, lengths: np.ndarray) -> None:
+    if self.files is None:
+      self.tokens[side].append(tokens)
+    else:
+      self.files[side].write(tokens.tobytes())
+    self.lengths[side].append(lengths)
+
+  def close(self) -> None:
+    for f in (self.files or {}).values():
+      f.close()
+
+
+def _offsets(lengths: list[np.ndarray]) -> np.ndarray:
+  offsets = np.zeros(sum(map(len, lengths)) + 1, np.int64)
+  np.cumsum(np.concatenate(lengths), out=offsets[1:])
+  return offsets
+
+
+def tokenize_corpus(text: PairSource, tokenizer: Tokenizer, max_len: int,
                     cache_dir: str | os.PathLike | None = None) -> TokenizedCorpus:
   """Tokenises both sides, appends EOS, and drops (and counts) empty and over-long pairs.
 
   A pair is empty when either side is blank, and too long when either side exceeds max_len
   tokens with its EOS. With `cache_dir`, the result is stored under a fingerprint of the text,
-  the tokenizer model and max_len, and later calls with the same inputs load it instead.
+  the tokenizer model and max_len, and later calls with the same inputs map it from disk
+  instead (memory-mapped: processes share its pages).
   """
   if len(text) == 0:
     raise DataError(f'{text.origin}: no sentence pairs.')
-  cache_path = None
-  if cache_dir is not None:
-    cache_path = pathlib.Path(cache_dir) / f'tokens-{_fingerprint(text, tokenizer, max_len)}'
-    if (cache_path / 'counts.json').exists():
-      return _load(cache_path)
+  fingerprint = corpus_fingerprint(text, tokenizer, max_len)
+  if cache_dir is None:
+    return _tokenize(text, tokenizer, max_len, None, fingerprint)
+  path = pathlib.Path(cache_dir) / f'tokens-{fingerprint}'
+  if not (path / 'counts.json').exists():
+    _write_cache(text, tokenizer, max_len, path, fingerprint)
+  return _load(path, fingerprint)
 
+
+def _tokenize(text: PairSource, tokenizer: Tokenizer, max_len: int, folder: pathlib.Path | None,
+              fingerprint: str) -> TokenizedCorpus:
+  """Streams the pairs through sentencepiece into `folder` (or memory); the corpus in memory,
+  or None when written to `folder`."""
   dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32
-  kept_src, kept_tgt = [], []
-  counts = {'read': len(text), 'kept': 0, 'empty': 0, 'too_long': 0}
-  with tqdm(total=len(text), desc=f'tokenising {text.origin}', unit='pairs') as bar:
-    for start in range(0, len(text), _CHUNK):
-      src = tokenizer.encode(text.src[start:start + _CHUNK])
-      tgt = tokenizer.encode(text.tgt[start:start + _CHUNK])
-      for s, t in zip(src, tgt):
-        if not s or not t:
-          counts['empty'] += 1
-        elif max(len(s), len(t)) + 1 > max_len:
-          counts['too_long'] += 1
-        else:
-          kept_src.append(s)
-          kept_tgt.append(t)
-      bar.update(len(src))
-  counts['kept'] = len(kept_src)
+  counts = {'read': 0, 'kept': 0, 'empty': 0, 'too_long': 0}
+  sink = _Sink(folder)
+  try:
+    with tqdm(total=len(text), desc=f'tokenising {text.origin}', unit='pairs') as bar:
+      for src, tgt in text.chunks(_CHUNK):
+        (src_tokens, src_lengths), (tgt_tokens, tgt_lengths) = (
+            _ids(tokenizer.encode(side), dtype) for side in (src, tgt))
+        empty = (src_lengths == 0) | (tgt_lengths == 0)
+        too_long = ~empty & (np.maximum(src_lengths, tgt_lengths) + 1 > max_len)
+        keep = ~(empty | too_long)
+        counts['read'] += len(src)
+        counts['empty'] += int(empty.sum())
+        counts['too_long'] += int(too_long.sum())
+        counts['kept'] += int(keep.sum())
+        sink.add('src', *_with_eos(src_tokens, src_lengths, keep))
+        sink.add('tgt', *_with_eos(tgt_tokens, tgt_lengths, keep))
+        bar.update(len(src))
+  finally:
+    sink.close()
   report = log.warning if counts['kept'] < counts['read'] else log.info
   report('%s: read %d pairs, kept %d, dropped %d empty and %d longer than %d tokens.',
          text.origin, counts['read'], counts['kept'], counts['empty'], counts['too_long'],
          max_len)
-  if not kept_src:
-    raise DataError(f'{text.origin}: all {len(text)} pairs were dropped '
+  if not counts['kept']:
+    raise DataError(f'{text.origin}: all {counts["read"]} pairs were dropped '
                     f'({counts["empty"]} empty, {counts["too_long"]} longer than {max_len}).')
-  corpus = TokenizedCorpus(*_flatten(kept_src, dtype), *_flatten(kept_tgt, dtype),
-                           counts=counts)
-  if cache_path is not None:
-    _save(corpus, cache_path)
-  return corpus
+  offsets = {side: _offsets(sink.lengths[side]) for side in ('src', 'tgt')}
+  if folder is not None:
+    for side in ('src', 'tgt'):
+      np.save(folder / f'{side}_offsets.npy', offsets[side])
+    (folder / 'counts.json').write_text(json.dumps({**counts, 'dtype': np.dtype(dtype).name}))
+    return None
+  return TokenizedCorpus(np.concatenate(sink.tokens['src']), offsets['src'],
+                         np.concatenate(sink.tokens['tgt']), offsets['tgt'], counts, fingerprint)
 
 
-_ARRAYS = ('src_tokens', 'src_offsets', 'tgt_tokens', 'tgt_offsets')
-
-
-def _save(corpus: TokenizedCorpus, path: pathlib.Path) -> None:
-  """Writes into a temporary folder, then renames it: a crash never leaves half a cache."""
+def _write_cache(text: PairSource, tokenizer: Tokenizer, max_len: int, path: pathlib.Path,
+                 fingerprint: str) -> None:
+  """Writes the cache into a temporary folder, then renames it: a crash, an interruption or a
+  full disk never leaves half a cache (a folder left by a killed process is removed by the
+  next writer)."""
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + '.'))
-  for name in _ARRAYS:
-    np.save(tmp / f'{name}.npy', getattr(corpus, name))
-  (tmp / 'counts.json').write_text(json.dumps(corpus.counts))
+  for stale in path.parent.glob(f'{path.name}{_PARTIAL}*'):
+    shutil.rmtree(stale, ignore_errors=True)
+  tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + _PARTIAL))
   try:
+    _tokenize(text, tokenizer, max_len, tmp, fingerprint)
     os.replace(tmp, path)
-  except OSError:  # another process cached the same corpus first
+  except OSError as e:
     shutil.rmtree(tmp, ignore_errors=True)
+    if e.errno == errno.ENOSPC:
+      raise DataError(f'{path.parent}: no space left on the device for the token cache (about '
+                      '2 bytes per token): free some space or use another workdir.') from None
+    if (path / 'counts.json').exists():  # another process cached the same corpus first
+      return
+    raise DataError(f'{path}: cannot write the token cache ({e}).') from None
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
 
 
-def _load(path: pathlib.Path) -> TokenizedCorpus:
-  arrays = {name: np.load(path / f'{name}.npy', mmap_mode='r') for name in _ARRAYS}
+def _load(path: pathlib.Path, fingerprint: str) -> TokenizedCorpus:
   counts = json.loads((path / 'counts.json').read_text())
+  dtype = np.dtype(counts.pop('dtype'))
+  arrays = {}
+  for side in ('src', 'tgt'):
+    arrays[f'{side}_offsets'] = np.load(path / f'{side}_offsets.npy', mmap_mode='r')
+    tokens = path / f'{side}_tokens.bin'
+    arrays[f'{side}_tokens'] = np.memmap(tokens, dtype, mode='r') if tokens.stat().st_size \
+        else np.zeros(0, dtype)
   log.info('loaded %d tokenised pairs from %s', counts['kept'], path)
-  return TokenizedCorpus(**arrays, counts=counts)
+  return TokenizedCorpus(**arrays, counts=counts, fingerprint=fingerprint)

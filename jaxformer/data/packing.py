@@ -3,66 +3,131 @@
 A row of length L holds several whole pairs on each side: their tokens, segment ids (1, 2, ...
 in the row; 0 = padding) and positions restarting at 0. Every batch has the same shape, so the
 train step compiles once, and every host steps in lockstep.
+
+An epoch is planned lazily, a block of pairs at a time: the epoch's shuffled order is cut into
+blocks of BLOCK pairs, and a block's rows are planned only when the batches reach it, so that
+neither an epoch boundary nor a resume waits for the whole epoch's plan.
 """
 
+import concurrent.futures
 import dataclasses
+import functools
 import math
 from collections.abc import Iterator
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.data.cache import TokenizedCorpus
 
 Batch = dict[str, np.ndarray]
+WINDOW = 4096       # pairs packed together (first fit within a window)
+BLOCK = 64 * WINDOW  # pairs planned at once (vectorised across its windows)
+OPEN_ROWS = 128    # rows of a window that can still take pairs
+_NO_ROW = np.iinfo(np.int32).max
+_PLANNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='packing-plan')
 
 
-def _first_fit(src_lengths: np.ndarray, tgt_lengths: np.ndarray, src_len: int,
-               tgt_len: int) -> np.ndarray:
-  """The row of each pair when each goes into the first row where both its sides fit."""
-  src_fill = np.zeros(len(src_lengths), np.int64)
-  tgt_fill = np.zeros(len(src_lengths), np.int64)
-  row, num_rows = np.empty(len(src_lengths), np.int64), 0
-  for i, (s, t) in enumerate(zip(src_lengths.tolist(), tgt_lengths.tolist())):
-    fits = np.flatnonzero((src_fill[:num_rows] <= src_len - s) &
-                          (tgt_fill[:num_rows] <= tgt_len - t))
-    k = fits[0] if len(fits) else num_rows
-    num_rows = max(num_rows, k + 1)
-    src_fill[k] += s
-    tgt_fill[k] += t
-    row[i] = k
-  return row
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _first_fit(src: jax.Array, tgt: jax.Array, src_len: int, tgt_len: int
+               ) -> tuple[jax.Array, jax.Array]:
+  """First fit of each window's pairs (a row of `src` / `tgt`: [windows, pairs] lengths in
+  packing order, 0 for no pair), all windows at once: each pair goes into the oldest of the
+  window's OPEN_ROWS open rows where both its sides fit, or else starts a new row, which takes
+  the place of the fullest open row.
+
+  Returns:
+    ([windows, pairs] row of each pair, numbered from 0 in each window; [windows] row counts).
+  """
+  windows = src.shape[0]
+  slots = jnp.arange(OPEN_ROWS)
+
+  def place(carry, lengths):
+    src_fill, tgt_fill, slot_row, num_rows = carry             # [W, OPEN_ROWS] each; [W]
+    s, t = (x[:, None] for x in lengths)                       # [W, 1]
+    fits = (src_fill <= src_len - s) & (tgt_fill <= tgt_len - t)
+    candidates = jnp.where(fits, slot_row, _NO_ROW)
+    new = (candidates.min(1) == _NO_ROW) & (s[:, 0] > 0)        # [W]
+    fullness = jnp.where(slot_row == _NO_ROW, jnp.inf, src_fill / src_len + tgt_fill / tgt_len)
+    slot = jnp.where(new, fullness.argmax(1), candidates.argmin(1))
+    hit = slots == slot[:, None]                               # [W, OPEN_ROWS]
+    opened = hit & new[:, None]
+    slot_row = jnp.where(opened, num_rows[:, None], slot_row)
+    src_fill = jnp.where(opened, 0, src_fill) + jnp.where(hit, s, 0)
+    tgt_fill = jnp.where(opened, 0, tgt_fill) + jnp.where(hit, t, 0)
+    row = jnp.where(hit, slot_row, -1).max(1)
+    return (src_fill, tgt_fill, slot_row, num_rows + new), row
+
+  open_rows = (windows, OPEN_ROWS)
+  init = (jnp.zeros(open_rows, jnp.int32), jnp.zeros(open_rows, jnp.int32),
+          jnp.full(open_rows, _NO_ROW, jnp.int32), jnp.zeros(windows, jnp.int32))
+  (*_, num_rows), rows = jax.lax.scan(place, init, (src.T, tgt.T))
+  return rows.T, num_rows
+
+
+def _best_first_fit(src: np.ndarray, tgt: np.ndarray, src_len: int, tgt_len: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+  """Each window packed by first fit in its given order and in decreasing size (first-fit
+  decreasing), keeping whichever needs fewer rows: neither wins everywhere when both sides must
+  fit. Computed with XLA on the host CPU (off the GIL, so a thread can plan ahead); the number
+  of windows is padded to a power of two, so that few shapes are ever compiled."""
+  windows = len(src)
+  order = np.argsort(-(src / src_len + tgt / tgt_len), axis=1, kind='stable')
+  by_size = np.take_along_axis(src, order, 1), np.take_along_axis(tgt, order, 1)
+  padded = 1 << (windows - 1).bit_length()
+  none = np.zeros((padded - windows, src.shape[1]), np.int32)
+  stack = lambda a, b: np.concatenate([a, none, b, none])  # noqa: E731
+  cpu = jax.devices('cpu')[0]
+  rows, num_rows = jax.device_get(_first_fit(
+      jax.device_put(stack(src, by_size[0]), cpu), jax.device_put(stack(tgt, by_size[1]), cpu),
+      src_len, tgt_len))
+  in_order, decreasing = rows[:windows], np.empty_like(rows[:windows])
+  np.put_along_axis(decreasing, order, rows[padded:padded + windows], 1)
+  sorted_wins = num_rows[padded:padded + windows] < num_rows[:windows]
+  return (np.where(sorted_wins[:, None], decreasing, in_order),
+          np.where(sorted_wins, num_rows[padded:padded + windows], num_rows[:windows]))
 
 
 def pack_rows(src_lengths: np.ndarray, tgt_lengths: np.ndarray, src_len: int, tgt_len: int,
-              rng: np.random.Generator | None = None, window: int = 4096) -> np.ndarray:
-  """Assigns each pair to a row of src_len source and tgt_len target tokens.
-
-  Pairs are packed a window at a time by first fit, once in the given order and once in
-  decreasing size (first-fit decreasing); the window keeps whichever needs fewer rows. Neither
-  wins everywhere when both sides must fit. With `rng`, rows are shuffled within each window.
+              rng: np.random.Generator | None = None, window: int = WINDOW) -> np.ndarray:
+  """Assigns each pair to a row of src_len source and tgt_len target tokens, packing each
+  window of `window` pairs apart (see _best_first_fit). With `rng`, rows are shuffled within
+  each window.
 
   Returns:
-    [num_pairs] row ids, numbered from 0 without gaps.
+    [num_pairs] row ids, numbered from 0 without gaps, window after window.
   """
-  if len(src_lengths) and (src_lengths.max() > src_len or tgt_lengths.max() > tgt_len):
+  n = len(src_lengths)
+  if n and (src_lengths.max() > src_len or tgt_lengths.max() > tgt_len):
     raise ValueError(f'a pair is longer than the rows ({src_len} source, {tgt_len} target '
                      'tokens)')
-  rows = np.empty(len(src_lengths), np.int64)
-  first_row = 0
-  for begin in range(0, len(src_lengths), window):
-    src, tgt = src_lengths[begin:begin + window], tgt_lengths[begin:begin + window]
-    in_order = _first_fit(src, tgt, src_len, tgt_len)
-    decreasing = np.argsort(-(src / src_len + tgt / tgt_len), kind='stable')
-    by_size = np.empty_like(in_order)
-    by_size[decreasing] = _first_fit(src[decreasing], tgt[decreasing], src_len, tgt_len)
-    best = by_size if by_size.max() < in_order.max() else in_order
-    num_rows = int(best.max()) + 1
-    if rng is not None:
-      best = rng.permutation(num_rows)[best]
-    rows[begin:begin + window] = first_row + best
-    first_row += num_rows
-  return rows
+  window = min(window, 1 << max(n - 1, 0).bit_length())  # a small corpus: a short scan
+  windows = -(-n // window)
+  padded = lambda x: np.concatenate(  # noqa: E731
+      [x.astype(np.int32), np.zeros(windows * window - n, np.int32)]).reshape(windows, window)
+  rows, num_rows = _best_first_fit(padded(src_lengths), padded(tgt_lengths), src_len, tgt_len)
+  if rng is not None:
+    for w in range(windows):
+      rows[w] = rng.permutation(num_rows[w])[np.minimum(rows[w], num_rows[w] - 1)]
+  first_row = np.concatenate([[0], np.cumsum(num_rows)[:-1]])
+  return (rows + first_row[:, None]).reshape(-1)[:n].astype(np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BlockPlan:
+  """Where every pair of one block goes: its pairs sorted by row, each pair's place in its row,
+  and each row's first pair."""
+  pairs: np.ndarray       # corpus indices, grouped by row, in row order
+  row: np.ndarray         # aligned with `pairs`: the row of each
+  segment: np.ndarray     # 1-based rank of the pair in its row
+  starts: tuple[np.ndarray, np.ndarray]  # source and target: where each pair starts in its row
+  row_begin: np.ndarray   # [num_rows + 1]: pairs[row_begin[r]:row_begin[r + 1]] are in row r
+
+  @property
+  def num_rows(self) -> int:
+    return len(self.row_begin) - 1
 
 
 def _starts_in_row(lengths: np.ndarray, row: np.ndarray, row_begin: np.ndarray) -> np.ndarray:
@@ -71,33 +136,24 @@ def _starts_in_row(lengths: np.ndarray, row: np.ndarray, row_begin: np.ndarray) 
   return begins - begins[row_begin[row]]
 
 
-@dataclasses.dataclass(frozen=True)
-class _EpochPlan:
-  """Where every pair of one epoch goes: pairs sorted by row, and each row's first pair."""
-  pairs: np.ndarray       # corpus indices, grouped by row, in row order
-  row: np.ndarray         # aligned with `pairs`: the row of each
-  src_start: np.ndarray   # aligned with `pairs`
-  tgt_start: np.ndarray
-  segment: np.ndarray     # 1-based rank of the pair in its row
-  row_begin: np.ndarray   # [num_rows + 1]: pairs[row_begin[r]:row_begin[r + 1]] are in row r
-
-  @property
-  def num_rows(self) -> int:
-    return len(self.row_begin) - 1
-
-
-def _fill(out: np.ndarray, tokens: np.ndarray, offsets: np.ndarray, pairs: np.ndarray,
-          dest: np.ndarray, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Copies each pair's tokens to out.flat[dest:...]; returns the flat slots, segments and
-  positions written (all vectorised: no Python loop over tokens)."""
-  lengths = offsets[pairs + 1] - offsets[pairs]
-  total = int(lengths.sum())
+def _fill(out: np.ndarray, shifted: np.ndarray | None, tokens: np.ndarray, offsets: np.ndarray,
+          pairs: np.ndarray, dest: np.ndarray, segments: np.ndarray, segment_out: np.ndarray,
+          position_out: np.ndarray) -> None:
+  """Copies each pair's tokens to out.flat[dest:...], with its segment id and positions; with
+  `shifted`, also the tokens shifted right by one within each pair (starting from 0). All
+  vectorised: no Python loop over pairs or tokens."""
+  begin = offsets[pairs]
+  lengths = offsets[pairs + 1] - begin
   first = np.cumsum(lengths) - lengths               # where each pair starts among the copied
-  within = np.arange(total) - np.repeat(first, lengths)
-  source = np.repeat(offsets[pairs], lengths) + within
-  slots = np.repeat(dest, lengths) + within
+  pair = np.repeat(np.arange(len(pairs)), lengths)   # the pair of each copied token
+  within = np.arange(int(first[-1] + lengths[-1]) if len(pairs) else 0) - first[pair]
+  source = begin[pair] + within
+  slots = dest[pair] + within
   out.flat[slots] = tokens[source]
-  return slots, np.repeat(segments, lengths), within
+  segment_out.flat[slots] = segments[pair]
+  position_out.flat[slots] = within
+  if shifted is not None:
+    shifted.flat[slots] = np.where(within > 0, tokens[source - 1], 0)
 
 
 class PackedBatches(Iterator[Batch]):
@@ -108,8 +164,9 @@ class PackedBatches(Iterator[Batch]):
   targets shifted right within each segment, starting with 0; tgt_out, tgt_segments,
   tgt_positions; and float32 weights, 1 on real target tokens). Host `process_index` of
   `process_count` reads the pairs i with i % process_count == process_index. Epochs are
-  reshuffled with (seed, epoch); with num_epochs=None the stream is endless and rows run on
-  from one epoch into the next, otherwise the last batch is completed with empty rows.
+  reshuffled with (seed, epoch) and planned a block at a time; with num_epochs=None the stream
+  is endless and rows run on from one epoch into the next, otherwise the last batch is
+  completed with empty rows.
   """
 
   def __init__(self, corpus: TokenizedCorpus, *, src_len: int, tgt_len: int,
@@ -123,14 +180,22 @@ class PackedBatches(Iterator[Batch]):
     if not len(self.shard):
       raise ValueError(f'host {process_index} of {process_count} has no pairs '
                        f'({len(corpus)} in all).')
-    self._epoch, self._row = 0, 0
-    self._plan: tuple[int, _EpochPlan] | None = None
+    self._lengths = (np.diff(corpus.src_offsets), np.diff(corpus.tgt_offsets))
+    self._offsets = (np.asarray(corpus.src_offsets), np.asarray(corpus.tgt_offsets))
+    self._epoch, self._block, self._row = 0, 0, 0
+    self._order: tuple[int, np.ndarray] | None = None
+    self._plan: tuple[tuple[int, int], _BlockPlan] | None = None
+    self._ahead: tuple[tuple[int, int], concurrent.futures.Future] | None = None
+
+  @property
+  def blocks_per_epoch(self) -> int:
+    return -(-len(self.shard) // BLOCK)
 
   # --- state -----------------------------------------------------------------------------------
 
   def get_state(self) -> dict[str, Any]:
     """A small JSON-serialisable position in the stream."""
-    return {'epoch': self._epoch, 'row': self._row, 'seed': self.seed,
+    return {'epoch': self._epoch, 'block': self._block, 'row': self._row, 'seed': self.seed,
             'shard_size': len(self.shard)}
 
   def set_state(self, state: dict[str, Any]) -> None:
@@ -139,28 +204,48 @@ class PackedBatches(Iterator[Batch]):
       raise ValueError(
           f'data state is for seed {state["seed"]} and {state["shard_size"]} pairs per host, '
           f'but this iterator has seed {self.seed} and {len(self.shard)}.')
-    self._epoch, self._row = int(state['epoch']), int(state['row'])
+    self._epoch, self._block, self._row = (int(state[k]) for k in ('epoch', 'block', 'row'))
 
   # --- planning --------------------------------------------------------------------------------
 
-  def _epoch_plan(self, epoch: int) -> _EpochPlan:
-    if self._plan is None or self._plan[0] != epoch:
-      rng = np.random.default_rng([self.seed, epoch]) if self.shuffle else None
-      order = self.shard if rng is None else rng.permutation(self.shard)
-      src_lengths, tgt_lengths = self.corpus.src_lengths[order], self.corpus.tgt_lengths[order]
-      row = pack_rows(src_lengths, tgt_lengths, self.src_len, self.tgt_len, rng)
-      by_row = np.argsort(row, kind='stable')
-      row = row[by_row]
-      row_begin = np.searchsorted(row, np.arange(row[-1] + 2))
-      self._plan = (epoch, _EpochPlan(
-          pairs=order[by_row], row=row,
-          src_start=_starts_in_row(src_lengths[by_row], row, row_begin),
-          tgt_start=_starts_in_row(tgt_lengths[by_row], row, row_begin),
-          segment=np.arange(len(row)) - row_begin[row] + 1, row_begin=row_begin))
+  def _epoch_order(self, epoch: int) -> np.ndarray:
+    if self._order is None or self._order[0] != epoch:
+      order = np.random.default_rng([self.seed, epoch]).permutation(self.shard) \
+          if self.shuffle else self.shard
+      self._order = epoch, order
+    return self._order[1]
+
+  def _plan_block(self, epoch: int, block: int) -> _BlockPlan:
+    pairs = self._epoch_order(epoch)[block * BLOCK:(block + 1) * BLOCK]
+    src_lengths, tgt_lengths = self._lengths[0][pairs], self._lengths[1][pairs]
+    rng = np.random.default_rng([self.seed, epoch, block]) if self.shuffle else None
+    row = pack_rows(src_lengths, tgt_lengths, self.src_len, self.tgt_len, rng)
+    by_row = np.argsort(row, kind='stable')
+    row = row[by_row]
+    row_begin = np.searchsorted(row, np.arange(row[-1] + 2))
+    return _BlockPlan(
+        pairs=pairs[by_row], row=row, segment=np.arange(len(row)) - row_begin[row] + 1,
+        starts=(_starts_in_row(src_lengths[by_row], row, row_begin),
+                _starts_in_row(tgt_lengths[by_row], row, row_begin)),
+        row_begin=row_begin)
+
+  def _block_plan(self, epoch: int, block: int) -> _BlockPlan:
+    """The plan of (epoch, block); the next block's is started in the background, so that the
+    batches never wait for a plan at a block or epoch boundary."""
+    if self._plan is None or self._plan[0] != (epoch, block):
+      ahead = self._ahead
+      plan = ahead[1].result() if ahead and ahead[0] == (epoch, block) else \
+          self._plan_block(epoch, block)
+      self._plan = (epoch, block), plan
+      following = (epoch, block + 1) if block + 1 < self.blocks_per_epoch else (epoch + 1, 0)
+      self._ahead = None
+      if self.num_epochs is None or following[0] < self.num_epochs:
+        self._ahead = following, _PLANNER.submit(self._plan_block, *following)
     return self._plan[1]
 
   def rows_in_epoch(self, epoch: int = 0) -> int:
-    return self._epoch_plan(epoch).num_rows
+    """The rows of one epoch (plans every block of it: for validation sets and benchmarks)."""
+    return sum(self._block_plan(epoch, block).num_rows for block in range(self.blocks_per_epoch))
 
   # --- batches ---------------------------------------------------------------------------------
 
@@ -173,7 +258,7 @@ class PackedBatches(Iterator[Batch]):
         if filled == 0:
           raise StopIteration
         break  # the rest of the last batch stays empty
-      plan = self._epoch_plan(self._epoch)
+      plan = self._block_plan(self._epoch, self._block)
       take = min(rows - filled, plan.num_rows - self._row)
       begin, end = plan.row_begin[self._row], plan.row_begin[self._row + take]
       out_row = plan.row[begin:end] - self._row + filled  # the batch row of each pair
@@ -181,7 +266,9 @@ class PackedBatches(Iterator[Batch]):
       filled += take
       self._row += take
       if self._row == plan.num_rows:
-        self._epoch, self._row = self._epoch + 1, 0
+        self._block, self._row = self._block + 1, 0
+        if self._block == self.blocks_per_epoch:
+          self._epoch, self._block = self._epoch + 1, 0
     return self._finish(batch)
 
   def empty_batch(self) -> Batch:
@@ -190,43 +277,38 @@ class PackedBatches(Iterator[Batch]):
 
   def _zeros(self) -> Batch:
     rows = self.num_devices * self.rows_per_device
-    return {f'{side}_{key}': np.zeros((rows, length), np.int32)
-            for side, length in (('src', self.src_len), ('tgt', self.tgt_len))
-            for key in ('tokens', 'segments', 'positions')}
+    return {key: np.zeros((rows, length), np.int32)
+            for keys, length in ((('src', 'src_segments', 'src_positions'), self.src_len),
+                                 (('tgt_in', 'tgt_out', 'tgt_segments', 'tgt_positions'),
+                                  self.tgt_len))
+            for key in keys}
 
-  def _write(self, batch: Batch, plan: _EpochPlan, pairs: slice, out_row: np.ndarray) -> None:
+  def _write(self, batch: Batch, plan: _BlockPlan, pairs: slice, out_row: np.ndarray) -> None:
     corpus, segments = self.corpus, plan.segment[pairs]
-    for side, tokens, offsets, start, length in (
-        ('src', corpus.src_tokens, corpus.src_offsets, plan.src_start, self.src_len),
-        ('tgt', corpus.tgt_tokens, corpus.tgt_offsets, plan.tgt_start, self.tgt_len)):
-      slots, segs, positions = _fill(batch[f'{side}_tokens'], tokens, offsets, plan.pairs[pairs],
-                                     out_row * length + start[pairs], segments)
-      batch[f'{side}_segments'].flat[slots] = segs
-      batch[f'{side}_positions'].flat[slots] = positions
+    for side, tokens, token_key, shifted, length, index in (
+        ('src', corpus.src_tokens, 'src', None, self.src_len, 0),
+        ('tgt', corpus.tgt_tokens, 'tgt_out', batch['tgt_in'], self.tgt_len, 1)):
+      _fill(batch[token_key], shifted, tokens, self._offsets[index], plan.pairs[pairs],
+            out_row * length + plan.starts[index][pairs], segments, batch[f'{side}_segments'],
+            batch[f'{side}_positions'])
 
   def _finish(self, batch: Batch) -> Batch:
-    batch['src'] = batch.pop('src_tokens')
-    batch['tgt_out'] = batch.pop('tgt_tokens')
-    tgt_in = np.zeros_like(batch['tgt_out'])
-    tgt_in[:, 1:] = batch['tgt_out'][:, :-1]
-    tgt_in[batch['tgt_positions'] == 0] = 0  # every segment (and padding) starts from 0
-    batch['tgt_in'] = tgt_in
     batch['weights'] = (batch['tgt_segments'] > 0).astype(np.float32)
     return {key: value.reshape(self.num_devices, self.rows_per_device, -1)
             for key, value in batch.items()}
 
 
-def row_lengths(corpus: TokenizedCorpus, row_len: int, multiple: int = 1) -> tuple[int, int]:
+def row_lengths(corpus: TokenizedCorpus, row_len: int, multiple: int = 8) -> tuple[int, int]:
   """(src_len, tgt_len): the side with more tokens in all gets row_len, the other its share.
 
-  The share is rounded up to `multiple` and is at least that side's longest sentence, so both
-  sides fill alike. Rounding to 8 aligns shapes for accelerators but can cost up to ~3% of
-  padding on the shorter side.
+  The share is at least that side's longest sentence, so both sides fill alike, and is rounded
+  up to `multiple` (within row_len): accelerators' kernels want aligned shapes (cuDNN's flash
+  attention takes even lengths only), at a cost of at most `multiple` - 1 padding slots a row.
   """
   src_total, tgt_total = int(corpus.src_lengths.sum()), int(corpus.tgt_lengths.sum())
 
   def share(fraction: float, longest: int) -> int:
-    return min(row_len, max(int(longest), math.ceil(row_len * fraction / multiple) * multiple))
+    return min(row_len, math.ceil(max(int(longest), row_len * fraction) / multiple) * multiple)
 
   if src_total <= tgt_total:
     return share(src_total / tgt_total, corpus.src_lengths.max()), row_len

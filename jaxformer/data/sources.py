@@ -1,10 +1,20 @@
 """Where sentence pairs come from: tensorflow-datasets WMT14, line-aligned text files, or any
-in-memory list (the embedded demo corpus). Every source returns a `ParallelText`."""
+in-memory list (the embedded demo corpus).
+
+Every source is a `PairSource`: it streams its pairs in chunks (never the whole corpus as
+Python objects), says how many pairs it has, and gives a fingerprint of its content that
+caches and checkpoints record. `ParallelText` holds pairs in memory (validation and test sets);
+`TextFiles` and `TfdsSplit` stream training corpora of any size.
+"""
 
 import dataclasses
 import gzip
+import hashlib
+import itertools
 import os
 import pathlib
+from collections.abc import Iterator
+from typing import Protocol
 
 from tqdm import tqdm
 
@@ -13,9 +23,29 @@ class DataError(ValueError):
   """Bad or missing input data; the message says what, where, and what to do."""
 
 
+Chunk = tuple[list[str], list[str]]  # aligned source and target sentences
+
+
+class PairSource(Protocol):
+  """Line-aligned sentence pairs, streamed."""
+  origin: str  # names where they come from, in messages
+
+  def __len__(self) -> int:
+    """The number of pairs."""
+
+  def side(self, index: int) -> Iterator[str]:
+    """The source (0) or target (1) sentences in order."""
+
+  def chunks(self, size: int) -> Iterator[Chunk]:
+    """The pairs in order, `size` at a time."""
+
+  def fingerprint(self) -> str:
+    """A short hex digest that changes when the pairs change."""
+
+
 @dataclasses.dataclass(frozen=True)
 class ParallelText:
-  """Line-aligned source and target sentences, and a string naming where they came from."""
+  """Line-aligned source and target sentences in memory, and a string naming their origin."""
   src: list[str]
   tgt: list[str]
   origin: str
@@ -27,32 +57,48 @@ class ParallelText:
   def __len__(self) -> int:
     return len(self.src)
 
+  def side(self, index: int) -> Iterator[str]:
+    return iter((self.src, self.tgt)[index])
+
+  def chunks(self, size: int) -> Iterator[Chunk]:
+    for start in range(0, len(self), size):
+      yield self.src[start:start + size], self.tgt[start:start + size]
+
+  def fingerprint(self) -> str:
+    digest = hashlib.sha256(f'{len(self)}|'.encode())
+    for src, tgt in self.chunks(50_000):
+      for side in (src, tgt):
+        digest.update('\n'.join(side).encode('utf-8', 'surrogatepass') + b'\x00')
+    return digest.hexdigest()[:20]
+
 
 # ---------------------------------------------------------------------------------------------
 # Text files.
 
+_BLOCK = 1 << 22  # bytes read at a time
 
-def read_lines(path: str | os.PathLike) -> list[str]:
-  """The lines of a UTF-8 text file (plain or .gz), without line ends.
 
-  Only '\\n' ends a line ('\\r\\n' is normalised); tabs and other characters are text. Raises
-  DataError for a missing or empty file and for bytes that are not UTF-8 (with file:line).
-  """
-  path = pathlib.Path(path)
+def _open(path: pathlib.Path):
+  return gzip.open(path, 'rb') if path.suffix == '.gz' else open(path, 'rb')  # noqa: SIM115
+
+
+def _raw_blocks(path: pathlib.Path) -> Iterator[bytes]:
+  """The file's bytes in blocks that end at a line end (the last block: at the file's end)."""
   if not path.is_file():
     raise DataError(f'{path}: no such file.')
-  opener = gzip.open if path.suffix == '.gz' else open
+  rest = b''
   try:
-    with opener(path, 'rb') as f:
-      data = f.read()
+    with _open(path) as f:
+      while block := f.read(_BLOCK):
+        block = rest + block
+        cut = block.rfind(b'\n') + 1
+        rest = block[cut:]
+        if cut:
+          yield block[:cut]
   except (OSError, EOFError) as e:
     raise DataError(f'{path}: cannot read ({e}).') from None
-  if not data:
-    raise DataError(f'{path}: the file is empty.')
-  raw_lines = data.split(b'\n')
-  if raw_lines[-1] == b'':  # the final newline ends the last line; it does not start a new one
-    raw_lines.pop()
-  return [decode_line(raw, f'{path}:{number}') for number, raw in enumerate(raw_lines, start=1)]
+  if rest:
+    yield rest
 
 
 def decode_line(raw: bytes, where: str) -> str:
@@ -65,8 +111,87 @@ def decode_line(raw: bytes, where: str) -> str:
                     'UTF-8.') from None
 
 
+def _line_blocks(path: pathlib.Path) -> Iterator[list[str]]:
+  """The file's lines, a block at a time, without line ends. Only '\\n' ends a line ('\\r\\n' is
+  normalised); tabs and other characters are text. DataError (with file:line) for an empty file
+  and for bytes that are not UTF-8."""
+  lines_before = 0
+  for block in _raw_blocks(path):
+    try:
+      text = block.decode('utf-8')
+    except UnicodeDecodeError as e:  # find the line, and say where
+      line = lines_before + block.count(b'\n', 0, e.start)
+      decode_line(block.split(b'\n')[line - lines_before], f'{path}:{line + 1}')
+      raise  # not reached: decode_line raised
+    lines = text.replace('\r\n', '\n').split('\n')
+    if lines[-1] == '':  # the final newline ends the last line; it does not start a new one
+      lines.pop()
+    lines_before += len(lines)
+    yield lines
+  if not lines_before:
+    raise DataError(f'{path}: the file is empty.')
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+  """The lines of a UTF-8 text file (plain or .gz), without line ends (see _line_blocks)."""
+  return list(itertools.chain.from_iterable(_line_blocks(pathlib.Path(path))))
+
+
+def _count_and_hash(path: pathlib.Path) -> tuple[int, bytes]:
+  """(lines, sha256 of the bytes) in one pass, without decoding."""
+  lines, digest, last = 0, hashlib.sha256(), b''
+  for block in _raw_blocks(path):
+    lines += block.count(b'\n')
+    digest.update(block)
+    last = block
+  if not last:
+    raise DataError(f'{path}: the file is empty.')
+  return lines + (not last.endswith(b'\n')), digest.digest()
+
+
+class TextFiles:
+  """Two line-aligned UTF-8 text files (plain or .gz), streamed: memory does not grow with
+  their size. Their line counts are compared before any pair is read."""
+
+  def __init__(self, src_path: str | os.PathLike, tgt_path: str | os.PathLike):
+    self.paths = pathlib.Path(src_path), pathlib.Path(tgt_path)
+    self.origin = f'{src_path}|{tgt_path}'
+    self._summary: tuple[int, str] | None = None
+
+  def _summarise(self) -> tuple[int, str]:
+    """(pairs, fingerprint), from one pass over both files' bytes."""
+    if self._summary is None:
+      (src_lines, src_hash), (tgt_lines, tgt_hash) = map(_count_and_hash, self.paths)
+      if src_lines != tgt_lines:
+        raise DataError(f'{self.paths[0]} has {src_lines} lines but {self.paths[1]} has '
+                        f'{tgt_lines}: the files must be line-aligned.')
+      self._summary = src_lines, hashlib.sha256(src_hash + tgt_hash).hexdigest()[:20]
+    return self._summary
+
+  def __len__(self) -> int:
+    return self._summarise()[0]
+
+  def fingerprint(self) -> str:
+    return self._summarise()[1]
+
+  def side(self, index: int) -> Iterator[str]:
+    return itertools.chain.from_iterable(_line_blocks(self.paths[index]))
+
+  def chunks(self, size: int) -> Iterator[Chunk]:
+    len(self)  # the line counts agree
+    src, tgt = self.side(0), self.side(1)
+    while chunk := (list(itertools.islice(src, size)), list(itertools.islice(tgt, size))):
+      if not chunk[0]:
+        return
+      yield chunk
+
+  def read(self) -> ParallelText:
+    """All pairs in memory."""
+    return read_parallel_text(*self.paths)
+
+
 def read_parallel_text(src_path: str | os.PathLike, tgt_path: str | os.PathLike) -> ParallelText:
-  """Two line-aligned files; raises DataError when their line counts differ."""
+  """Two line-aligned files in memory; raises DataError when their line counts differ."""
   src, tgt = read_lines(src_path), read_lines(tgt_path)
   if len(src) != len(tgt):
     raise DataError(f'{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: '
@@ -88,45 +213,91 @@ def prepare_command(name: str, data_dir: str | None) -> str:
   return f'tfds build {name}{where}'
 
 
-def load_tfds(name: str, split: str, *, src_key: str, tgt_key: str,
-              data_dir: str | None = None, download: bool = False) -> ParallelText:
-  """Reads a prepared tfds translation dataset, picking the source/target fields by name.
+class TfdsSplit:
+  """A split of a prepared tfds translation dataset, streamed, with the source and target
+  fields picked by name (tfds's supervised keys for wmt14_translate are (de|fr, en): pass
+  src_key='en' for EN->DE/FR).
 
-  tfds's supervised keys for wmt14_translate are (de|fr, en): pass src_key='en' for EN->DE/FR.
   Without `download`, a dataset that is not prepared raises DataError at once with the command
   that prepares it, instead of letting tfds start a download (which hangs when offline).
   """
-  import tensorflow_datasets as tfds  # imported here: slow, and only this source needs it
 
-  try:
-    builder = tfds.builder(name, data_dir=data_dir)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise DataError(f'tfds dataset {name!r} not found in {data_dir or "the default data dir"}.'
-                    ) from None
-  if download:
-    builder.download_and_prepare()
-  elif not builder.is_prepared():
-    raise DataError(
-        f'tfds dataset {name} is not prepared in {builder.data_dir}. Prepare it once (needs '
-        f'internet, hours for WMT14 train): {prepare_command(name, data_dir)} '
-        f'(or pass --download).')
-  splits = builder.info.splits
-  if splits and split not in splits:
-    raise DataError(f'{name} has no split {split!r}; it has {sorted(splits)}.')
-  src, tgt = [], []
-  dataset = builder.as_dataset(split=split, shuffle_files=False)
-  for example in tqdm(tfds.as_numpy(dataset), desc=f'reading {name} {split}',
-                      total=splits[split].num_examples if split in splits else None, unit='pairs'):
-    src.append(example[src_key].decode('utf-8'))
-    tgt.append(example[tgt_key].decode('utf-8'))
-  return ParallelText(src, tgt, origin=f'tfds:{name}:{split}')
+  def __init__(self, name: str, split: str, *, src_key: str, tgt_key: str,
+               data_dir: str | None = None, download: bool = False):
+    import tensorflow_datasets as tfds  # imported here: slow, and only this source needs it
+
+    try:
+      self._builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+      raise DataError(f'tfds dataset {name!r} not found in '
+                      f'{data_dir or "the default data dir"}.') from None
+    if download:
+      self._builder.download_and_prepare()
+    elif not self._builder.is_prepared():
+      raise DataError(
+          f'tfds dataset {name} is not prepared in {self._builder.data_dir}. Prepare it once '
+          f'(needs internet, hours for WMT14 train): {prepare_command(name, data_dir)} '
+          f'(or pass --download).')
+    splits = self._builder.info.splits
+    if splits and split not in splits:
+      raise DataError(f'{name} has no split {split!r}; it has {sorted(splits)}.')
+    self.name, self.split, self.keys = name, split, (src_key, tgt_key)
+    self.origin = f'tfds:{name}:{split}'
+    self._length = splits[split].num_examples if split in splits else None
+
+  def __len__(self) -> int:
+    if self._length is None:  # a dataset without split metadata (tfds's mock data)
+      self._length = sum(len(src) for src, _ in self.chunks(4096))
+    return self._length
+
+  def fingerprint(self) -> str:
+    """tfds datasets are immutable per version: its name, version, split and size."""
+    info = self._builder.info
+    split = info.splits[self.split] if self.split in info.splits else None
+    key = (f'{self.name}|{info.version}|{self.split}|{len(self)}|'
+           f'{split.num_bytes if split else 0}|{self.keys}')
+    return hashlib.sha256(key.encode()).hexdigest()[:20]
+
+  def chunks(self, size: int) -> Iterator[Chunk]:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
+    dataset = self._builder.as_dataset(split=self.split, shuffle_files=False).batch(size)
+    with tqdm(desc=f'reading {self.origin}', total=self._length, unit='pairs') as bar:
+      for batch in tfds.as_numpy(dataset):
+        chunk = tuple([text.decode('utf-8') for text in batch[key]] for key in self.keys)
+        bar.update(len(chunk[0]))
+        yield chunk
+
+  def side(self, index: int) -> Iterator[str]:
+    return itertools.chain.from_iterable(chunk[index] for chunk in self.chunks(4096))
+
+  def read(self) -> ParallelText:
+    """All pairs in memory."""
+    src, tgt = [], []
+    for chunk_src, chunk_tgt in self.chunks(4096):
+      src += chunk_src
+      tgt += chunk_tgt
+    return ParallelText(src, tgt, origin=self.origin)
+
+
+def load_tfds(name: str, split: str, *, src_key: str, tgt_key: str,
+              data_dir: str | None = None, download: bool = False) -> ParallelText:
+  """A split of a prepared tfds translation dataset in memory (see TfdsSplit)."""
+  return TfdsSplit(name, split, src_key=src_key, tgt_key=tgt_key, data_dir=data_dir,
+                   download=download).read()
+
+
+def wmt14(target_language: str, split: str, *, data_dir: str | None = None,
+          download: bool = False) -> TfdsSplit:
+  """WMT14 EN->DE (target_language='de') or EN->FR ('fr'), streamed."""
+  if target_language not in WMT14:
+    raise DataError(f'WMT14 target language must be one of {sorted(WMT14)}, '
+                    f'got {target_language!r}.')
+  return TfdsSplit(WMT14[target_language], split, src_key='en', tgt_key=target_language,
+                   data_dir=data_dir, download=download)
 
 
 def load_wmt14(target_language: str, split: str, *, data_dir: str | None = None,
                download: bool = False) -> ParallelText:
-  """WMT14 EN->DE (target_language='de') or EN->FR ('fr')."""
-  if target_language not in WMT14:
-    raise DataError(f'WMT14 target language must be one of {sorted(WMT14)}, '
-                    f'got {target_language!r}.')
-  return load_tfds(WMT14[target_language], split, src_key='en', tgt_key=target_language,
-                   data_dir=data_dir, download=download)
+  """WMT14 EN->DE or EN->FR in memory (validation and test sets)."""
+  return wmt14(target_language, split, data_dir=data_dir, download=download).read()

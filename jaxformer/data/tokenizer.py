@@ -1,16 +1,24 @@
 """One sentencepiece BPE vocabulary shared by source and target (§5.1)."""
 
+import hashlib
 import io
+import itertools
+import json
+import logging
 import os
 import pathlib
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
-from jaxformer.data.sources import DataError
+from jaxformer.data.sources import DataError, PairSource
+
+log = logging.getLogger(__name__)
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 _ONE_LINE = {ord(c): ' ' for c in '\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029'}  # as str.splitlines
@@ -80,35 +88,102 @@ def _training_failure(message: str, vocab_size: int, sentences: int) -> str:
           f'{message.strip().splitlines()[0]}')
 
 
-def train_tokenizer(texts: Sequence[str], model_path: str | os.PathLike, vocab_size: int, *,
-                    sample_size: int = 2_000_000, seed: int = 0) -> Tokenizer:
-  """Trains a BPE model on a seeded sample of `texts` (both sides), unless the file exists.
+def _sample(texts: 'Sequence[str] | PairSource', sample_size: int, seed: int) -> Iterator[str]:
+  """A seeded sample of the sentences, in order. A PairSource's sentences are numbered as the
+  list of its source sentences followed by its target sentences, so it gives the same sample as
+  that list would; each side is streamed once."""
+  rng = np.random.default_rng(seed)
+  count = len(texts) * (1 if isinstance(texts, Sequence) else 2)
+  chosen = np.sort(rng.choice(count, size=sample_size, replace=False)) \
+      if count > sample_size else np.arange(count)
+  if isinstance(texts, Sequence):
+    return (texts[i] for i in chosen)
+  pairs = len(texts)
+  picks = (chosen[chosen < pairs], chosen[chosen >= pairs] - pairs)
+  return itertools.chain.from_iterable(
+      _select(texts.side(index), picks[index]) for index in (0, 1))
+
+
+def _select(sentences: Iterator[str], indices: np.ndarray) -> Iterator[str]:
+  """The sentences at the given sorted indices."""
+  wanted = iter(indices.tolist())
+  target = next(wanted, None)
+  for i, sentence in enumerate(sentences):
+    if target is None:
+      return
+    if i == target:
+      yield sentence
+      target = next(wanted, None)
+
+
+def vocabulary_record(texts: 'Sequence[str] | PairSource', vocab_size: int, sample_size: int,
+                      seed: int) -> dict[str, Any]:
+  """What a vocabulary is trained on, as stored beside it (spm.model.json)."""
+  corpus = texts.fingerprint() if hasattr(texts, 'fingerprint') else hashlib.sha256(
+      '\n'.join(texts).encode('utf-8', 'surrogatepass')).hexdigest()[:20]
+  return {'corpus': corpus, 'sentences': len(texts) * (1 if isinstance(texts, Sequence) else 2),
+          'sample_size': sample_size, 'seed': seed, 'vocab_size': vocab_size}
+
+
+def _check_record(model_path: pathlib.Path, record: dict[str, Any]) -> None:
+  """A one-line error when the existing vocabulary was trained on something else."""
+  record_path = model_path.with_name(model_path.name + '.json')
+  if not record_path.exists():  # a vocabulary from before records were kept, or given by hand
+    return
+  saved = json.loads(record_path.read_text())
+  changed = [f'{key} {saved.get(key)} -> {value}' for key, value in record.items()
+             if saved.get(key) != value]
+  if changed:
+    raise DataError(
+        f'{model_path} was trained on other data or settings ({", ".join(changed)}): use a new '
+        f'workdir for this corpus, or delete {model_path} and {record_path.name} (and the '
+        "workdir's cache/) to train a new vocabulary.")
+
+
+def _write_atomically(path: pathlib.Path, content: bytes) -> None:
+  """A temporary file of this writer's own, renamed into place: readers never see half a file,
+  and processes that write the same file at once never share a temporary one."""
+  with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f'.{path.name}.', suffix='.partial',
+                                   delete=False) as partial:
+    partial.write(content)
+  os.replace(partial.name, path)
+
+
+def train_tokenizer(texts: 'Sequence[str] | PairSource', model_path: str | os.PathLike,
+                    vocab_size: int, *, sample_size: int = 2_000_000, seed: int = 0) -> Tokenizer:
+  """Trains a BPE model on a seeded sample of `texts` (a list of sentences, or both sides of a
+  PairSource, streamed), unless the file exists.
 
   Text is NFKC-normalised and whitespace runs are collapsed (sentencepiece's nmt_nfkc); any
   character unseen in training still round-trips through byte fallback, so nothing maps to unk.
-  The same texts, size and seed give the same model file.
+  sentencepiece trains on every core, and the same texts, size and seed give the same model
+  file whatever the number of cores. What the model was trained on is recorded beside it
+  (MODEL.json); an existing model trained on something else is a DataError.
   """
   model_path = pathlib.Path(model_path)
+  record = vocabulary_record(texts, vocab_size, sample_size, seed)
   if model_path.exists():
+    _check_record(model_path, record)
     return Tokenizer(model_path)
-  rng = np.random.default_rng(seed)
-  chosen = rng.choice(len(texts), size=sample_size, replace=False) \
-      if len(texts) > sample_size else np.arange(len(texts))
   model_path.parent.mkdir(parents=True, exist_ok=True)
   model = io.BytesIO()
+  log.info('training a %d-piece vocabulary on a sample of %d of %d sentences', vocab_size,
+           min(sample_size, record['sentences']), record['sentences'])
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=(texts[i].replace('\n', ' ') for i in np.sort(chosen)),
+        sentence_iterator=(s.replace('\n', ' ') for s in _sample(texts, sample_size, seed)),
         model_writer=model, vocab_size=vocab_size, model_type='bpe',
         pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1, byte_fallback=True,
         character_coverage=0.9999, input_sentence_size=0, shuffle_input_sentence=False,
-        num_threads=1, minloglevel=2)
+        num_threads=len(os.sched_getaffinity(0)), minloglevel=2)
   except RuntimeError as e:
-    raise DataError(_training_failure(str(e), vocab_size, len(chosen))) from None
-  # A temporary file of this writer's own, renamed into place: readers never see half a model,
-  # and hosts that train the same (deterministic) model at once never share a temporary file.
-  with tempfile.NamedTemporaryFile(dir=model_path.parent, prefix=f'.{model_path.name}.',
-                                   suffix='.partial', delete=False) as partial:
-    partial.write(model.getvalue())
-  os.replace(partial.name, model_path)
+    raise DataError(_training_failure(str(e), vocab_size, min(sample_size, record['sentences']))
+                    ) from None
+  # The thread count is the one field that differs between hosts: stored as 1, so that the file
+  # is the same everywhere (the pieces and scores do not depend on it).
+  proto = sentencepiece_model_pb2.ModelProto.FromString(model.getvalue())
+  proto.trainer_spec.num_threads = 1
+  _write_atomically(model_path.with_name(model_path.name + '.json'),
+                    json.dumps(record, indent=1).encode())
+  _write_atomically(model_path, proto.SerializeToString())
   return Tokenizer(model_path)
