@@ -226,14 +226,19 @@ def resume_data(batches: data_lib.PackedBatches, hosts: list[dict[str, int]],
                 len(hosts), jax.process_count())
     return
   saved, now = hosts[jax.process_index()], batches.get_state()
+  if set(now) - set(saved):
+    log.warning('the checkpoint\'s data position is from an older jaxformer (no %s): training '
+                'continues on a fresh data stream.', ', '.join(sorted(set(now) - set(saved))))
+    return
   changed = [f'{name} {saved[key]} -> {now[key]}' for key, name in
-             (('seed', 'seed'), ('shard_size', 'training pairs per host'))
-             if saved[key] != now[key]]
+             (('seed', 'seed'), ('shard_size', 'training pairs per host'),
+              ('corpus', 'corpus id'), ('src_len', 'source row length'),
+              ('tgt_len', 'target row length')) if saved[key] != now[key]]
   if changed:
     raise TrainingError(
         f'the training data changed since the checkpoint ({", ".join(changed)}): resume with the '
-        'same corpus and seed, or pass --reset-data to continue from the checkpoint on a fresh '
-        'data stream.')
+        'same corpus and settings, or pass --reset-data to continue from the checkpoint on a '
+        'fresh data stream.')
   batches.set_state(saved)
 
 
@@ -267,10 +272,9 @@ def _train_item(state: TrainState, rng: Array) -> dict[str, Any]:
 
 def _data_state(local: dict[str, Any]) -> dict[str, Any]:
   """Every host's iterator position (gathered when there are several hosts)."""
-  gathered = parallel.all_hosts(np.array(
-      [local['epoch'], local['row'], local['seed'], local['shard_size']], np.int64))
-  return {'hosts': [dict(zip(('epoch', 'row', 'seed', 'shard_size'), map(int, row)))
-                    for row in gathered]}
+  keys = data_lib.PackedBatches.STATE_KEYS
+  gathered = parallel.all_hosts(np.array([local[key] for key in keys], np.int64))
+  return {'hosts': [dict(zip(keys, map(int, row))) for row in gathered]}
 
 
 def validation_metrics(p_eval_step: Any, p_state: TrainState, corpus: Any, *, src_len: int,
@@ -297,12 +301,14 @@ def validation_metrics(p_eval_step: Any, p_state: TrainState, corpus: Any, *, sr
           'accuracy': correct / tokens, 'tokens': tokens}
 
 
-def _translate_validation(params: Any, config: TransformerConfig, tokenizer: Any, text: Any,
+def _translate_validation(translator: evaluate.Translator, params: Any, text: Any,
                           tc: TrainConfig) -> tuple[float | None, str]:
   """(sacreBLEU of the first bleu_sentences validation sentences or None, a markdown table of
-  the first sample_translations: source, hypothesis, reference), decoded as in §6.1."""
+  the first sample_translations: source, hypothesis, reference), decoded as in §6.1 by the
+  run's one translator (its searches compiled at the first evaluation only)."""
   count = max(tc.bleu_sentences, tc.sample_translations)
-  hypotheses = evaluate.Translator(params, config, tokenizer).translate(text.src[:count])
+  translator.params = params
+  hypotheses = translator.translate(text.src[:count])
   bleu = evaluate.sacre_bleu(hypotheses, text.tgt[:tc.bleu_sentences])[0] \
       if tc.bleu_sentences else None
   cell = lambda s: s.replace('|', '\\|')  # noqa: E731
@@ -320,29 +326,40 @@ def _hparams(config: TransformerConfig, tc: TrainConfig, facts: dict[str, Any]
                       settings, is_leaf=lambda v: v is None or isinstance(v, list))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class PreparedData:
-  """The vocabulary and the packed batches of a run."""
+  """The vocabulary and the packed batches of a run, and its one translator (made at the
+  first evaluation that translates)."""
   tokenizer: data_lib.Tokenizer
   batches: data_lib.PackedBatches
   eval_corpus: data_lib.TokenizedCorpus | None
   src_len: int            # packed row lengths
   tgt_len: int
   rows: int               # rows per device per micro-batch
+  _translator: evaluate.Translator | None = None
+
+  def translator(self, config: TransformerConfig) -> evaluate.Translator:
+    if self._translator is None:
+      self._translator = evaluate.Translator(None, config, self.tokenizer)
+    return self._translator
 
 
 def prepare_data(config: TransformerConfig, tc: TrainConfig, train_text: Any,
                  eval_text: Any | None) -> PreparedData:
-  """Trains (or reuses) the workdir's vocabulary, tokenizes (or reads the cache of) both
-  corpora, and packs this host's share of the training pairs."""
-  workdir = pathlib.Path(tc.workdir)
-  tokenizer = data_lib.train_tokenizer(train_text.src + train_text.tgt, workdir / 'spm.model',
-                                       config.vocab_size, sample_size=tc.spm_sample_size,
-                                       seed=tc.seed)
+  """The workdir's vocabulary and token caches (prepared by one process per filesystem, see
+  data.pipeline), checked to be the same on every process, and this host's share of the
+  training pairs as packed batches."""
+  tokenizer, corpus, eval_corpus = data_lib.pipeline.prepare(
+      pathlib.Path(tc.workdir), train_text, eval_text, vocab_size=config.vocab_size,
+      max_len=config.max_len, sample_size=tc.spm_sample_size, seed=tc.seed)
   if tokenizer.vocab_size != config.vocab_size:
     raise TrainingError(f'{tokenizer.path} has {tokenizer.vocab_size} pieces but the model '
                         f'expects vocab_size={config.vocab_size}.')
-  corpus = data_lib.tokenize_corpus(train_text, tokenizer, config.max_len, workdir / 'cache')
+  fingerprints = parallel.all_hosts(np.array([data_lib.PackedBatches.corpus_id(corpus)]))
+  if len(set(fingerprints.ravel().tolist())) > 1:
+    raise TrainingError(f'the processes prepared different training data (corpus ids '
+                        f'{fingerprints.ravel().tolist()}): every process must read the same '
+                        'corpus with the same settings.')
   src_len, tgt_len = data_lib.row_lengths(corpus, tc.row_len)
   try:
     rows = data_lib.rows_per_device(tc.tokens_per_batch // tc.accum_steps,
@@ -353,8 +370,6 @@ def prepare_data(config: TransformerConfig, tc: TrainConfig, train_text: Any,
       corpus, src_len=src_len, tgt_len=tgt_len, rows_per_device=rows * tc.accum_steps,
       num_devices=jax.local_device_count(), seed=tc.seed, process_index=jax.process_index(),
       process_count=jax.process_count())
-  eval_corpus = None if eval_text is None else data_lib.tokenize_corpus(
-      eval_text, tokenizer, config.max_len, workdir / 'cache')
   return PreparedData(tokenizer, batches, eval_corpus, src_len, tgt_len, rows)
 
 
@@ -507,8 +522,8 @@ def _evaluate(p_eval_step: Any, p_state: TrainState, prepared: PreparedData, eva
                               src_len=prepared.src_len, tgt_len=prepared.tgt_len,
                               rows_per_device=prepared.rows)
   if (tc.bleu_sentences or tc.sample_translations) and sink.enabled:
-    bleu, samples = _translate_validation(parallel.unreplicate(p_state.params), config,
-                                          prepared.tokenizer, eval_text, tc)
+    bleu, samples = _translate_validation(prepared.translator(config),
+                                          parallel.unreplicate(p_state.params), eval_text, tc)
     if bleu is not None:
       result['bleu'] = bleu
     if tc.sample_translations:

@@ -6,6 +6,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from jaxformer import data
 from jaxformer.data import DataError
-from helpers import synthetic_text
+from helpers import WORDS, synthetic_text
 
 
 @pytest.fixture(scope='module')
@@ -162,7 +163,7 @@ def test_vocabulary_sizes_sentencepiece_cannot_make_say_what_to_change(tmp_path,
 _RACE = """
 import pathlib, sys, time
 sys.path.insert(0, {tests!r})
-from helpers import synthetic_text
+from helpers import WORDS, synthetic_text
 from jaxformer import data
 text = synthetic_text(400, seed=11)
 go = pathlib.Path({go!r})
@@ -385,3 +386,92 @@ def test_decoded_text_is_always_one_line(tokenizer):
   ids = tokenizer.encode(['the man'])[0]
   text = tokenizer.decode([ids + newline_bytes + ids])[0]
   assert text.splitlines() == [text] and text.startswith('the man')
+
+
+# --- scale ------------------------------------------------------------------------------------
+
+
+# VmHWM: this process's own peak (ru_maxrss would carry the forking parent's over exec).
+_MEMORY_CHILD = """
+import re, sys
+from jaxformer import data
+text = data.TextFiles(sys.argv[1], sys.argv[2])
+corpus = data.tokenize_corpus(text, data.Tokenizer(sys.argv[3]), 64, sys.argv[4])
+print(len(corpus), re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())[1])
+"""
+
+
+@pytest.mark.slow
+def test_tokenising_memory_does_not_grow_with_the_corpus(tokenizer, tmp_path):
+  """Text is streamed and ids go to the cache as they are made: tripling the corpus adds no
+  more than a few hundred bytes a pair (its lengths and offsets, 16 bytes a pair per side, and
+  the allocator's slack), where Python lists of ids took ~2 KB."""
+  rng = np.random.default_rng(0)
+  words = np.array(WORDS)
+  peaks = {}
+  for pairs in (100_000, 300_000):
+    for side, vocab in (('en', words[:16]), ('de', words[16:])):
+      lengths = rng.integers(3, 20, pairs)
+      tokens = rng.choice(vocab, lengths.sum())
+      lines = np.split(tokens, np.cumsum(lengths)[:-1])
+      (tmp_path / f'{pairs}.{side}').write_text('\n'.join(map(' '.join, lines)) + '\n')
+    out = subprocess.run([sys.executable, '-c', _MEMORY_CHILD, str(tmp_path / f'{pairs}.en'),
+                          str(tmp_path / f'{pairs}.de'), str(tokenizer.path),
+                          str(tmp_path / f'cache{pairs}')], capture_output=True, text=True,
+                         check=True)
+    kept, peaks[pairs] = map(int, out.stdout.split())
+    assert kept == pairs
+  grown = (peaks[300_000] - peaks[100_000]) * 1024 / 200_000
+  assert grown < 400, f'{grown:.0f} bytes more per pair ({peaks} KiB)'
+
+
+def test_a_failed_or_interrupted_cache_write_leaves_nothing(tokenizer, tmp_path, monkeypatch):
+  text = synthetic_text(300, seed=2)
+  original = data.cache._Sink.add  # pylint: disable=protected-access
+
+  def failing(error):
+    def add(self, *args):
+      original(self, *args)
+      raise error
+    return add
+
+  monkeypatch.setattr(data.cache._Sink, 'add', failing(OSError(28, 'No space left on device')))
+  with pytest.raises(DataError, match='no space left on the device for the token cache'):
+    data.tokenize_corpus(text, tokenizer, max_len=64, cache_dir=tmp_path)
+  monkeypatch.setattr(data.cache._Sink, 'add', failing(KeyboardInterrupt()))
+  with pytest.raises(KeyboardInterrupt):
+    data.tokenize_corpus(text, tokenizer, max_len=64, cache_dir=tmp_path)
+  assert list(tmp_path.iterdir()) == []
+  monkeypatch.undo()
+  (tmp_path / f'tokens-x{data.cache._PARTIAL}killed').mkdir()  # left by a kill -9 # pylint: disable=protected-access
+  corpus = data.tokenize_corpus(text, tokenizer, max_len=64, cache_dir=tmp_path)
+  assert [p.name for p in tmp_path.iterdir()] == [f'tokens-{corpus.fingerprint}']
+
+
+def test_blocks_and_epochs_are_planned_ahead_in_the_background(corpus, monkeypatch):
+  """Every plan but the first is made on the planning thread before the batches reach it, so
+  that neither a block nor an epoch boundary waits for one."""
+  monkeypatch.setattr(data.packing, 'BLOCK', 128)
+  threads = []
+  plan = data.PackedBatches._plan_block  # pylint: disable=protected-access
+
+  def recording(self, epoch, block):
+    threads.append((epoch, block, threading.current_thread().name))
+    return plan(self, epoch, block)
+
+  monkeypatch.setattr(data.PackedBatches, '_plan_block', recording)
+  stream = data.PackedBatches(corpus, src_len=64, tgt_len=64, rows_per_device=8)
+  assert stream.blocks_per_epoch == 5  # 600 pairs
+  for _ in range(30):  # about two epochs
+    next(stream)
+  assert stream.get_state()['epoch'] >= 1
+  assert threads[0] == (0, 0, 'MainThread')
+  assert [t[:2] for t in threads[1:]] == [(e, b) for e in range(3) for b in range(5)][1:len(
+      threads)] and all(name.startswith('packing-plan') for *_, name in threads[1:])
+
+
+def test_rows_are_multiples_of_8_within_row_len(corpus):
+  src_len, tgt_len = data.row_lengths(corpus, 64)
+  assert src_len % 8 == 0 and tgt_len % 8 == 0 and max(src_len, tgt_len) == 64
+  assert data.row_lengths(corpus, 61) in ((61, 61), (56, 61), (61, 56))  # never above row_len
+  assert data.row_lengths(corpus, 64, multiple=1) != (src_len, tgt_len) or src_len == 64

@@ -2,7 +2,7 @@
 
   make bench   (or: python experiments/bench --only train --train-case base)
 Sections, one module each of this package (its docstring says what it measures): data, train,
-checkpoint, memory, decode; common.py holds the timing, matmul-peak, RSS and batch helpers.
+checkpoint, memory, decode, and scale (only when asked for: --only scale); common.py holds the timing, matmul-peak, RSS and batch helpers.
 """
 
 import argparse
@@ -21,7 +21,7 @@ sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # experiments/: 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import checkpoint, data, decode, memory, train  # noqa: E402
+from bench import checkpoint, data, decode, memory, scale, train  # noqa: E402
 from bench.common import ROOT  # noqa: E402
 from jaxformer.cli import positive_int  # noqa: E402
 
@@ -35,6 +35,9 @@ SECTIONS = {
     'decode': (decode.run, lambda args: {'data_dir': args.data_dir,
                                          'demo_model': args.demo_model}),
     'memory': (memory.run, lambda args: {}),
+    'scale': (scale.run, lambda args: {'data_dir': args.data_dir, 'pairs': args.scale_pairs,
+                                       'src': args.scale_src, 'tgt': args.scale_tgt,
+                                       'with_train': args.scale_train}),
 }
 
 
@@ -57,12 +60,18 @@ def main() -> int:
                       help='train section: time PyTorch beside jaxformer when it is installed')
   parser.add_argument('--demo-model', help='decode section: also time this trained model '
                       '(e.g. workdirs/demo/average-last5 after make demo)')
+  parser.add_argument('--scale-pairs', type=positive_int, default=4_500_000,
+                      help='scale section: pairs of the synthetic corpus (WMT14 EN-DE: 4.5M)')
+  parser.add_argument('--scale-src', help='scale section: your own source file instead')
+  parser.add_argument('--scale-tgt', help='scale section: your own target file instead')
+  parser.add_argument('--scale-train', action='store_true',
+                      help="scale section: also `jaxformer train` a tiny model on it (peak RSS)")
   parser.add_argument('--data-dir', type=pathlib.Path,
                       default=os.environ.get('JAXFORMER_SHARED_DATA', ROOT.parent / 'shared/data'),
                       help='folder with multi30k/ and newstest2014/ (default: ../shared/data)')
   args = parser.parse_args()
-  sections = args.only or sorted(SECTIONS)
-  if {'data', 'decode'} & set(sections) and not (args.data_dir / 'multi30k').is_dir():
+  sections = args.only or sorted(set(SECTIONS) - {'scale'})  # scale: minutes, GBs of disk
+  if {'data', 'decode', 'scale'} & set(sections) and not (args.data_dir / 'multi30k').is_dir():
     print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
     return 2
   # PyTorch's peer first, in a process of its own, before jax starts and takes the GPU.

@@ -1,8 +1,8 @@
 """Data: sources (tfds WMT14, text files, the generated embedded corpus, any in-memory pairs),
 the shared sentencepiece vocabulary, the token cache, packed resumable batches, and the one
-entry point that prepares them for training (pipeline.build)."""
+entry point that prepares them for training (pipeline.prepare)."""
 
-from jaxformer.data import embedded, tokenizer
+from jaxformer.data import embedded, pipeline, tokenizer
 from jaxformer.data.cache import TokenizedCorpus, tokenize_corpus
 from jaxformer.data.packing import (PackedBatches, pack_rows, padding_efficiency, row_lengths,
                                     rows_per_device)
@@ -13,6 +13,6 @@ from jaxformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_to
 
 __all__ = ['DataError', 'EOS_ID', 'PAD_ID', 'PackedBatches', 'PairSource', 'ParallelText',
            'TextFiles', 'TfdsSplit', 'TokenizedCorpus', 'Tokenizer', 'UNK_ID', 'decode_line',
-           'embedded', 'load_tfds', 'load_wmt14', 'pack_rows', 'padding_efficiency',
+           'embedded', 'load_tfds', 'load_wmt14', 'pack_rows', 'padding_efficiency', 'pipeline',
            'read_lines', 'read_parallel_text', 'row_lengths', 'rows_per_device',
            'tokenize_corpus', 'tokenizer', 'train_tokenizer', 'wmt14']

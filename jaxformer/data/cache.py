@@ -174,10 +174,10 @@ def _tokenize(text: PairSource, tokenizer: Tokenizer, max_len: int, folder: path
 def _write_cache(text: PairSource, tokenizer: Tokenizer, max_len: int, path: pathlib.Path,
                  fingerprint: str) -> None:
   """Writes the cache into a temporary folder, then renames it: a crash, an interruption or a
-  full disk never leaves half a cache (a folder left by a killed process is removed by the
-  next writer)."""
+  full disk never leaves half a cache. A folder left by a killed process is removed by the
+  next writer (data.pipeline makes writers of one workdir take turns)."""
   path.parent.mkdir(parents=True, exist_ok=True)
-  for stale in path.parent.glob(f'{path.name}{_PARTIAL}*'):
+  for stale in path.parent.glob(f'tokens-*{_PARTIAL}*'):
     shutil.rmtree(stale, ignore_errors=True)
   tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + _PARTIAL))
   try:

@@ -79,7 +79,7 @@ def _best_first_fit(src: np.ndarray, tgt: np.ndarray, src_len: int, tgt_len: int
   padded = 1 << (windows - 1).bit_length()
   none = np.zeros((padded - windows, src.shape[1]), np.int32)
   stack = lambda a, b: np.concatenate([a, none, b, none])  # noqa: E731
-  cpu = jax.devices('cpu')[0]
+  cpu = jax.local_devices(backend='cpu')[0]
   rows, num_rows = jax.device_get(_first_fit(
       jax.device_put(stack(src, by_size[0]), cpu), jax.device_put(stack(tgt, by_size[1]), cpu),
       src_len, tgt_len))
@@ -193,17 +193,29 @@ class PackedBatches(Iterator[Batch]):
 
   # --- state -----------------------------------------------------------------------------------
 
+  STATE_KEYS = ('epoch', 'block', 'row', 'seed', 'shard_size', 'corpus', 'src_len', 'tgt_len')
+
+  @staticmethod
+  def corpus_id(corpus: TokenizedCorpus) -> int:
+    """The corpus's fingerprint as a 28-bit int (0 for a corpus without one): it survives jax's
+    32-bit all-gather between hosts."""
+    return int(corpus.fingerprint[:7] or '0', 16)
+
   def get_state(self) -> dict[str, Any]:
-    """A small JSON-serialisable position in the stream."""
+    """A small JSON-serialisable position in the stream (ints, STATE_KEYS), with what it is a
+    position in: the seed, this host's pair count, the corpus and the row lengths."""
     return {'epoch': self._epoch, 'block': self._block, 'row': self._row, 'seed': self.seed,
-            'shard_size': len(self.shard)}
+            'shard_size': len(self.shard), 'corpus': self.corpus_id(self.corpus),
+            'src_len': self.src_len, 'tgt_len': self.tgt_len}
 
   def set_state(self, state: dict[str, Any]) -> None:
     """Continues from a `get_state` of an iterator over the same corpus and settings."""
-    if (state['seed'], state['shard_size']) != (self.seed, len(self.shard)):
-      raise ValueError(
-          f'data state is for seed {state["seed"]} and {state["shard_size"]} pairs per host, '
-          f'but this iterator has seed {self.seed} and {len(self.shard)}.')
+    now = self.get_state()
+    changed = [key for key in self.STATE_KEYS[3:] if state.get(key) != now[key]]
+    if changed:
+      raise ValueError(f'data state is for other data or settings ({", ".join(changed)}: '
+                       f'{[state.get(k) for k in changed]}, but this iterator has '
+                       f'{[now[k] for k in changed]}).')
     self._epoch, self._block, self._row = (int(state[k]) for k in ('epoch', 'block', 'row'))
 
   # --- planning --------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxformer.config import TransformerConfig
-from jaxformer.data import DataError, ParallelText, embedded, load_wmt14, read_parallel_text
+from jaxformer.data import (DataError, PairSource, ParallelText, TextFiles, embedded, load_wmt14,
+                            read_parallel_text, wmt14)
 from jaxformer.train import TrainConfig
 
 NAMES = ('base', 'big', 'big_enfr', 'multi30k', 'multi30k_gpu', 'demo')
@@ -180,11 +181,13 @@ def override(recipe: Recipe, assignments: Sequence[str]) -> Recipe:
     raise DataError(f'--set: {e}') from None
 
 
-def texts(data: DataConfig) -> tuple[ParallelText, ParallelText | None]:
-  """The training pairs and the validation pairs (None when there are none) of `data`."""
+def texts(data: DataConfig) -> tuple[PairSource, ParallelText | None]:
+  """The training pairs (streamed: any size) and the validation pairs (in memory; None when
+  there are none) of `data`."""
   if data.source == 'wmt14':
-    return tuple(load_wmt14(data.target_language, split, data_dir=data.tfds_data_dir,
-                            download=data.download) for split in ('train', 'validation'))
+    train = wmt14(data.target_language, 'train', data_dir=data.tfds_data_dir,
+                  download=data.download)
+    return train, load_wmt14(data.target_language, 'validation', data_dir=data.tfds_data_dir)
   if data.source == 'embedded':
     corpus = embedded.splits(data.train_pairs, data.validation_pairs, data.test_pairs)
     return corpus['train'], corpus['validation']
@@ -192,4 +195,4 @@ def texts(data: DataConfig) -> tuple[ParallelText, ParallelText | None]:
     raise DataError('a text source needs --train-src and --train-tgt.')
   validation = read_parallel_text(data.eval_src, data.eval_tgt) \
       if data.eval_src and data.eval_tgt else None
-  return read_parallel_text(data.train_src, data.train_tgt), validation
+  return TextFiles(data.train_src, data.train_tgt), validation
