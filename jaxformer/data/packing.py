@@ -211,11 +211,10 @@ class PackedBatches(Iterator[Batch]):
   def set_state(self, state: dict[str, Any]) -> None:
     """Continues from a `get_state` of an iterator over the same corpus and settings."""
     now = self.get_state()
-    changed = [key for key in self.STATE_KEYS[3:] if state.get(key) != now[key]]
+    changed = [f'{key} {state.get(key)} -> {now[key]}' for key in self.STATE_KEYS[3:]
+               if state.get(key) != now[key]]
     if changed:
-      raise ValueError(f'data state is for other data or settings ({", ".join(changed)}: '
-                       f'{[state.get(k) for k in changed]}, but this iterator has '
-                       f'{[now[k] for k in changed]}).')
+      raise ValueError(f'data state is for other data or settings ({", ".join(changed)}).')
     self._epoch, self._block, self._row = (int(state[k]) for k in ('epoch', 'block', 'row'))
 
   # --- planning --------------------------------------------------------------------------------
