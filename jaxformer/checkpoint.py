@@ -2,7 +2,8 @@
 
 A training workdir holds `checkpoints/<step>/` with four items:
   params  the model parameters (one copy, not one per device);
-  train   optimiser state, step and the base rng;
+  train   optimiser state, step and the base rng (in the newest few only: resume needs it,
+          averaging does not);
   data    the data iterators' positions, one per host;
   meta    the config, and the sentencepiece model (base64) with its sha256.
 An averaged checkpoint (`average-last<N>/<step>/`) holds params and meta, and loads like any other.
@@ -13,6 +14,7 @@ import dataclasses
 import hashlib
 import logging
 import pathlib
+import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -143,6 +145,19 @@ def save(manager: ocp.CheckpointManager, step: int, *, params: PyTree, meta: dic
   manager.save(step, args=ocp.args.Composite(**items), force=True)
 
 
+def drop_old_train_state(manager: ocp.CheckpointManager, keep: int, saving: int) -> list[int]:
+  """Removes the `train` item (optimiser state, step, rng) from every checkpoint but the newest
+  `keep`, counting step `saving` (just started): older ones are for averaging, which reads params
+  only, and Adam's two moments are twice the params' size. Call on one process after `save`
+  (orbax has then finished every earlier step). Returns the steps it pruned."""
+  finished = sorted(step for step in manager.all_steps() if step != saving and
+                    (pathlib.Path(manager.directory) / str(step) / 'train').exists())
+  pruned = finished[:max(len(finished) - (keep - 1), 0)]
+  for step in pruned:
+    shutil.rmtree(pathlib.Path(manager.directory) / str(step) / 'train')
+  return pruned
+
+
 def _restore_items(manager: ocp.CheckpointManager, step: int, items: dict[str, Any]) -> dict:
   try:
     return dict(manager.restore(step, args=ocp.args.Composite(**items)))
@@ -176,6 +191,9 @@ def restore_latest(manager: ocp.CheckpointManager, **kwargs: Any) -> tuple[int, 
   """The newest step that restores, falling back to older ones (with a warning) when the newest
   is damaged; None when there is no checkpoint. kwargs as for `restore`."""
   steps = sorted(manager.all_steps(), reverse=True)
+  if kwargs.get('train') is not None:  # only checkpoints that kept their optimiser state
+    steps = [step for step in steps
+             if (pathlib.Path(manager.directory) / str(step) / 'train').exists()]
   for step in steps:
     try:
       return step, restore(manager, step, **kwargs)

@@ -1,6 +1,7 @@
 """Device and host plumbing: jax.distributed, replication, prefetching, cross-host agreement."""
 
 import collections
+import concurrent.futures
 import queue
 import threading
 from collections.abc import Generator, Iterator
@@ -34,14 +35,20 @@ def shard(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
   return jax.tree.map(lambda x: jax.device_put(x, sharding), batch)
 
 
-def prefetch(batches: Iterator[dict[str, np.ndarray]], size: int = 2
+def prefetch(batches: Iterator[dict[str, np.ndarray]], size: int = 2, workers: int = 3
              ) -> Generator[tuple[dict[str, jax.Array], Any], None, None]:
-  """Makes and transfers the next `size` batches in a background thread while steps run.
+  """Makes and transfers the next `size` batches in background threads while steps run.
 
   Yields (device batch, the iterator's state just after that batch), so that a checkpoint
-  records the consumed position, not the prefetched one. An error in the iterator is raised
-  here, at the batch it stopped. Close the generator to stop the thread.
+  records the consumed position, not the prefetched one. An iterator with `advance()` and
+  `assemble(pieces)` (data.PackedBatches) is advanced in order by one thread and its batches
+  are assembled and transferred by `workers` threads at once (numpy's gathers release the GIL);
+  any other iterator is read by one thread. An error in the iterator is raised here, at the
+  batch it stopped. Close the generator to stop the threads.
   """
+  advance = getattr(batches, 'advance', lambda: next(batches))
+  assemble = getattr(batches, 'assemble', lambda batch: batch)
+  pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='prefetch-assemble')
   ready: queue.Queue = queue.Queue(maxsize=size)
   stop = threading.Event()
 
@@ -56,13 +63,15 @@ def prefetch(batches: Iterator[dict[str, np.ndarray]], size: int = 2
 
   def produce() -> None:
     try:
-      for batch in batches:
-        if not put((shard(batch), batches.get_state())):
+      while True:
+        pieces = advance()
+        job = pool.submit(lambda pieces=pieces: shard(assemble(pieces)))
+        if not put((job, batches.get_state())):
           return
+    except StopIteration:
+      put(StopIteration())
     except Exception as e:  # pylint: disable=broad-except  (re-raised in the consumer)
       put(e)
-      return
-    put(StopIteration())
 
   thread = threading.Thread(target=produce, name='prefetch', daemon=True)
   thread.start()
@@ -73,10 +82,12 @@ def prefetch(batches: Iterator[dict[str, np.ndarray]], size: int = 2
         return
       if isinstance(item, Exception):
         raise item
-      yield item
+      job, state = item
+      yield job.result(), state
   finally:
     stop.set()
     thread.join()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def devices_line() -> str:

@@ -161,6 +161,8 @@ class TrainConfig:
                                                 "paper's 10 minutes; none: off)")
   checkpoint_every_steps: int | None = setting(None, 'steps between checkpoints (none: off)')
   keep_checkpoints: int = setting(20, 'checkpoints kept (raised to average_last if smaller)')
+  keep_train_state: int = setting(2, 'the newest checkpoints that keep the optimiser state '
+                                  'for resuming (the others keep params only, for averaging)')
   average_last: int = setting(5, 'average this many checkpoints at the end (0: none)')
   eval_every_steps: int = setting(1000, 'steps between evaluations on the validation set')
   log_every_steps: int = setting(100, 'steps between logged training metrics')
@@ -199,8 +201,10 @@ def check_settings(config: TransformerConfig, tc: TrainConfig) -> None:
   for name in ('checkpoint_every_steps', 'checkpoint_every_secs'):
     if getattr(tc, name) is not None and getattr(tc, name) <= 0:
       raise TrainingError(f'{name} must be > 0 (or unset), got {getattr(tc, name)}.')
-  if tc.average_last < 0 or tc.bleu_sentences < 0 or tc.keep_checkpoints < 1:
-    raise TrainingError('average_last and bleu_sentences must be >= 0 and keep_checkpoints >= 1.')
+  if tc.average_last < 0 or tc.bleu_sentences < 0 or min(tc.keep_checkpoints,
+                                                          tc.keep_train_state) < 1:
+    raise TrainingError('average_last and bleu_sentences must be >= 0, and keep_checkpoints and '
+                        'keep_train_state >= 1.')
   if tc.row_len < config.max_len:
     raise TrainingError(f'row_len={tc.row_len} is shorter than max_len={config.max_len}: the '
                         'longest pairs would not fit in a row; set row_len >= max_len.')
@@ -466,7 +470,8 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, train_text: A
           summary['eval'] = _evaluate(p_eval_step, p_state, prepared, eval_text, config, tc,
                                       sink, step)
         if now.save:
-          _save(manager, step, parallel.unreplicate(p_state), rng, meta, data_state)
+          _save(manager, step, parallel.unreplicate(p_state), rng, meta, data_state,
+                tc.keep_train_state)
           last_save = time.monotonic()
         if preempted:
           manager.wait_until_finished()
@@ -507,10 +512,13 @@ def _report_train(sink: loop.MetricsSink, step: int, values: dict[str, float]
 
 
 def _save(manager: Any, step: int, state: TrainState, rng: Array, meta: dict[str, Any],
-          data_state: dict[str, Any]) -> None:
-  """Starts an async save of an unreplicated state, with every host's data position."""
+          data_state: dict[str, Any], keep_train_state: int) -> None:
+  """Starts an async save of an unreplicated state, with every host's data position; older
+  checkpoints than the newest keep_train_state lose their optimiser state (process 0)."""
   checkpoint.save(manager, step, params=state.params, meta=meta,
                   train=_train_item(state, rng), data=_data_state(data_state))
+  if jax.process_index() == 0:
+    checkpoint.drop_old_train_state(manager, keep_train_state, saving=step)
 
 
 def _evaluate(p_eval_step: Any, p_state: TrainState, prepared: PreparedData, eval_text: Any,

@@ -98,6 +98,33 @@ def test_each_evaluation_writes_sample_translations_to_tensorboard(trained):
                        zip(validation.src, hypotheses, validation.tgt)]
 
 
+def test_a_run_has_one_translator_and_later_evaluations_compile_nothing(tmp_path, monkeypatch):
+  """Validation BLEU and sample translations reuse the run's translator: beam search is
+  compiled at the first evaluation only."""
+  made, compiled = [], []
+  translate = evaluate.Translator.translate
+
+  def spy(self, sentences, progress=False):
+    made.append(self) if self not in made else None
+    out = translate(self, sentences, progress)
+    compiled.append(self._search._cache_size())  # pylint: disable=protected-access
+    return out
+
+  monkeypatch.setattr(evaluate.Translator, 'translate', spy)
+  train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=6, eval_every_steps=2, bleu_sentences=6,
+                                    sample_translations=2), TEXT, synthetic_text(20, seed=9))
+  assert len(made) == 1 and len(compiled) == 3  # evaluations at steps 2, 4 and 6
+  assert compiled[0] > 0 and compiled[1:] == [compiled[0]] * 2, compiled
+
+
+def test_resuming_with_other_row_lengths_is_a_data_change(trained, tmp_path):
+  workdir = tmp_path / 'w'
+  shutil.copytree(trained, workdir)
+  with pytest.raises(train.TrainingError, match=r'the training data changed since the checkpoint '
+                     r'\(.*row length 64 -> 72.*\): .* or pass --reset-data'):
+    train.train_and_evaluate(CFG, _tc(workdir, num_steps=8, row_len=72), TEXT)
+
+
 def test_describe_run_names_the_fast_path_and_accumulation():
   facts = {'devices': 'gpu: 8 × NVIDIA H100 80GB HBM3, 1 process', 'dtype': 'bfloat16',
            'attention': 'fused', 'remat': True, 'source_tokens_per_update': 198_400,
@@ -130,6 +157,18 @@ def test_resume_continues_exactly(trained, tmp_path):
                                with_data=True)
   _assert_trees_equal(straight['params'], resumed['params'])
   assert straight['data'] == resumed['data']
+
+
+def test_only_the_newest_checkpoints_keep_the_optimiser_state(trained):
+  """Resume needs the newest (keep_train_state=2 by default); averaging needs params only."""
+  steps = trained / 'checkpoints'
+  assert [(steps / str(s) / 'train').exists() for s in (2, 4, 6)] == [False, True, True]
+  assert all((steps / str(s) / 'params').is_dir() for s in (2, 4, 6))
+  manager = checkpoint.make_manager(steps)
+  template = jax.device_get(train.create_train_state(CFG, jax.random.key(0)))
+  step, _ = checkpoint.restore_latest(manager, train={'opt_state': template.opt_state,
+                                                      'step': 0, 'rng': np.zeros(2, np.uint32)})
+  assert step == 6
 
 
 def test_average_is_the_mean_and_loads_for_decoding(trained):

@@ -55,20 +55,22 @@ def _stage(stage: str, workdir: str, src: str, tgt: str) -> dict:
     result['cache_mb'] = round(sum(f.stat().st_size for f in
                                    pathlib.Path(workdir, 'cache').rglob('*')) / 1e6)
     return result
-  # feed: the trainer's prefetch thread, from just before the end of epoch 0 into epoch 1, and
-  # from just before the end of epoch 1 into epoch 2; then a steady stretch.
+  # feed: the trainer's prefetch threads through the last block of epoch 0 into epoch 1, and
+  # through the last block of epoch 1 into epoch 2; then a steady stretch.
   prepared = train.prepare_data(recipe.model, settings, text, None)
   batches = prepared.batches
   last_block = batches.blocks_per_epoch - 1
-  gaps, tokens, count = [], 0.0, 0
+  gaps, firsts, tokens, count = [], [], 0.0, 0
   for epoch in (0, 1):
+    batches.set_state(batches.get_state() | {'epoch': epoch, 'block': last_block, 'row': 0})
     rows = batches._block_plan(epoch, last_block).num_rows  # pylint: disable=protected-access
-    state = batches.get_state() | {'epoch': epoch, 'block': last_block, 'row': max(rows - 2000, 0)}
-    batches.set_state(state)
-    stream = parallel.prefetch(batches)
     before = time.perf_counter()
-    for _ in range(100):  # 100 batches of 96 rows: across the boundary and into the next block
-      batch, _ = next(stream)
+    stream = parallel.prefetch(batches)
+    batch, _ = next(stream)  # the first batch after a jump: as after a resume
+    firsts.append(time.perf_counter() - before)
+    before = time.perf_counter()
+    for _ in range(rows // len(batch['src']) // batch['src'].shape[1] + 50):  # and 50 more
+      next(stream)
       now = time.perf_counter()
       gaps.append(now - before)
       before = now
@@ -82,7 +84,8 @@ def _stage(stage: str, workdir: str, src: str, tgt: str) -> dict:
     count += 1
   seconds = time.perf_counter() - start
   stream.close()
-  result.update(longest_gap_s=round(max(gaps), 3), batches=count,
+  result.update(longest_gap_s=round(max(gaps), 3), first_batch_after_jump_s=round(max(firsts), 3),
+                batches=count,
                 target_tokens_per_s=round(tokens / seconds), batch_ms=round(1e3 * seconds / count,
                                                                             2),
                 peak_rss_mb=round(_rss_mb()))

@@ -24,7 +24,8 @@ from jaxformer.data.cache import TokenizedCorpus
 
 Batch = dict[str, np.ndarray]
 WINDOW = 4096       # pairs packed together (first fit within a window)
-BLOCK = 64 * WINDOW  # pairs planned at once (vectorised across its windows)
+BLOCK = 64 * WINDOW  # at most this many pairs planned at once (vectorised across windows)
+AHEAD = 2            # blocks planned ahead of the batches
 OPEN_ROWS = 128    # rows of a window that can still take pairs
 _NO_ROW = np.iinfo(np.int32).max
 _PLANNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='packing-plan')
@@ -117,12 +118,11 @@ def pack_rows(src_lengths: np.ndarray, tgt_lengths: np.ndarray, src_len: int, tg
 
 @dataclasses.dataclass(frozen=True)
 class _BlockPlan:
-  """Where every pair of one block goes: its pairs sorted by row, each pair's place in its row,
-  and each row's first pair."""
+  """Where every pair of one block goes: its pairs sorted by row (in order within a row), each
+  pair's rank in its row, and each row's first pair."""
   pairs: np.ndarray       # corpus indices, grouped by row, in row order
   row: np.ndarray         # aligned with `pairs`: the row of each
   segment: np.ndarray     # 1-based rank of the pair in its row
-  starts: tuple[np.ndarray, np.ndarray]  # source and target: where each pair starts in its row
   row_begin: np.ndarray   # [num_rows + 1]: pairs[row_begin[r]:row_begin[r + 1]] are in row r
 
   @property
@@ -130,30 +130,22 @@ class _BlockPlan:
     return len(self.row_begin) - 1
 
 
-def _starts_in_row(lengths: np.ndarray, row: np.ndarray, row_begin: np.ndarray) -> np.ndarray:
-  """Where each pair starts in its row; pairs sorted by row, in order within a row."""
-  begins = np.cumsum(lengths) - lengths
-  return begins - begins[row_begin[row]]
-
-
-def _fill(out: np.ndarray, shifted: np.ndarray | None, tokens: np.ndarray, offsets: np.ndarray,
-          pairs: np.ndarray, dest: np.ndarray, segments: np.ndarray, segment_out: np.ndarray,
-          position_out: np.ndarray) -> None:
-  """Copies each pair's tokens to out.flat[dest:...], with its segment id and positions; with
-  `shifted`, also the tokens shifted right by one within each pair (starting from 0). All
-  vectorised: no Python loop over pairs or tokens."""
+def _fill(out: np.ndarray, segment_out: np.ndarray, position_out: np.ndarray,
+          tokens: np.ndarray, offsets: np.ndarray, pairs: np.ndarray, rows: np.ndarray,
+          segments: np.ndarray) -> None:
+  """Writes the pairs (sorted by row, in order within a row) into `out`'s rows (`rows`: the
+  row of each), with their segment ids and positions. A row's pairs fill its first slots in
+  order, so the pairs' tokens laid end to end are exactly the row-major order of the filled
+  slots: one gather and three boolean-mask writes, no Python loop over pairs or tokens."""
   begin = offsets[pairs]
   lengths = offsets[pairs + 1] - begin
   first = np.cumsum(lengths) - lengths               # where each pair starts among the copied
   pair = np.repeat(np.arange(len(pairs)), lengths)   # the pair of each copied token
-  within = np.arange(int(first[-1] + lengths[-1]) if len(pairs) else 0) - first[pair]
-  source = begin[pair] + within
-  slots = dest[pair] + within
-  out.flat[slots] = tokens[source]
-  segment_out.flat[slots] = segments[pair]
-  position_out.flat[slots] = within
-  if shifted is not None:
-    shifted.flat[slots] = np.where(within > 0, tokens[source - 1], 0)
+  within = np.arange(len(pair)) - first[pair]
+  filled = np.arange(out.shape[1]) < np.bincount(rows, lengths, len(out))[:, None]
+  out[filled] = tokens[begin[pair] + within]
+  segment_out[filled] = segments[pair]
+  position_out[filled] = within
 
 
 class PackedBatches(Iterator[Batch]):
@@ -185,11 +177,17 @@ class PackedBatches(Iterator[Batch]):
     self._epoch, self._block, self._row = 0, 0, 0
     self._order: tuple[int, np.ndarray] | None = None
     self._plan: tuple[tuple[int, int], _BlockPlan] | None = None
-    self._ahead: tuple[tuple[int, int], concurrent.futures.Future] | None = None
+    self._ahead: dict[tuple[int, int], concurrent.futures.Future] = {}
 
   @property
   def blocks_per_epoch(self) -> int:
     return -(-len(self.shard) // BLOCK)
+
+  @property
+  def block_size(self) -> int:
+    """Pairs per block: at most BLOCK, the same for all (within one): a short last block would
+    leave its successor's planner little time."""
+    return -(-len(self.shard) // self.blocks_per_epoch)
 
   # --- state -----------------------------------------------------------------------------------
 
@@ -227,31 +225,30 @@ class PackedBatches(Iterator[Batch]):
     return self._order[1]
 
   def _plan_block(self, epoch: int, block: int) -> _BlockPlan:
-    pairs = self._epoch_order(epoch)[block * BLOCK:(block + 1) * BLOCK]
+    pairs = self._epoch_order(epoch)[block * self.block_size:(block + 1) * self.block_size]
     src_lengths, tgt_lengths = self._lengths[0][pairs], self._lengths[1][pairs]
     rng = np.random.default_rng([self.seed, epoch, block]) if self.shuffle else None
     row = pack_rows(src_lengths, tgt_lengths, self.src_len, self.tgt_len, rng)
     by_row = np.argsort(row, kind='stable')
     row = row[by_row]
     row_begin = np.searchsorted(row, np.arange(row[-1] + 2))
-    return _BlockPlan(
-        pairs=pairs[by_row], row=row, segment=np.arange(len(row)) - row_begin[row] + 1,
-        starts=(_starts_in_row(src_lengths[by_row], row, row_begin),
-                _starts_in_row(tgt_lengths[by_row], row, row_begin)),
-        row_begin=row_begin)
+    return _BlockPlan(pairs=pairs[by_row], row=row,
+                      segment=np.arange(len(row)) - row_begin[row] + 1, row_begin=row_begin)
 
   def _block_plan(self, epoch: int, block: int) -> _BlockPlan:
-    """The plan of (epoch, block); the next block's is started in the background, so that the
-    batches never wait for a plan at a block or epoch boundary."""
+    """The plan of (epoch, block); the next AHEAD blocks' are started in the background, so
+    that the batches never wait for a plan at a block or epoch boundary."""
     if self._plan is None or self._plan[0] != (epoch, block):
-      ahead = self._ahead
-      plan = ahead[1].result() if ahead and ahead[0] == (epoch, block) else \
-          self._plan_block(epoch, block)
-      self._plan = (epoch, block), plan
-      following = (epoch, block + 1) if block + 1 < self.blocks_per_epoch else (epoch + 1, 0)
-      self._ahead = None
-      if self.num_epochs is None or following[0] < self.num_epochs:
-        self._ahead = following, _PLANNER.submit(self._plan_block, *following)
+      future = self._ahead.pop((epoch, block), None)
+      self._plan = (epoch, block), (future.result() if future else
+                                    self._plan_block(epoch, block))
+      wanted, (e, b) = [], (epoch, block)
+      for _ in range(AHEAD):
+        e, b = (e, b + 1) if b + 1 < self.blocks_per_epoch else (e + 1, 0)
+        if self.num_epochs is None or e < self.num_epochs:
+          wanted.append((e, b))
+      self._ahead = {key: self._ahead.get(key) or _PLANNER.submit(self._plan_block, *key)
+                     for key in wanted}
     return self._plan[1]
 
   def rows_in_epoch(self, epoch: int = 0) -> int:
@@ -261,9 +258,14 @@ class PackedBatches(Iterator[Batch]):
   # --- batches ---------------------------------------------------------------------------------
 
   def __next__(self) -> Batch:
+    return self.assemble(self.advance())
+
+  def advance(self) -> list[tuple[_BlockPlan, slice, slice]]:
+    """Moves past the next batch and returns what it holds: (plan, its pairs, their batch
+    rows) pieces, for `assemble`. Cheap and sequential; assembling is the costly part and can
+    run on other threads (parallel.prefetch does)."""
     rows = self.num_devices * self.rows_per_device
-    batch = self._zeros()
-    filled = 0
+    pieces, filled = [], 0
     while filled < rows:
       if self.num_epochs is not None and self._epoch >= self.num_epochs:
         if filled == 0:
@@ -272,14 +274,20 @@ class PackedBatches(Iterator[Batch]):
       plan = self._block_plan(self._epoch, self._block)
       take = min(rows - filled, plan.num_rows - self._row)
       begin, end = plan.row_begin[self._row], plan.row_begin[self._row + take]
-      out_row = plan.row[begin:end] - self._row + filled  # the batch row of each pair
-      self._write(batch, plan, slice(begin, end), out_row)
+      pieces.append((plan, slice(begin, end), slice(filled, filled + take)))
       filled += take
       self._row += take
       if self._row == plan.num_rows:
         self._block, self._row = self._block + 1, 0
         if self._block == self.blocks_per_epoch:
           self._epoch, self._block = self._epoch + 1, 0
+    return pieces
+
+  def assemble(self, pieces: list[tuple[_BlockPlan, slice, slice]]) -> Batch:
+    """The batch of `advance`'s pieces (thread-safe)."""
+    batch = self._zeros()
+    for piece in pieces:
+      self._write(batch, *piece)
     return self._finish(batch)
 
   def empty_batch(self) -> Batch:
@@ -288,22 +296,25 @@ class PackedBatches(Iterator[Batch]):
 
   def _zeros(self) -> Batch:
     rows = self.num_devices * self.rows_per_device
-    return {key: np.zeros((rows, length), np.int32)
-            for keys, length in ((('src', 'src_segments', 'src_positions'), self.src_len),
-                                 (('tgt_in', 'tgt_out', 'tgt_segments', 'tgt_positions'),
-                                  self.tgt_len))
-            for key in keys}
+    return {f'{side}_{key}': np.zeros((rows, length), np.int32)
+            for side, length in (('src', self.src_len), ('tgt', self.tgt_len))
+            for key in ('tokens', 'segments', 'positions')}
 
-  def _write(self, batch: Batch, plan: _BlockPlan, pairs: slice, out_row: np.ndarray) -> None:
+  def _write(self, batch: Batch, plan: _BlockPlan, pairs: slice, rows: slice) -> None:
     corpus, segments = self.corpus, plan.segment[pairs]
-    for side, tokens, token_key, shifted, length, index in (
-        ('src', corpus.src_tokens, 'src', None, self.src_len, 0),
-        ('tgt', corpus.tgt_tokens, 'tgt_out', batch['tgt_in'], self.tgt_len, 1)):
-      _fill(batch[token_key], shifted, tokens, self._offsets[index], plan.pairs[pairs],
-            out_row * length + plan.starts[index][pairs], segments, batch[f'{side}_segments'],
-            batch[f'{side}_positions'])
+    row = plan.row[pairs] - plan.row[pairs.start]  # 0 for the first of these rows
+    for index, side in enumerate(('src', 'tgt')):
+      _fill(batch[f'{side}_tokens'][rows], batch[f'{side}_segments'][rows],
+            batch[f'{side}_positions'][rows], (corpus.src_tokens, corpus.tgt_tokens)[index],
+            self._offsets[index], plan.pairs[pairs], row, segments)
 
   def _finish(self, batch: Batch) -> Batch:
+    batch['src'] = batch.pop('src_tokens')
+    batch['tgt_out'] = batch.pop('tgt_tokens')
+    tgt_in = np.zeros_like(batch['tgt_out'])
+    tgt_in[:, 1:] = batch['tgt_out'][:, :-1]
+    tgt_in[batch['tgt_positions'] == 0] = 0  # every segment (and padding) starts from 0
+    batch['tgt_in'] = tgt_in
     batch['weights'] = (batch['tgt_segments'] > 0).astype(np.float32)
     return {key: value.reshape(self.num_devices, self.rows_per_device, -1)
             for key, value in batch.items()}
