@@ -352,10 +352,15 @@ def prepare_data(config: TransformerConfig, tc: TrainConfig, train_text: Any,
                  eval_text: Any | None) -> PreparedData:
   """The workdir's vocabulary and token caches (prepared by one process per filesystem, see
   data.pipeline), checked to be the same on every process, and this host's share of the
-  training pairs as packed batches."""
+  training pairs as packed batches.
+
+  A fresh run refuses a vocabulary trained on other data or settings; a run that resumes keeps
+  the one its checkpoints hold (their data positions say whether the data changed)."""
+  workdir = pathlib.Path(tc.workdir)
+  resuming = any(path.name.isdigit() for path in (workdir / 'checkpoints').glob('*'))
   tokenizer, corpus, eval_corpus = data_lib.pipeline.prepare(
-      pathlib.Path(tc.workdir), train_text, eval_text, vocab_size=config.vocab_size,
-      max_len=config.max_len, sample_size=tc.spm_sample_size, seed=tc.seed)
+      workdir, train_text, eval_text, vocab_size=config.vocab_size, max_len=config.max_len,
+      sample_size=tc.spm_sample_size, seed=tc.seed, check_vocabulary=not resuming)
   if tokenizer.vocab_size != config.vocab_size:
     raise TrainingError(f'{tokenizer.path} has {tokenizer.vocab_size} pieces but the model '
                         f'expects vocab_size={config.vocab_size}.')

@@ -28,15 +28,24 @@ def train_settings(workdir, **overrides) -> train.TrainConfig:
 
 
 def poison_third_batch(monkeypatch) -> None:
-  """Makes the third batch's weights NaN, so step 3's loss is not finite."""
-  original = data.PackedBatches.__next__
-  calls = {'n': 0}
+  """Makes the third batch's weights NaN, so step 3's loss is not finite. (The trainer's
+  prefetch advances the batches in order and assembles them on several threads: the third
+  `advance` marks the pieces whose assembly is poisoned.)"""
+  advance, assemble = data.PackedBatches.advance, data.PackedBatches.assemble
+  calls = {'n': 0, 'third': None}
 
-  def poisoned(self):
-    batch = original(self)
+  def counted(self):
+    pieces = advance(self)
     calls['n'] += 1
     if calls['n'] == 3:
+      calls['third'] = pieces
+    return pieces
+
+  def poisoned(self, pieces):
+    batch = assemble(self, pieces)
+    if pieces is calls['third']:
       batch['weights'] = np.full_like(batch['weights'], np.nan)
     return batch
 
-  monkeypatch.setattr(data.PackedBatches, '__next__', poisoned)
+  monkeypatch.setattr(data.PackedBatches, 'advance', counted)
+  monkeypatch.setattr(data.PackedBatches, 'assemble', poisoned)

@@ -67,7 +67,9 @@ def test_readme_python_snippets_run(tmp_path, monkeypatch, shared_data, capsys):
   assert namespace['logits'].shape == (1, 1, 37000)
   assert float(namespace['peak']) == pytest.approx(6.988e-4, rel=1e-3)
   assert namespace['batch']['src'].shape[:2] == (8, 12)
-  assert namespace['state'] == {'epoch': 0, 'row': 96, 'seed': 0, 'shard_size': 29000}
+  assert namespace['state'] == {
+      'epoch': 0, 'block': 0, 'row': 96, 'seed': 0, 'shard_size': 29000, 'src_len': 248,
+      'tgt_len': 256, 'corpus': data.PackedBatches.corpus_id(namespace['corpus'])}
 
 
 def test_bench_answers_help():

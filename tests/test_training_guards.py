@@ -75,6 +75,15 @@ def test_resuming_on_changed_data_names_the_change_or_resets_the_stream(tmp_path
   assert restored['data']['hosts'][0]['seed'] == 1  # the new stream, two batches in
 
 
+def test_a_run_stopped_before_its_first_checkpoint_refuses_another_corpus(tmp_path):
+  """The vocabulary records what it was trained on: a restart on other data before any
+  checkpoint pins it gets a one-line error instead of silently reusing it."""
+  train.prepare_data(CFG, _tc(tmp_path), TEXT, None)  # then stopped: no checkpoint
+  with pytest.raises(data.DataError, match=r'spm\.model was trained on other data or settings '
+                     r'\(corpus .*\): use a new workdir'):
+    train.train_and_evaluate(CFG, _tc(tmp_path), synthetic_text(400, seed=99))
+
+
 def test_a_change_of_host_count_or_corpus_in_the_data_position(tmp_path, caplog):
   corpus = data.tokenize_corpus(
       TEXT, data.train_tokenizer(TEXT.src + TEXT.tgt, tmp_path / 'spm.model', 400), 64)

@@ -1,5 +1,7 @@
 """The checkpoint section: save (blocking part and total) and restore time of a base-size train
-state; time and peak RSS to average the last 5 and 20 base-size checkpoints."""
+state; time and peak RSS to average the last 5 and 20 base-size checkpoints; the disk one
+checkpoint of base and of big takes (params, and the optimiser state with non-zero moments), and
+what a run keeping 20 of them takes with the optimiser state in every one and in the newest 2."""
 
 import json
 import os
@@ -20,6 +22,31 @@ def _base_train_state() -> tuple[dict, dict]:
   host = jax.device_get(state)
   return host.params, {'opt_state': host.opt_state, 'step': host.step,
                        'rng': np.zeros(2, np.uint32)}
+
+
+def _disk_mb(path: pathlib.Path) -> float:
+  return sum(f.stat().st_size for f in path.rglob('*') if f.is_file()) / 1e6
+
+
+def _disk(preset: str, tmp: str, kept: int = 20, keep_train_state: int = 2) -> dict:
+  """One checkpoint's disk: Adam's moments are random (zeros, as at init, compress to nothing)."""
+  cfg = getattr(config, preset)()
+  state = jax.device_get(train.create_train_state(cfg, jax.random.key(0)))
+  rng = np.random.default_rng(0)
+  moments = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(x.dtype)
+                         if np.ndim(x) and np.issubdtype(x.dtype, np.floating) else x,
+                         state.opt_state)
+  manager = checkpoint.make_manager(pathlib.Path(tmp, preset))
+  checkpoint.save(manager, 1, params=state.params, meta=checkpoint.make_meta(cfg, b'spm'),
+                  train={'opt_state': moments, 'step': state.step,
+                         'rng': np.zeros(2, np.uint32)}, data={'hosts': []})
+  manager.wait_until_finished()
+  params, train_mb = (_disk_mb(pathlib.Path(tmp, preset, '1', item)) for item in ('params',
+                                                                                'train'))
+  return {'params_mb': round(params), 'train_mb': round(train_mb),
+          f'run_of_{kept}_every_train_state_gb': round(kept * (params + train_mb) / 1e3, 1),
+          f'run_of_{kept}_newest_{keep_train_state}_train_state_gb':
+              round((kept * params + keep_train_state * train_mb) / 1e3, 1)}
 
 
 def run() -> dict:
@@ -60,4 +87,5 @@ def run() -> dict:
       results[f'average_last_{last}'] = json.loads(child.stdout.strip().splitlines()[-1])
     results['params_mb'] = round(sum(
         x.nbytes for x in jax.tree.leaves(_base_train_state()[0])) / 2**20, 1)
+    results['disk'] = {preset: _disk(preset, tmp) for preset in ('base', 'big')}
   return results

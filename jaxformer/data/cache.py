@@ -74,7 +74,7 @@ def _with_eos(tokens: np.ndarray, lengths: np.ndarray, keep: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
   """The kept sequences' tokens, each followed by EOS, and their lengths with it."""
   kept_tokens = np.repeat(keep, lengths)
-  out_lengths = lengths[keep] + 1
+  out_lengths = (lengths[keep] + 1).astype(np.int32)  # kept until the end: 4 bytes a pair
   out = np.full(int(out_lengths.sum()), EOS_ID, tokens.dtype)
   body = np.ones(len(out), bool)
   body[np.cumsum(out_lengths) - 1] = False  # the EOS slots

@@ -168,11 +168,12 @@ class PackedBatches(Iterator[Batch]):
     self.src_len, self.tgt_len = src_len, tgt_len
     self.rows_per_device, self.num_devices = rows_per_device, num_devices
     self.seed, self.shuffle, self.num_epochs = seed, shuffle, num_epochs
-    self.shard = np.arange(process_index, len(corpus), process_count)
+    self.shard = np.arange(process_index, len(corpus), process_count, dtype=np.int32)
     if not len(self.shard):
       raise ValueError(f'host {process_index} of {process_count} has no pairs '
                        f'({len(corpus)} in all).')
-    self._lengths = (np.diff(corpus.src_offsets), np.diff(corpus.tgt_offsets))
+    self._lengths = tuple(np.diff(offsets).astype(np.int32)  # 4 bytes a pair and side
+                          for offsets in (corpus.src_offsets, corpus.tgt_offsets))
     self._offsets = (np.asarray(corpus.src_offsets), np.asarray(corpus.tgt_offsets))
     self._epoch, self._block, self._row = 0, 0, 0
     self._order: tuple[int, np.ndarray] | None = None

@@ -38,16 +38,19 @@ def exclusive(lock_path: pathlib.Path) -> Iterator[None]:
 
 
 def prepare(workdir: pathlib.Path, train_text: PairSource, eval_text: PairSource | None, *,
-            vocab_size: int, max_len: int, sample_size: int, seed: int
+            vocab_size: int, max_len: int, sample_size: int, seed: int,
+            check_vocabulary: bool = True
             ) -> tuple[Tokenizer, TokenizedCorpus, TokenizedCorpus | None]:
   """(vocabulary, training corpus, validation corpus or None) of a run in `workdir`: trained
-  and tokenised by the first process to get here, loaded by the others."""
+  and tokenised by the first process to get here, loaded by the others. With check_vocabulary
+  off, an existing vocabulary is used whatever it was trained on (see train_tokenizer)."""
   for text in (train_text, eval_text):
     if text is not None:
       text.fingerprint()  # read and hashed by every process at once, before the lock
   with exclusive(workdir / '.prepare.lock'):
     tokenizer = train_tokenizer(train_text, workdir / 'spm.model', vocab_size,
-                                sample_size=sample_size, seed=seed)
+                                sample_size=sample_size, seed=seed,
+                                check_existing=check_vocabulary)
     corpus = tokenize_corpus(train_text, tokenizer, max_len, workdir / 'cache')
     eval_corpus = None if eval_text is None else tokenize_corpus(eval_text, tokenizer, max_len,
                                                                  workdir / 'cache')

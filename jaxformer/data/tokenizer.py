@@ -150,7 +150,8 @@ def _write_atomically(path: pathlib.Path, content: bytes) -> None:
 
 
 def train_tokenizer(texts: 'Sequence[str] | PairSource', model_path: str | os.PathLike,
-                    vocab_size: int, *, sample_size: int = 2_000_000, seed: int = 0) -> Tokenizer:
+                    vocab_size: int, *, sample_size: int = 2_000_000, seed: int = 0,
+                    check_existing: bool = True) -> Tokenizer:
   """Trains a BPE model on a seeded sample of `texts` (a list of sentences, or both sides of a
   PairSource, streamed), unless the file exists.
 
@@ -158,12 +159,14 @@ def train_tokenizer(texts: 'Sequence[str] | PairSource', model_path: str | os.Pa
   character unseen in training still round-trips through byte fallback, so nothing maps to unk.
   sentencepiece trains on every core, and the same texts, size and seed give the same model
   file whatever the number of cores. What the model was trained on is recorded beside it
-  (MODEL.json); an existing model trained on something else is a DataError.
+  (MODEL.json); an existing model trained on something else is a DataError, unless
+  check_existing is off (the trainer turns it off when a checkpoint pins the vocabulary).
   """
   model_path = pathlib.Path(model_path)
   record = vocabulary_record(texts, vocab_size, sample_size, seed)
   if model_path.exists():
-    _check_record(model_path, record)
+    if check_existing:
+      _check_record(model_path, record)
     return Tokenizer(model_path)
   model_path.parent.mkdir(parents=True, exist_ok=True)
   model = io.BytesIO()
