@@ -2,7 +2,8 @@
 
   make bench   (or: python experiments/bench --only train --train-case base)
 Sections, one module each of this package (its docstring says what it measures): data, train,
-checkpoint, memory, decode, and scale (only when asked for: --only scale); common.py holds the timing, matmul-peak, RSS and batch helpers.
+checkpoint, memory, decode, and scale (only when asked for: --only scale);
+common.py holds the timing, matmul-peak, RSS and batch helpers.
 """
 
 import argparse

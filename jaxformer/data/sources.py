@@ -253,7 +253,7 @@ class TfdsSplit:
   def fingerprint(self) -> str:
     """tfds datasets are immutable per version: its name, version, split and size."""
     info = self._builder.info
-    split = info.splits[self.split] if self.split in info.splits else None
+    split = info.splits.get(self.split)
     key = (f'{self.name}|{info.version}|{self.split}|{len(self)}|'
            f'{split.num_bytes if split else 0}|{self.keys}')
     return hashlib.sha256(key.encode()).hexdigest()[:20]
