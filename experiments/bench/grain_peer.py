@@ -67,7 +67,8 @@ def main() -> int:
   import grain  # pylint: disable=g-import-not-at-top
   import grain.experimental as grain_experimental  # pylint: disable=g-import-not-at-top
 
-  corpus = data.cache._load(args.cache, 'bench')  # pylint: disable=protected-access
+  corpus = data.cache._load(  # pylint: disable=protected-access
+      args.cache, args.cache.name.removeprefix('tokens-'))
   results = {'pairs': len(corpus), 'rows_per_batch': args.rows,
              'row_lengths': [args.src_len, args.tgt_len], 'grain': grain.__version__}
   results['jaxformer'] = _measure(
