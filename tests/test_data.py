@@ -475,3 +475,40 @@ def test_rows_are_multiples_of_8_within_row_len(corpus):
   assert src_len % 8 == 0 and tgt_len % 8 == 0 and max(src_len, tgt_len) == 64
   assert data.row_lengths(corpus, 61) in ((61, 61), (56, 61), (61, 56))  # never above row_len
   assert data.row_lengths(corpus, 64, multiple=1) != (src_len, tgt_len) or src_len == 64
+
+
+_PREPARE_CHILD = """
+import logging, sys
+logging.basicConfig(level=logging.INFO)
+sys.path.insert(0, sys.argv[2])
+from helpers import synthetic_text
+from jaxformer import data
+data.pipeline.prepare(__import__('pathlib').Path(sys.argv[1]), synthetic_text(3000, seed=4),
+                      None, vocab_size=300, max_len=64, sample_size=10_000, seed=0)
+"""
+
+
+def test_processes_sharing_a_workdir_prepare_it_once(tmp_path):
+  """The workdir's lock: of three processes started together, one trains the vocabulary and
+  tokenises; the others wait for it, then load."""
+  tests = pathlib.Path(__file__).parent
+  workers = [subprocess.Popen([sys.executable, '-c', _PREPARE_CHILD, str(tmp_path), str(tests)],
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+  logs = ''.join(w.communicate(timeout=120)[1] for w in workers)
+  assert all(w.returncode == 0 for w in workers), logs[-2000:]
+  assert logs.count('training a 300-piece vocabulary') == 1, logs[-2000:]
+  assert logs.count('read 3000 pairs, kept') == 1
+  assert len(list((tmp_path / 'cache').iterdir())) == 1
+
+
+def test_workdirs_on_separate_disks_prepare_the_same_data(tmp_path):
+  """One process per host prepares its own disk's workdir: the same vocabulary file and the
+  same cache, so hosts agree without sharing files."""
+  text = synthetic_text(3000, seed=4)
+  prepared = [data.pipeline.prepare(tmp_path / host, text, None, vocab_size=300, max_len=64,
+                                    sample_size=2000, seed=0) for host in ('a', 'b')]
+  assert (tmp_path / 'a' / 'spm.model').read_bytes() == (tmp_path / 'b' / 'spm.model').read_bytes()
+  (_, a, _), (_, b, _) = prepared
+  assert a.fingerprint == b.fingerprint
+  for name in ('src_tokens', 'src_offsets', 'tgt_tokens', 'tgt_offsets'):
+    np.testing.assert_array_equal(getattr(a, name), getattr(b, name))

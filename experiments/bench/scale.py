@@ -7,8 +7,8 @@ synthetic from newstest2014, seeded; or your own files), each stage in a fresh p
   feed     the prefetch thread's batches (8 devices' worth, 25k tokens) through the main thread:
            sustained real target tokens/s, and the longest gap between consecutive batches
            over two epoch boundaries;
-  train    (with --scale-train) `jaxformer train`'s own run: a tiny model for 20 steps on the
-           corpus, its peak RSS in all.
+  train    (with --scale-train) `jaxformer train`'s own run in a new workdir: vocabulary,
+           cache, and a tiny model for 20 steps; its peak RSS in all.
 
   python experiments/bench --only scale [--scale-pairs 4500000] [--scale-src F --scale-tgt F]
 """
@@ -137,8 +137,8 @@ def run(data_dir: pathlib.Path, pairs: int = 4_500_000, src: str | None = None,
         break
       results[stage] = json.loads(out.stdout.strip().splitlines()[-1])
       print(f'scale: {results[stage]}', file=sys.stderr, flush=True)
-    if with_train:
-      results['train'] = _train_run(workdir, src, tgt)
+    if with_train:  # from scratch: vocabulary, cache and training in one process
+      results['train'] = _train_run(workdir + '-train', src, tgt)
   return results
 
 
