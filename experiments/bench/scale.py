@@ -4,9 +4,10 @@ synthetic from newstest2014, seeded; or your own files), each stage in a fresh p
   prepare  vocabulary (37k pieces, 2M-sentence sample), tokenising and cache: wall time per
            step, peak RSS, cache size on disk; then the time to the first batch;
   cached   a second run on the same workdir: time to the first batch, peak RSS;
-  feed     the prefetch thread's batches (8 devices' worth, 25k tokens) through the main thread:
-           sustained real target tokens/s, and the longest gap between consecutive batches
-           over two epoch boundaries;
+  feed     the prefetch threads' batches (8 devices' worth, 25k tokens) through the main
+           thread: sustained real target tokens/s, and the longest gap between consecutive
+           batches over two epoch boundaries; then, on one thread, the time to plan a block,
+           to assemble a batch and to transfer it;
   train    (with --scale-train) `jaxformer train`'s own run in a new workdir: vocabulary,
            cache, and a tiny model for 20 steps; its peak RSS in all.
 
@@ -90,6 +91,20 @@ def _stage(stage: str, workdir: str, src: str, tgt: str) -> dict:
   seconds = time.perf_counter() - start
   tokens = sum(counted[1:count + 1])
   stream.close()
+  # The parts on one thread: planning a whole block, assembling a batch, transferring it.
+  start = time.perf_counter()
+  batches._plan_block(2, 0)  # pylint: disable=protected-access
+  plan_s = time.perf_counter() - start
+  pieces = [batches.advance() for _ in range(200)]
+  start = time.perf_counter()
+  host = [assemble(p) for p in pieces]
+  assemble_ms = 1e3 * (time.perf_counter() - start) / len(pieces)
+  start = time.perf_counter()
+  for batch in host:
+    jax.block_until_ready(parallel.shard(batch))
+  transfer_ms = 1e3 * (time.perf_counter() - start) / len(host)
+  result.update(plan_block_s=round(plan_s, 3), block_pairs=batches.block_size,
+                assemble_ms=round(assemble_ms, 2), transfer_ms=round(transfer_ms, 2))
   result.update(longest_gap_s=round(max(gaps), 3), first_batch_after_jump_s=round(max(firsts), 3),
                 batches=count,
                 target_tokens_per_s=round(tokens / seconds), batch_ms=round(1e3 * seconds / count,
