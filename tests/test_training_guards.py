@@ -97,6 +97,10 @@ def test_a_change_of_host_count_or_corpus_in_the_data_position(tmp_path, caplog)
     train.resume_data(fresh, [saved, saved], settings)  # written by 2 hosts, resumed on 1
   assert fresh.get_state()['row'] == 0
   assert 'written by 2 host(s) and this run has 1' in caplog.text
+  older = {key: saved[key] for key in ('epoch', 'row', 'seed', 'shard_size')}  # jaxformer 0.1
+  with caplog.at_level('WARNING', logger='jaxformer.train'):
+    train.resume_data(fresh, [older], settings)
+  assert fresh.get_state()['row'] == 0 and 'from an older jaxformer' in caplog.text
   other_corpus = dict(saved, shard_size=saved['shard_size'] + 7)  # another corpus, same seed
   with pytest.raises(train.TrainingError, match=r'\(training pairs per host '
                      rf'{saved["shard_size"] + 7} -> {saved["shard_size"]}\)'):
