@@ -46,6 +46,9 @@ def _stage(stage: str, workdir: str, src: str, tgt: str) -> dict:
   if stage in ('prepare', 'cached'):
     text.fingerprint()
     result['read_and_fingerprint_s'] = round(time.perf_counter() - start, 2)
+    data.train_tokenizer(text, pathlib.Path(workdir, 'spm.model'), recipe.model.vocab_size,
+                         sample_size=settings.spm_sample_size, seed=settings.seed)
+    result['vocabulary_s'] = round(time.perf_counter() - start, 2)  # cumulative, as those below
     prepared = train.prepare_data(recipe.model, settings, text, None)
     result['prepare_s'] = round(time.perf_counter() - start, 2)
     batch = next(prepared.batches)

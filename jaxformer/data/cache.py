@@ -86,7 +86,6 @@ class _Sink:
   """Where tokenised chunks go: files in a folder (the cache), or lists in memory."""
 
   def __init__(self, folder: pathlib.Path | None):
-    self.folder = folder
     self.files = None if folder is None else {
         side: open(folder / f'{side}_tokens.bin', 'wb') for side in ('src', 'tgt')}  # noqa: SIM115
     self.tokens: dict[str, list[np.ndarray]] = {'src': [], 'tgt': []}
@@ -131,7 +130,7 @@ def tokenize_corpus(text: PairSource, tokenizer: Tokenizer, max_len: int,
 
 
 def _tokenize(text: PairSource, tokenizer: Tokenizer, max_len: int, folder: pathlib.Path | None,
-              fingerprint: str) -> TokenizedCorpus:
+              fingerprint: str) -> TokenizedCorpus | None:
   """Streams the pairs through sentencepiece into `folder` (or memory); the corpus in memory,
   or None when written to `folder`."""
   dtype = np.uint16 if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32

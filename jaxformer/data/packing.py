@@ -172,9 +172,8 @@ class PackedBatches(Iterator[Batch]):
     if not len(self.shard):
       raise ValueError(f'host {process_index} of {process_count} has no pairs '
                        f'({len(corpus)} in all).')
-    self._lengths = tuple(np.diff(offsets).astype(np.int32)  # 4 bytes a pair and side
-                          for offsets in (corpus.src_offsets, corpus.tgt_offsets))
-    self._offsets = (np.asarray(corpus.src_offsets), np.asarray(corpus.tgt_offsets))
+    self._lengths = (corpus.src_lengths.astype(np.int32),  # 4 bytes a pair and side
+                     corpus.tgt_lengths.astype(np.int32))
     self._epoch, self._block, self._row = 0, 0, 0
     self._order: tuple[int, np.ndarray] | None = None
     self._plan: tuple[tuple[int, int], _BlockPlan] | None = None
@@ -304,10 +303,10 @@ class PackedBatches(Iterator[Batch]):
   def _write(self, batch: Batch, plan: _BlockPlan, pairs: slice, rows: slice) -> None:
     corpus, segments = self.corpus, plan.segment[pairs]
     row = plan.row[pairs] - plan.row[pairs.start]  # 0 for the first of these rows
-    for index, side in enumerate(('src', 'tgt')):
+    for side, tokens, offsets in (('src', corpus.src_tokens, corpus.src_offsets),
+                                  ('tgt', corpus.tgt_tokens, corpus.tgt_offsets)):
       _fill(batch[f'{side}_tokens'][rows], batch[f'{side}_segments'][rows],
-            batch[f'{side}_positions'][rows], (corpus.src_tokens, corpus.tgt_tokens)[index],
-            self._offsets[index], plan.pairs[pairs], row, segments)
+            batch[f'{side}_positions'][rows], tokens, offsets, plan.pairs[pairs], row, segments)
 
   def _finish(self, batch: Batch) -> Batch:
     batch['src'] = batch.pop('src_tokens')
