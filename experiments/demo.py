@@ -6,14 +6,17 @@ Rerunning in the same workdir resumes (or, when finished, just re-evaluates).
 """
 
 import argparse
+import dataclasses
 import json
 import logging
 import pathlib
 import sys
 import time
 
-from jaxformer import cli, evaluate, plots, recipes, train
+from jaxformer import cli, plots, recipes, scoring, trainer
 from jaxformer.data import embedded
+from jaxformer.errors import JaxformerError
+from jaxformer.translation import Translator
 
 VERB_FINAL = (' weil ', ' obwohl ', ' wenn ')
 
@@ -32,26 +35,27 @@ def run(workdir: pathlib.Path, *, num_steps: int | None = None, train_pairs: int
   log.info('embedded corpus: %s', {k: len(v) for k, v in corpus.items()})
 
   # 2-4. Vocabulary, training with checkpoints, averaging of the last N.
-  train_settings = dict(recipe.train, workdir=str(workdir))
+  settings = recipe.train
   if num_steps is not None:  # a shorter (or longer) run: keep 5 checkpoints and 2 evaluations
-    train_settings.update(num_steps=num_steps,
-                          checkpoint_every_steps=max(1, num_steps // 5),
-                          eval_every_steps=max(1, num_steps // 2))
+    settings = dataclasses.replace(settings, num_steps=num_steps,
+                                   checkpoint_every_steps=max(1, num_steps // 5),
+                                   eval_every_steps=max(1, num_steps // 2))
   if test_pairs is not None:
-    train_settings['bleu_sentences'] = min(train_settings['bleu_sentences'], test_pairs)
-  summary = train.train_and_evaluate(recipe.model, train.TrainConfig(**train_settings),
-                                     corpus['train'], corpus['validation'])
+    settings = dataclasses.replace(settings,
+                                   bleu_sentences=min(settings.bleu_sentences, test_pairs))
+  summary = trainer.train(recipe.model, settings, workdir, corpus['train'],
+                          corpus['validation'])
   if summary['preempted']:
     return summary
   model_path = summary.get('averaged', str(workdir))
 
   # 5. BLEU on the held-out split, decoded as in the paper.
-  translator = evaluate.Translator.from_checkpoint(model_path)
+  translator = Translator.from_checkpoint(model_path)
   test = corpus['test']
   hypotheses = translator.translate(test.src, progress=True)
   (workdir / 'test_hypotheses.de').write_text(''.join(h + '\n' for h in hypotheses),
                                                encoding='utf-8')
-  bleu, signature = evaluate.sacre_bleu(hypotheses, test.tgt)
+  bleu, signature = scoring.sacre_bleu(hypotheses, test.tgt)
 
   # 6-7. Samples and pictures.
   print('\nsample translations of held-out sentences (source / model / reference):')
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     run(pathlib.Path(args.workdir), num_steps=args.num_steps, train_pairs=args.train_pairs,
         test_pairs=args.test_pairs)
-  except (train.TrainingError, ValueError) as e:
+  except (JaxformerError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
   except KeyboardInterrupt:  # before the loop's own SIGINT handler (which saves and stops)

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer import checkpoint, config, evaluate, parallel, train
+from jaxformer import checkpoint, config, parallel, train, translation
 from jaxformer.model import Transformer
 
 CFG = config.TransformerConfig(vocab_size=64, num_layers=2, d_model=64, d_ff=256, num_heads=4,
@@ -54,7 +54,7 @@ def check_fused_attention() -> str:
   """Fused attention in bfloat16 is as close to a float32 reference as einsum attention in
   bfloat16 (within 2e-2, or twice einsum's error) on padded rows: the logits, and the gradients
   of a random projection of them with respect to the params."""
-  cfg = CFG.replace(execution=config.fast_path(CFG, 'gpu'))  # bf16 + fused, any backend
+  cfg = config.fast_path(CFG, 'gpu')  # bf16 + fused, any backend
   rng = np.random.default_rng(1)
   src = rng.integers(3, CFG.vocab_size, (8, 24)).astype(np.int32)
   tgt = rng.integers(3, CFG.vocab_size, (8, 20)).astype(np.int32)
@@ -92,7 +92,7 @@ def check_fused_attention() -> str:
 def check_training(steps: int) -> tuple[str, dict]:
   """The fast path trains: the mean loss of the last 10 steps is under half the first 10's."""
   devices = jax.local_device_count()
-  state = train.create_train_state(CFG.replace(execution=config.fast_path(CFG, 'gpu')),
+  state = train.create_train_state(config.fast_path(CFG, 'gpu'),
                                    jax.random.key(0))
   p_state, p_rng = parallel.replicate(state), parallel.replicate(jax.random.key(1))
   p_step = jax.pmap(functools.partial(train.train_step, axis_name='batch'),
@@ -118,7 +118,7 @@ def check_decoding(params: dict) -> str:
   lengths = jnp.full((src.shape[0],), LENGTH + 4, jnp.int32)
   correct = []
   for beam in (1, 4):
-    search = functools.partial(evaluate.search, params, src, lengths, config=CFG,
+    search = functools.partial(translation.decode_batch, params, src, lengths, config=CFG,
                                max_len=LENGTH + 4, beam_size=beam, alpha=0.6)
     cached, uncached = (np.asarray(jax.jit(search, static_argnames='cached')(cached=c))
                         for c in (True, False))

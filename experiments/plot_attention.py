@@ -10,7 +10,8 @@ import logging
 import pathlib
 import sys
 
-from jaxformer import checkpoint, data, evaluate, plots
+from jaxformer import checkpoint, data, plots
+from jaxformer.translation import Translator
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   logging.getLogger('absl').setLevel(logging.WARNING)
   try:
-    translator = evaluate.Translator.from_checkpoint(args.workdir, average_last=args.average_last)
+    translator = Translator.from_checkpoint(args.workdir, average_last=args.average_last)
   except (checkpoint.CheckpointError, data.DataError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1

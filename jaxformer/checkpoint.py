@@ -10,7 +10,6 @@ An averaged checkpoint (`average-last<N>/<step>/`) holds params and meta, and lo
 """
 
 import base64
-import dataclasses
 import hashlib
 import logging
 import pathlib
@@ -19,17 +18,17 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxformer.config import Execution, TransformerConfig
+from jaxformer.config import SettingError, TransformerConfig, config_from_dict, config_to_dict
+from jaxformer.errors import JaxformerError
 
 log = logging.getLogger(__name__)
 PyTree = Any
 
 
-class CheckpointError(ValueError):
+class CheckpointError(JaxformerError, ValueError):
   """A missing, corrupt or incompatible checkpoint; the message says which and why."""
 
 
@@ -40,29 +39,13 @@ class IncompatibleCheckpointError(CheckpointError):
 # --- config and vocabulary metadata -------------------------------------------------------------
 
 
-def config_to_dict(config: TransformerConfig) -> dict[str, Any]:
-  """The config as JSON-able fields ('execution' a nested dict, its dtype by name)."""
-  fields = dataclasses.asdict(config)
-  fields['execution']['dtype'] = jnp.dtype(config.execution.dtype).name
-  return fields
-
-
-def config_from_dict(fields: dict[str, Any]) -> TransformerConfig:
-  """The inverse of config_to_dict; also reads checkpoints of jaxformer 0.1, whose execution
-  fields sat at the top level."""
-  fields = dict(fields)
-  execution = dict(fields.pop('execution', {}))
-  for name in (f.name for f in dataclasses.fields(Execution)):
-    if name in fields:
-      execution[name] = fields.pop(name)
-  known = {f.name for f in dataclasses.fields(TransformerConfig)}
-  unknown = sorted(set(fields) - known) + sorted(
-      set(execution) - {f.name for f in dataclasses.fields(Execution)})
-  if unknown:
-    raise CheckpointError(f'checkpoint config has fields this jaxformer does not know: {unknown}')
-  if 'dtype' in execution:
-    execution['dtype'] = jnp.dtype(execution['dtype'])
-  return TransformerConfig(**fields, execution=Execution(**execution))
+def meta_config(meta: dict[str, Any]) -> TransformerConfig:
+  """The model config stored in a checkpoint's meta; CheckpointError when this jaxformer cannot
+  read it."""
+  try:
+    return config_from_dict(meta['config'])
+  except SettingError as e:
+    raise CheckpointError(f'checkpoint {e}') from None
 
 
 def make_meta(config: TransformerConfig, spm_model: bytes) -> dict[str, Any]:
@@ -81,7 +64,7 @@ def check_compatible(meta: dict[str, Any], where: str, *, config: TransformerCon
   """Raises IncompatibleCheckpointError naming every config field (and the vocabulary) that
   differs between the checkpoint at `where` and this run. How the model is computed (its
   `execution`, e.g. the compute dtype) may differ."""
-  saved = config_to_dict(config_from_dict(meta['config']))
+  saved = config_to_dict(meta_config(meta))
   now = config_to_dict(config)
   diffs = [f'{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}'
            for k in sorted(set(saved) | set(now))
@@ -209,16 +192,32 @@ def restore_latest(manager: ocp.CheckpointManager, **kwargs: Any) -> tuple[int, 
 # --- loading for decoding, and averaging --------------------------------------------------------
 
 
-def load(path: str | pathlib.Path) -> tuple[PyTree, TransformerConfig, bytes, int]:
+def newest_meta(path: str | pathlib.Path) -> tuple[int, dict[str, Any]]:
+  """(step, meta) of the newest checkpoint under `path`, without reading any array."""
+  manager = open_checkpoints(path)
+  for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      return step, _restore_items(manager, step, {'meta': ocp.args.JsonRestore()})['meta']
+    except CheckpointError as e:
+      log.warning('%s; trying an older one.', e)
+  raise CheckpointError(f'{path}: no checkpoint found.')
+
+
+def load(path: str | pathlib.Path, average_last: int | None = None
+         ) -> tuple[PyTree, TransformerConfig, bytes, int]:
   """(params, config, sentencepiece model bytes, step) of the newest checkpoint under `path`: a
-  training workdir, its checkpoints folder, or an averaged checkpoint folder."""
-  found = restore_latest(open_checkpoints(path))
-  if found is None:
-    raise CheckpointError(f'{path}: no checkpoint found.')
-  step, restored = found
-  params = jax.tree.map(np.asarray, restored['params'])
-  return params, config_from_dict(restored['meta']['config']), spm_model_bytes(
-      restored['meta']), step
+  training workdir, its checkpoints folder, or an averaged checkpoint folder. With
+  average_last=N, the params are the mean of the last N checkpoints' (average_checkpoints)."""
+  if average_last:
+    step, meta = newest_meta(path)
+    params = average_checkpoints(path, average_last)
+  else:
+    found = restore_latest(open_checkpoints(path))
+    if found is None:
+      raise CheckpointError(f'{path}: no checkpoint found.')
+    step, restored = found
+    params, meta = jax.tree.map(np.asarray, restored['params']), restored['meta']
+  return params, meta_config(meta), spm_model_bytes(meta), step
 
 
 def average_checkpoints(workdir: str | pathlib.Path, last_n: int) -> PyTree:
@@ -247,11 +246,10 @@ def average_checkpoints(workdir: str | pathlib.Path, last_n: int) -> PyTree:
 
 def save_average(workdir: str | pathlib.Path, last_n: int) -> pathlib.Path:
   """Averages the last `last_n` checkpoints into `<workdir>/average-last<N>/<last step>/`."""
-  source = open_checkpoints(workdir)
-  steps = sorted(source.all_steps())
+  steps = sorted(open_checkpoints(workdir).all_steps())
   if not steps:
     raise CheckpointError(f'{workdir}: no checkpoint to average.')
-  meta = restore(source, steps[-1])['meta']
+  meta = newest_meta(workdir)[1]
   params = average_checkpoints(workdir, last_n)
   out = pathlib.Path(workdir) / f'average-last{last_n}'
   target = make_manager(out, items=('params', 'meta'))

@@ -8,6 +8,7 @@ be changed with `--set SECTION.NAME=VALUE` (SECTION: model, train, data).
 import argparse
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -16,11 +17,18 @@ import pathlib
 import sys
 import textwrap
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from jaxformer import checkpoint, data, export, parallel, recipes, scoring, trainer
+from jaxformer import config as config_lib
+from jaxformer.config import DataConfig, TrainConfig
+from jaxformer.data import pipeline
+from jaxformer.errors import JaxformerError
+from jaxformer.model import parameter_count
+from jaxformer.translation import Translator
+
 _PRESETS = ('tiny', 'base', 'big')
-NEWSTEST2014_FULL, NEWSTEST2014_FILTERED = 3003, 2737
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -54,9 +62,22 @@ def _flag(parser: argparse._ActionsContainer, name: str, **kwargs: Any) -> None:
                         default=kwargs.get('default'), **alias)
 
 
-def _fail(error: Exception) -> int:
+def _fail(error: Exception | str) -> int:
   print(f'error: {error}', file=sys.stderr)
   return 1
+
+
+def _one_line_errors(command: Callable[[argparse.Namespace], int]
+                     ) -> Callable[[argparse.Namespace], int]:
+  """A command whose JaxformerErrors (bad data, settings or checkpoints, a run that cannot go
+  on) are printed as one line, exit status 1."""
+  @functools.wraps(command)
+  def run(args: argparse.Namespace) -> int:
+    try:
+      return command(args)
+    except JaxformerError as e:
+      return _fail(e)
+  return run
 
 
 def _setup_logging() -> None:
@@ -69,8 +90,6 @@ def _setup_logging() -> None:
 
 
 def _setting_type(hint: Any):
-  from jaxformer import recipes  # pylint: disable=g-import-not-at-top
-
   def parse(text: str) -> Any:
     try:
       return recipes.parse_value(hint, text)
@@ -81,12 +100,10 @@ def _setting_type(hint: Any):
 
 
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
-  from jaxformer import recipes, train  # pylint: disable=g-import-not-at-top
-
   parser.add_argument('--config', required=True,
                       help=f'a shipped recipe ({", ".join(recipes.NAMES)}) or a recipe .py file')
-  parser.add_argument('--workdir', required=True, help=train.TrainConfig.__dataclass_fields__[
-      'workdir'].metadata['help'] + '; rerunning resumes from its newest checkpoint')
+  parser.add_argument('--workdir', required=True, help='checkpoints, vocabulary, token cache, '
+                      'logs; rerunning resumes from its newest checkpoint')
   parser.add_argument('--variant', help="a Table 3 row (A1..A4, B1, B2, C1..C7, D1..D4, E, big): "
                       "the recipe's model becomes that variant of base")
   parser.add_argument('--set', dest='assignments', action='append', default=[],
@@ -107,10 +124,8 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
         help='let tfds download and prepare WMT14 (needs internet; hours)')
   group = parser.add_argument_group(
       'training (shortcuts for --set train.NAME=...; defaults: the recipe\'s)')
-  hints = typing.get_type_hints(train.TrainConfig)
-  for field in dataclasses.fields(train.TrainConfig):
-    if field.name == 'workdir':
-      continue
+  hints = typing.get_type_hints(TrainConfig)
+  for field in dataclasses.fields(TrainConfig):
     help_text = f"{field.metadata['help']} (default: the recipe's; TrainConfig's: {field.default})"
     if bool in (hints[field.name], *typing.get_args(hints[field.name])):
       _flag(group, field.name, action=argparse.BooleanOptionalAction, default=None,
@@ -131,37 +146,27 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
   _flag(group, 'process_id', type=int, help="this process's index")
 
 
-def experiment(args: argparse.Namespace):
-  """The recipe of `args`: --config and --variant, then the shortcut flags, then --set."""
-  from jaxformer import recipes, train  # pylint: disable=g-import-not-at-top
-
+def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
+  """The recipe of `args`: --config and --variant, then the shortcut flags spelled as --set,
+  then --set itself (which wins)."""
   recipe = recipes.load(args.config, args.variant)
-  data_fields = [f.name for f in dataclasses.fields(recipes.DataConfig)]
-  train_fields = [f.name for f in dataclasses.fields(train.TrainConfig)]
-  shortcuts = [f'data.{name}={getattr(args, name)}' for name in data_fields
-               if getattr(args, name, None) is not None]
-  shortcuts += [f'train.{name}={getattr(args, name)}' for name in train_fields
-                if name != 'workdir' and getattr(args, name, None) is not None]
+  shortcuts = [f'{section}.{field.name}={getattr(args, field.name)}'
+               for section, cls in (('data', DataConfig), ('train', TrainConfig))
+               for field in dataclasses.fields(cls) if getattr(args, field.name, None) is not None]
   shortcuts += ['train.require_accelerator=false'] * args.allow_cpu
   shortcuts += ['model.execution.remat=true'] * args.remat
   return recipes.override(recipe, shortcuts + args.assignments)
 
 
+@_one_line_errors
 def _train(args: argparse.Namespace) -> int:
-  from jaxformer import checkpoint, data, parallel, recipes, train  # noqa  (imports jax: slow)
-
   _setup_logging()
   if args.distributed or args.coordinator_address:
     parallel.initialize(args.coordinator_address, args.num_processes, args.process_id)
-  try:
-    recipe = experiment(args)
-    train_config = recipe.train_config(args.workdir)
-    train.check_backend(train_config)  # before any data is read
-    train.check_settings(recipe.model, train_config)
-    train_text, eval_text = recipes.texts(recipe.data)
-    summary = train.train_and_evaluate(recipe.model, train_config, train_text, eval_text)
-  except (data.DataError, checkpoint.CheckpointError, train.TrainingError) as e:
-    return _fail(e)
+  recipe = recipe_of(args)
+  trainer.check_backend(recipe.train)  # before any data is read
+  summary = trainer.train(recipe.model, recipe.train, args.workdir,
+                          *pipeline.sources(recipe.data))
   print(json.dumps(summary, indent=2))
   return 0
 
@@ -179,23 +184,19 @@ def _add_model_flags(parser: argparse.ArgumentParser, *, beam: bool = True) -> N
     _flag(parser, 'batch_size', type=positive_int, default=32, help='sentences per batch')
 
 
-def translator(path: str, args: argparse.Namespace):
+def translator(path: str, args: argparse.Namespace) -> Translator:
   """A Translator of a workdir, checkpoint folder or exported folder."""
-  from jaxformer import evaluate, export  # pylint: disable=g-import-not-at-top
-
   options = dict(beam_size=args.beam, alpha=args.alpha, extra_length=args.extra_length,
                  batch_size=args.batch_size)
   if all((pathlib.Path(path) / name).is_file() for name in export.FILES):
-    return evaluate.Translator.from_pretrained(path, **options)
-  return evaluate.Translator.from_checkpoint(path, average_last=args.average_last, **options)
+    return Translator.from_pretrained(path, **options)
+  return Translator.from_checkpoint(path, average_last=args.average_last, **options)
 
 
 # --- eval -----------------------------------------------------------------------------------------
 
 
-def _test_set(args: argparse.Namespace):
-  from jaxformer import data  # pylint: disable=g-import-not-at-top
-
+def _test_set(args: argparse.Namespace) -> tuple[data.ParallelText, str]:
   if args.src or args.ref:
     if not (args.src and args.ref):
       raise data.DataError('--src and --ref go together.')
@@ -204,16 +205,12 @@ def _test_set(args: argparse.Namespace):
   return text, f'newstest2014-en{args.target_language}'
 
 
+@_one_line_errors
 def _eval(args: argparse.Namespace) -> int:
-  from jaxformer import checkpoint, data, evaluate  # pylint: disable=g-import-not-at-top
-
   logging.getLogger('absl').setLevel(logging.WARNING)
   path = args.workdir or args.checkpoint
-  try:
-    model = translator(path, args)
-    text, name = _test_set(args)
-  except (data.DataError, checkpoint.CheckpointError) as e:
-    return _fail(e)
+  model = translator(path, args)
+  text, name = _test_set(args)
   output = pathlib.Path(args.output or pathlib.Path(path) / f'hyps-{name}.txt')
   if not output.parent.is_dir():  # found out before the translation, not after
     return _fail(f'{output.parent}: no such folder for the hypotheses.')
@@ -226,16 +223,11 @@ def _eval(args: argparse.Namespace) -> int:
     output.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
   except OSError as e:
     return _fail(f'cannot write the hypotheses to {output} ({e.strerror}).')
-  result = evaluate.scores(hypotheses, text.tgt, args.target_language)
-  variant = {NEWSTEST2014_FULL: 'the full newstest2014 (3003 segments, as tfds and the paper)',
-             NEWSTEST2014_FILTERED: "sacreBLEU's filtered wmt14 (2737 segments)"}.get(
-                 len(text), f'{len(text)} segments')
-  print(f'sacreBLEU {result["sacrebleu"]:.2f}  ({result["signature"]})')
-  print(f'tokenized BLEU {result["tokenized_bleu"]:.2f}  (Moses -l {args.target_language} + '
-        "compound splitting, unsmoothed: the paper's protocol; do not mix with sacreBLEU)")
-  print(f'chrF {result["chrf"]:.2f}  ({result["chrf_signature"]})')
-  print(f'test set: {text.origin}: {variant}; beam {args.beam}, alpha {args.alpha}, max '
-        f'length input + {args.extra_length}; hypotheses in {output}')
+  result = scoring.scores(hypotheses, text.tgt, args.target_language)
+  print('\n'.join(scoring.report(
+      result, lang=args.target_language, origin=text.origin, segments=len(text),
+      decoding=f'beam {args.beam}, alpha {args.alpha}, max length input + {args.extra_length}; '
+      f'hypotheses in {output}')))
   print(json.dumps({**result, 'segments': len(text), 'hypotheses': str(output)}))
   return 0
 
@@ -244,8 +236,6 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _lines(stream, name: str) -> Iterable[str]:
-  from jaxformer import data  # pylint: disable=g-import-not-at-top
-
   return (data.decode_line(raw, f'{name}:{number}') for number, raw in enumerate(stream, 1))
 
 
@@ -259,21 +249,16 @@ def _write(model, chunk: list[str], first: int, nbest: int | None, out) -> None:
   out.flush()
 
 
+@_one_line_errors
 def _translate(args: argparse.Namespace) -> int:
-  from jaxformer import checkpoint, data  # pylint: disable=g-import-not-at-top
-
   if args.nbest and args.nbest > args.beam:
     return _fail(f'--nbest {args.nbest} needs --beam >= {args.nbest}.')
-  try:
-    model = translator(args.workdir, args)
-    if args.input:
-      sentences = data.read_lines(args.input)
-  except (checkpoint.CheckpointError, data.DataError) as e:
-    return _fail(e)
+  model = translator(args.workdir, args)
+  sentences = data.read_lines(args.input) if args.input else None
   try:
     with open(args.output, 'w', encoding='utf-8') if args.output else \
         contextlib.nullcontext(sys.stdout) as out:
-      if args.input:  # a whole file, with a progress bar
+      if sentences is not None:  # a whole file, with a progress bar
         if args.nbest is None:
           out.write(''.join(t + '\n' for t in model.translate(sentences, progress=True)))
         else:
@@ -288,46 +273,31 @@ def _translate(args: argparse.Namespace) -> int:
         first += len(chunk)
   except OSError as e:  # the output file
     return _fail(f'cannot write to {args.output} ({e.strerror}).')
-  except data.DataError as e:  # input that is not UTF-8: stop at that line
-    return _fail(e)
-  return 0
+  return 0  # (input that is not UTF-8 stops at that line: a DataError)
 
 
 # --- export, average, params ----------------------------------------------------------------------
 
 
+@_one_line_errors
 def _export(args: argparse.Namespace) -> int:
-  from jaxformer import checkpoint, export  # pylint: disable=g-import-not-at-top
-
-  try:
-    params, config, spm_model, step = checkpoint.load(args.path)
-    if args.average_last:
-      params = checkpoint.average_checkpoints(args.path, args.average_last)
-    if args.format == 'ctranslate2':
-      out = export.save_ctranslate2(args.out, params, config, spm_model)
-    else:
-      out = export.save(args.out, params, config, spm_model, step=step)
-  except checkpoint.CheckpointError as e:
-    return _fail(e)
+  params, config, spm_model, step = checkpoint.load(args.path, args.average_last)
+  if args.format == 'ctranslate2':
+    out = export.save_ctranslate2(args.out, params, config, spm_model)
+  else:
+    out = export.save(args.out, params, config, spm_model, step=step)
   print(f'exported step {step} of {args.path} to {out} ({args.format})')
   return 0
 
 
+@_one_line_errors
 def _average(args: argparse.Namespace) -> int:
-  from jaxformer import checkpoint  # pylint: disable=g-import-not-at-top
-
-  try:
-    out = checkpoint.save_average(args.workdir, args.last)
-  except checkpoint.CheckpointError as e:
-    return _fail(e)
+  out = checkpoint.save_average(args.workdir, args.last)
   print(f'averaged the last {args.last} checkpoints of {args.workdir} into {out}')
   return 0
 
 
 def _params(args: argparse.Namespace) -> int:
-  from jaxformer import config as config_lib  # pylint: disable=g-import-not-at-top
-  from jaxformer.model import parameter_count  # pylint: disable=g-import-not-at-top
-
   cfg = getattr(config_lib, args.preset)(vocab_size=args.vocab_size)
   print(f'{args.preset} (vocab {args.vocab_size}): {parameter_count(cfg):,} parameters')
   return 0

@@ -1,10 +1,22 @@
-"""Model and optimiser hyperparameters: one frozen dataclass and the paper's presets."""
+"""Every setting of jaxformer, in one low layer: the model (TransformerConfig, with how it is
+computed: Execution), the training run (TrainConfig), where the pairs come from (DataConfig),
+the paper's presets, and the (de)serialisation checkpoints and TensorBoard use.
+
+Frozen dataclasses that check themselves on construction: a bad value raises SettingError.
+This module imports only jax; recipes, the trainer and the command line build on it.
+"""
 
 import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from jaxformer.errors import JaxformerError
+
+
+class SettingError(JaxformerError, ValueError):
+  """A setting that is unknown, of the wrong type, or refused with the others."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,11 +33,11 @@ class Execution:
 
   def __post_init__(self):
     if self.attention not in ('einsum', 'fused'):
-      raise ValueError(f"attention must be 'einsum' or 'fused', got {self.attention!r}.")
+      raise SettingError(f"attention must be 'einsum' or 'fused', got {self.attention!r}.")
     if jnp.dtype(self.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-      raise ValueError(f'dtype must be float32 or bfloat16, got {self.dtype}.')
+      raise SettingError(f'dtype must be float32 or bfloat16, got {self.dtype}.')
     if self.loss_chunk < 1:
-      raise ValueError(f'loss_chunk must be >= 1, got {self.loss_chunk}.')
+      raise SettingError(f'loss_chunk must be >= 1, got {self.loss_chunk}.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,15 +69,15 @@ class TransformerConfig:
 
   def __post_init__(self):
     if self.d_model % self.num_heads and (self.qk_dim is None or self.v_dim is None):
-      raise ValueError(f'd_model={self.d_model} is not divisible by num_heads='
+      raise SettingError(f'd_model={self.d_model} is not divisible by num_heads='
                        f'{self.num_heads}: set qk_dim and v_dim.')
     if self.attention_window is not None and self.attention_window < 0:
-      raise ValueError(f'attention_window must be >= 0, got {self.attention_window}.')
+      raise SettingError(f'attention_window must be >= 0, got {self.attention_window}.')
     if self.execution.attention == 'fused' and self.key_dim != self.value_dim:
-      raise ValueError(f'fused attention needs d_k == d_v, got {self.key_dim} and '
+      raise SettingError(f'fused attention needs d_k == d_v, got {self.key_dim} and '
                        f"{self.value_dim}: use attention='einsum'.")
     if self.execution.attention == 'fused' and self.attention_dropout_rate:
-      raise ValueError('fused attention has no attention dropout: set attention_dropout_rate=0 '
+      raise SettingError('fused attention has no attention dropout: set attention_dropout_rate=0 '
                        "or attention='einsum'.")
 
   @property
@@ -87,15 +99,14 @@ class TransformerConfig:
     return self.replace(execution=dataclasses.replace(self.execution, **changes))
 
 
-def fast_path(config: TransformerConfig, backend: str | None = None) -> Execution:
-  """How `config` computes fastest on `backend` (default: jax's): on GPU, bfloat16 compute
+def fast_path(config: TransformerConfig, backend: str | None = None) -> TransformerConfig:
+  """`config` computed the fastest way on `backend` (default: jax's): on GPU, bfloat16 compute
   (float32 params, LayerNorm, softmax and loss) and fused attention when attention dropout is
-  off; elsewhere its own execution (on CPU, float32 einsum attention is the faster path)."""
+  off; elsewhere unchanged (on CPU, float32 einsum attention is the faster path)."""
   if (backend or jax.default_backend()) != 'gpu':
-    return config.execution
+    return config
   fused = not config.attention_dropout_rate and config.key_dim == config.value_dim
-  return dataclasses.replace(config.execution, dtype=jnp.bfloat16,
-                             attention='fused' if fused else 'einsum')
+  return config.run_as(dtype=jnp.bfloat16, attention='fused' if fused else 'einsum')
 
 
 def base(vocab_size: int = 37000) -> TransformerConfig:
@@ -114,3 +125,116 @@ def tiny(vocab_size: int = 64) -> TransformerConfig:
   return TransformerConfig(
       vocab_size=vocab_size, num_layers=2, d_model=32, d_ff=64, num_heads=4,
       max_len=64, warmup_steps=100)
+
+
+# --- the training run -----------------------------------------------------------------------------
+
+
+def setting(default: Any, help: str) -> Any:  # pylint: disable=redefined-builtin
+  """A config field with its help text (the command line's flags and --help read it)."""
+  return dataclasses.field(default=default, metadata={'help': help})
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """How to train: batch size, schedule of checkpoints, evaluation and logging. The workdir is
+  not a setting: it is passed beside the config (as in flax's examples)."""
+  num_steps: int = setting(100_000, 'updates (§5.2: 100k for base, 300k for big)')
+  tokens_per_batch: int = setting(25_000, 'token slots per side per update, all devices '
+                                  'together (§5.1)')
+  accum_steps: int = setting(1, 'micro-batches per update (for fewer devices than 8)')
+  row_len: int = setting(256, 'packed row length of the longer side')
+  seed: int = setting(0, 'params, dropout, shuffling and vocabulary sample')
+  checkpoint_every_secs: float | None = setting(600.0, 'seconds between checkpoints (the '
+                                                "paper's 10 minutes; none: off)")
+  checkpoint_every_steps: int | None = setting(None, 'steps between checkpoints (none: off)')
+  keep_checkpoints: int = setting(20, 'checkpoints kept (raised to average_last if smaller)')
+  keep_train_state: int = setting(2, 'the newest checkpoints that keep the optimiser state '
+                                  'for resuming (the others keep params only, for averaging)')
+  average_last: int = setting(5, 'average this many checkpoints at the end (0: none)')
+  eval_every_steps: int = setting(1000, 'steps between evaluations on the validation set')
+  log_every_steps: int = setting(100, 'steps between logged training metrics')
+  skip_nonfinite: bool = setting(False, 'skip and count updates with a non-finite loss instead '
+                                 'of stopping')
+  bleu_sentences: int = setting(0, 'at each evaluation, sacreBLEU of this many validation '
+                                'sentences decoded with beam 4 (0: none)')
+  sample_translations: int = setting(3, 'at each evaluation, this many validation sentences '
+                                     'translated into TensorBoard (0: none)')
+  spm_sample_size: int = setting(2_000_000, 'sentences sampled to train the vocabulary')
+  fast_path: bool | None = setting(None, 'bfloat16 compute and fused attention (none: on GPU '
+                                   'only)')
+  require_accelerator: bool = setting(False, "refuse a CPU backend (the paper's recipes set it)")
+  reset_data: bool = setting(False, "resume the checkpoint's params, optimiser state and step "
+                             'on a fresh data stream (after changing the corpus or the seed)')
+  host_sync_every_steps: int = setting(10, 'several hosts agree on preemption and timed saves '
+                                       '(one all-gather) every this many steps')
+
+  def __post_init__(self):
+    for name in ('num_steps', 'tokens_per_batch', 'accum_steps', 'row_len', 'log_every_steps',
+                 'eval_every_steps', 'host_sync_every_steps', 'keep_checkpoints',
+                 'keep_train_state'):
+      if getattr(self, name) < 1:
+        raise SettingError(f'{name} must be >= 1, got {getattr(self, name)}.')
+    for name in ('average_last', 'bleu_sentences', 'sample_translations'):
+      if getattr(self, name) < 0:
+        raise SettingError(f'{name} must be >= 0, got {getattr(self, name)}.')
+    for name in ('checkpoint_every_steps', 'checkpoint_every_secs'):
+      if getattr(self, name) is not None and getattr(self, name) <= 0:
+        raise SettingError(f'{name} must be > 0 (or unset), got {getattr(self, name)}.')
+
+  def computed(self, config: TransformerConfig) -> TransformerConfig:
+    """The config the steps compute with: the fast path's when it is on (by default on GPU)."""
+    on = jax.default_backend() == 'gpu' if self.fast_path is None else self.fast_path
+    return fast_path(config, 'gpu') if on else config
+
+
+# --- where the pairs come from --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Where the training and validation pairs come from (data.pipeline.sources reads them)."""
+  source: str = 'text'                  # 'wmt14' (tfds), 'text' (files) or 'embedded' (generated)
+  target_language: str = 'de'           # wmt14: EN->DE or EN->FR
+  tfds_data_dir: str | None = None      # wmt14: tfds data folder (None: $TFDS_DATA_DIR)
+  download: bool = False                # wmt14: let tfds download and prepare it (hours, online)
+  train_src: str | None = None          # text: line-aligned training files
+  train_tgt: str | None = None
+  eval_src: str | None = None           # text: validation files (optional)
+  eval_tgt: str | None = None
+  train_pairs: int = 60_000             # embedded: generated pairs per split
+  validation_pairs: int = 1000
+  test_pairs: int = 1000
+
+  def __post_init__(self):
+    if self.source not in ('wmt14', 'text', 'embedded'):
+      raise SettingError(f"data.source must be 'wmt14', 'text' or 'embedded', got "
+                         f'{self.source!r}.')
+
+
+# --- serialisation (checkpoints' meta, TensorBoard's hparams) -------------------------------------
+
+
+def config_to_dict(config: TransformerConfig) -> dict[str, Any]:
+  """The config as JSON-able fields ('execution' a nested dict, its dtype by name)."""
+  fields = dataclasses.asdict(config)
+  fields['execution']['dtype'] = jnp.dtype(config.execution.dtype).name
+  return fields
+
+
+def config_from_dict(fields: dict[str, Any]) -> TransformerConfig:
+  """The inverse of config_to_dict (SettingError for fields this jaxformer does not know); also
+  reads the configs of jaxformer 0.1, whose execution fields sat at the top level."""
+  fields = dict(fields)
+  execution = dict(fields.pop('execution', {}))
+  for name in (f.name for f in dataclasses.fields(Execution)):
+    if name in fields:
+      execution[name] = fields.pop(name)
+  known = {f.name for f in dataclasses.fields(TransformerConfig)}
+  unknown = sorted(set(fields) - known) + sorted(
+      set(execution) - {f.name for f in dataclasses.fields(Execution)})
+  if unknown:
+    raise SettingError(f'config has fields this jaxformer does not know: {unknown}')
+  if 'dtype' in execution:
+    execution['dtype'] = jnp.dtype(execution['dtype'])
+  return TransformerConfig(**fields, execution=Execution(**execution))

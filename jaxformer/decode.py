@@ -1,10 +1,11 @@
 """Greedy and beam search (§6.1) over a `tokens_to_logits` callback; no model code here.
 
 `tokens_to_logits(tokens [N, 1], cache) -> (logits [N, V], cache)` scores the next token after
-`tokens`, the last token of each hypothesis (0 before the first). The cache is any pytree whose
-arrays with a leading axis of size N are per-hypothesis (beam search reorders them as beams are
-chosen); other arrays (a position counter, or values shared by the beams of a sentence such as
-[B, ...] encoder keys) are left as they are.
+`tokens`, the last token of each hypothesis (0 before the first). The cache is any pytree; beam
+search reorders it as beams are chosen with `reorder_cache(cache, parents)` (hypothesis i
+continues hypothesis parents[i]). The default, `reorder_rows`, takes every array with a leading
+axis as per hypothesis [N, ...] and leaves scalars (a position counter) as they are; a cache
+with other shared parts (the model's: see jaxformer.cache) passes its own.
 
 Lengths count generated tokens, EOS included. Sentence b stops at EOS or after max_lengths[b]
 tokens, whichever comes first; the paper uses max_lengths = source length + 50.
@@ -93,7 +94,7 @@ class BeamState:
   alive_log_probs: Array  # [B, K] sum of log-probabilities
   finished_seqs: Array    # [B, K, L]
   finished_scores: Array  # [B, K] log-probability / length penalty; NEG_INF where empty
-  cache: Cache            # per-hypothesis arrays have a leading axis of B * K
+  cache: Cache            # for B * K hypotheses
 
 
 def _flatten(x: Array) -> Array:
@@ -109,17 +110,16 @@ def _gather(x: Array, indices: Array) -> Array:
   return jnp.take_along_axis(x, indices.reshape(*indices.shape, *([1] * (x.ndim - 2))), axis=1)
 
 
-def _gather_cache(cache: Cache, indices: Array, beam: int) -> Cache:
-  """Each per-hypothesis array's rows for the chosen beams indices [B, K]: one gather of whole
-  rows along the leading axis (XLA:CPU lowers take_along_axis on [B, K, ...] to a slow select;
-  mode='clip', as the rows are in bounds, spares the default mode's select as well)."""
-  rows = (jnp.arange(indices.shape[0])[:, None] * beam + indices).reshape(-1)  # [B * K]
+def take_rows(x: Array, rows: Array) -> Array:
+  """x's rows in the order `rows` [N] (in bounds): one gather along the leading axis (XLA:CPU
+  lowers take_along_axis on [B, K, ...] to a slow select; mode='clip' spares the default
+  mode's select as well)."""
+  return jnp.take(x, rows, axis=0, mode='clip', indices_are_sorted=True)
 
-  def gather(x):
-    if x.ndim == 0 or x.shape[0] != indices.size:  # shared, not per hypothesis
-      return x
-    return jnp.take(x, rows, axis=0, mode='clip', indices_are_sorted=True)
-  return jax.tree.map(gather, cache)
+
+def reorder_rows(cache: Cache, parents: Array) -> Cache:
+  """The default `reorder_cache`: every array's rows in the order `parents` [N]; scalars kept."""
+  return jax.tree.map(lambda x: x if x.ndim == 0 else take_rows(x, parents), cache)
 
 
 def _top_k(scores: Array, k: int, *arrays: Array) -> tuple[Array, ...]:
@@ -131,7 +131,8 @@ def _top_k(scores: Array, k: int, *arrays: Array) -> tuple[Array, ...]:
 def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array,
                 max_len: int, *, beam_size: int = 4, alpha: float = 0.6,
                 eos_id: int = 1, num_results: int | None = None,
-                grow_cache: Callable[[Cache, int], Cache] | None = None
+                grow_cache: Callable[[Cache, int], Cache] | None = None,
+                reorder_cache: Callable[[Cache, Array], Cache] = reorder_rows
                 ) -> tuple[Array, Array]:
   """Beam search with GNMT's length penalty, stopping when no live beam can beat the best
   finished one in any sentence.
@@ -147,6 +148,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
       stages of `stage_lengths(max_len)` tokens and grows the cache before each, so that
       reordering beams copies only the part that early steps can fill (the cache passed in may
       then be smaller than max_len).
+    reorder_cache: `reorder_cache(cache, parents [B * beam_size]) -> cache` after beams are
+      chosen (see the module's docstring).
 
   Returns:
     (ids [B, max_len], score [B]) of the best hypothesis of each sentence, 0 after EOS; with
@@ -192,7 +195,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
     _, alive_idx, alive_seqs, alive_log_probs = _top_k(
         jnp.where(ends, NEG_INF, top_log_probs), k, seqs, top_log_probs)
     alive_log_probs = jnp.where(_gather(ends, alive_idx), NEG_INF, alive_log_probs)
-    cache = _gather_cache(cache, _gather(beam_of, alive_idx), k)
+    parents = _gather(beam_of, alive_idx) + jnp.arange(batch)[:, None] * k  # --> [B, K]
+    cache = reorder_cache(cache, parents.reshape(-1))
 
     # Finished: the K best of those finished before and those ending now, by penalised score.
     new_scores = jnp.where(ends, top_log_probs / length_penalty(length, alpha), NEG_INF)

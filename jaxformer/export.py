@@ -22,7 +22,7 @@ from flax import traverse_util
 
 import jaxformer
 from jaxformer import checkpoint
-from jaxformer.config import TransformerConfig
+from jaxformer.config import TransformerConfig, config_from_dict, config_to_dict
 from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.model import sinusoidal_positions
 
@@ -39,7 +39,7 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
   (out / 'spm.model').write_bytes(spm_model)
   (out / 'config.json').write_text(json.dumps(
       {'format': 'jaxformer', 'version': jaxformer.__version__, 'step': step,
-       'model': checkpoint.config_to_dict(config)}, indent=2) + '\n')
+       'model': config_to_dict(config)}, indent=2) + '\n')
   return out
 
 
@@ -53,7 +53,7 @@ def load(path: str | pathlib.Path) -> tuple[Any, TransformerConfig, bytes, int]:
         'WORKDIR OUT` writes one.')
   try:
     meta = json.loads((path / 'config.json').read_text())
-    config = checkpoint.config_from_dict(meta['model'])
+    config = config_from_dict(meta['model'])
     tensors = safetensors.numpy.load_file(path / 'params.safetensors')
   except (ValueError, KeyError, TypeError, safetensors.SafetensorError) as e:
     raise checkpoint.CheckpointError(f'{path}: damaged export ({type(e).__name__}: {e}).'

@@ -10,17 +10,17 @@ The decoder's first input is 0, as in tensor2tensor (the targets shifted right b
 """
 
 import functools
-from typing import Any
+import inspect
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxformer import cache as cache_lib
 from jaxformer.config import TransformerConfig
 
 Array = jax.Array
-# {'index': int32 [], 'slots': int32 [N, L], 'layers': [{'self': {k, v}, 'cross': {k, v}}, ...]}
-Cache = dict[str, Any]
+Cache = cache_lib.Cache
 
 _dense_init = nn.initializers.xavier_uniform()  # tensor2tensor's uniform_unit_scaling(1.0)
 _layer_norm = functools.partial(nn.LayerNorm, epsilon=1e-6, dtype=jnp.float32)
@@ -182,53 +182,30 @@ class DecoderLayer(nn.Module):
   def __call__(self, y: Array, encoded: Array | None, self_mask: Array, cross_mask: Array,
                deterministic: bool, cache: Cache | None = None,
                index: Array | None = None) -> tuple[Array, Cache | None]:
-    """With a cache, y is the one new position `index` [B, 1, D]; returns the updated cache."""
+    """With a layer's decoding cache (see jaxformer.cache), y is the one new position `index`
+    [N, 1, D] and `encoded` is not used; returns the updated layer cache (else None)."""
     self_attn, cross_attn, det = self.self_attention, self.cross_attention, deterministic
     r1, r2, r3 = self.residuals
     h = r1.normed(y)
     kv = self_attn.project_kv(h)
-    if cache is not None:  # write this position's keys and values into each hypothesis's slot
-      beams = y.shape[0] // cache['cross']['k'].shape[0]
-      kv = {name: _write_slots(cache['self'][name], new, index, beams, _POSITION_AXIS[name])
-            for name, new in kv.items()}
-      cache = {'self': kv, 'cross': cache['cross']}
+    if cache is not None:  # this position joins each hypothesis's slot of the cache
+      cache = cache_lib.write(cache, kv, index, y.shape[0] // cache['cross']['k'].shape[0])
+      kv = cache['self']
     y = r1(y, self_attn(h, kv, self_mask, deterministic=det), deterministic=det)
     cross_kv = cross_attn.project_kv(encoded) if cache is None else cache['cross']
     y = r2(y, cross_attn(r2.normed(y), cross_kv, cross_mask, deterministic=det),
            deterministic=det)
     return r3(y, self.ffn(r3.normed(y), deterministic=det), deterministic=det), cache
 
-  def init_cache(self, encoded: Array, max_len: int, beams: int = 1) -> Cache:
-    """Empty self-attention keys [B, H, K, max_len * beams] and values [B, H, max_len * beams, J]
-    (position-major: position l of slot s at l * beams + s; see `Transformer.init_cache`); cross
-    ones computed once per sentence, shared by its beams."""
-    cfg, batch, length = self.config, encoded.shape[0], max_len * beams
-    return {'self': {'k': jnp.zeros((batch, cfg.num_heads, cfg.key_dim, length),
-                                    cfg.execution.dtype),
-                     'v': jnp.zeros((batch, cfg.num_heads, length, cfg.value_dim),
-                                    cfg.execution.dtype)},
-            'cross': self.cross_attention.project_kv(encoded)}
 
-
-_POSITION_AXIS = {'k': -1, 'v': -2}  # of project_kv's keys [B, H, K, L] and values [B, H, L, J]
-
-
-def _write_slots(cache: Array, new: Array, index: Array, beams: int, axis: int) -> Array:
-  """A self-attention cache with new [B * n, ...] keys or values of one position written at
-  position `index`, hypothesis b * n + s into slot s of sentence b (entry index * n + s)."""
-  axis = cache.ndim + axis
-  new = jnp.moveaxis(new.reshape(-1, beams, *new.shape[1:]), 1, axis + 1)  # [..., 1, n, ...]
-  new = new.reshape(*cache.shape[:axis], beams, *cache.shape[axis + 1:])
-  return jax.lax.dynamic_update_slice_in_dim(cache, new, index * beams, axis=axis)
-
-
-def _maybe_remat(layer: type[nn.Module], config: TransformerConfig, *,
-                 deterministic_argnum: int) -> type[nn.Module]:
+def _maybe_remat(layer: type[nn.Module], config: TransformerConfig) -> type[nn.Module]:
   """The layer, rematerialised in the backward pass if execution.remat (activation memory of one
-  layer instead of N, for a second forward pass). Param names do not change."""
+  layer instead of N, for a second forward pass). Param names do not change. Its `deterministic`
+  argument (a Python bool: dropout on or off) stays static."""
   if not config.execution.remat:
     return layer
-  return nn.remat(layer, static_argnums=(deterministic_argnum,))  # self is argument 0
+  static = list(inspect.signature(layer.__call__).parameters).index('deterministic')
+  return nn.remat(layer, static_argnums=(static,))  # the position counts self
 
 
 class InputEmbedding(nn.Module):
@@ -258,7 +235,7 @@ class Encoder(nn.Module):
 
   def setup(self):
     self.embedding = InputEmbedding(self.config, self.embed)
-    layer = _maybe_remat(EncoderLayer, self.config, deterministic_argnum=3)
+    layer = _maybe_remat(EncoderLayer, self.config)
     self.layers = [layer(self.config) for _ in range(self.config.num_layers)]
     self.final_norm = _layer_norm() if self.config.pre_ln else None
 
@@ -279,13 +256,15 @@ class Decoder(nn.Module):
 
   def setup(self):
     self.embedding = InputEmbedding(self.config, self.embed)
-    layer = _maybe_remat(DecoderLayer, self.config, deterministic_argnum=5)
+    layer = _maybe_remat(DecoderLayer, self.config)
     self.layers = [layer(self.config) for _ in range(self.config.num_layers)]
     self.final_norm = _layer_norm() if self.config.pre_ln else None
 
   def __call__(self, tgt_in: Array, encoded: Array | None, self_mask: Array, cross_mask: Array,
-               positions: Array, *, deterministic: bool, cache: Cache | None = None,
-               return_hidden: bool = False) -> tuple[Array, Cache | None]:
+               positions: Array, *, deterministic: bool, cache: Cache | None = None
+               ) -> tuple[Array, Cache | None]:
+    """(the decoder's output [B, T, D] before the softmax projection, the cache after this
+    step or None)."""
     y = self.embedding(tgt_in, positions, deterministic=deterministic)  # [B, T, D]
     layer_caches = [None] * len(self.layers) if cache is None else cache['layers']
     new_caches = []
@@ -295,30 +274,7 @@ class Decoder(nn.Module):
       new_caches.append(layer_cache)
     if self.final_norm is not None:
       y = self.final_norm(y)
-    if return_hidden:  # the softmax's input [B, T, D], for a loss that projects it in chunks
-      return y, None
-    logits = self.embed.attend(y).astype(jnp.float32)  # [B, T, V]
-    if cache is None:
-      return logits, None
-    return logits, {**cache, 'index': cache['index'] + 1, 'layers': new_caches}
-
-  def init_cache(self, encoded: Array, max_len: int, beams: int = 1) -> Cache:
-    return {'index': jnp.array(0, jnp.int32),
-            'slots': jnp.zeros((encoded.shape[0] * beams, max_len), jnp.int32),
-            'layers': [layer.init_cache(encoded, max_len, beams) for layer in self.layers]}
-
-
-def grow_cache(cache: Cache, max_len: int) -> Cache:
-  """`cache` (from `Transformer.init_cache`) with room for max_len target positions: its
-  self-attention keys and values and its slots [N, L] padded with zeros after the L they have."""
-  def grow(x: Array, axis: int) -> Array:  # L * n entries along `axis` -> max_len * n
-    beams = x.shape[axis] // cache['slots'].shape[1]
-    return jnp.pad(x, [(0, (max_len - cache['slots'].shape[1]) * beams)
-                       if a == x.ndim + axis else (0, 0) for a in range(x.ndim)])
-  return {**cache, 'slots': grow(cache['slots'], -1),
-          'layers': [{**layer, 'self': {name: grow(x, _POSITION_AXIS[name])
-                                        for name, x in layer['self'].items()}}
-                     for layer in cache['layers']]}
+    return y, None if cache is None else cache_lib.advance(cache, new_caches)
 
 
 def _default_segments(tokens: Array, segments: Array | None) -> Array:
@@ -354,71 +310,74 @@ class Transformer(nn.Module):
     return self.encoder(src, _default_segments(src, src_segments),
                         _default_positions(src, src_positions), deterministic=deterministic)
 
-  def decode(self, encoded: Array | None, src: Array, tgt_in: Array, *,
-             deterministic: bool = True, src_segments: Array | None = None,
-             tgt_segments: Array | None = None, tgt_positions: Array | None = None,
-             cache: Cache | None = None,
-             return_hidden: bool = False) -> Array | tuple[Array, Cache]:
-    """Decoder inputs [B, T] -> logits [B, T, V] (float32), or with return_hidden the decoder's
-    output [B, T, D] before the softmax projection (see losses.chunked_smoothed_cross_entropy).
+  def decoder_output(self, encoded: Array, src: Array, tgt_in: Array, *,
+                     deterministic: bool = True, src_segments: Array | None = None,
+                     tgt_segments: Array | None = None,
+                     tgt_positions: Array | None = None) -> Array:
+    """Decoder inputs [B, T] -> the decoder's output [B, T, D] before the softmax projection
+    (a loss may project it in chunks: losses.chunked_smoothed_cross_entropy).
 
     Without segments, target padding needs no mask: it comes after the real tokens, which the
-    causal mask already hides from them. With `cache` (from `init_cache`), tgt_in is the next
-    token [B * n, 1] of the n hypotheses per sentence the cache was made for (src stays [B, S]),
-    `encoded` is not used (its keys/values are cached), and (logits, cache) is returned.
-    """
-    src_segments = _default_segments(src, src_segments)
-    window = self.config.attention_window
-    if cache is not None:
-      index, (hypotheses, max_len) = cache['index'], cache['slots'].shape
-      beams = hypotheses // src.shape[0]
-      positions = jnp.full_like(tgt_in, index)  # [N, 1]
-      slots = jax.lax.dynamic_update_slice_in_dim(  # this position is in each one's own slot
-          cache['slots'], (jnp.arange(hypotheses) % beams)[:, None], index, axis=1)
-      key_positions = jnp.broadcast_to(jnp.arange(max_len), (hypotheses, max_len))
-      visible = ((key_positions <= index)[:, None, None]
-                 & window_mask(positions, key_positions, window))[:, 0, 0]  # [N, L]
-      own = visible[:, :, None] & (slots[:, :, None] == jnp.arange(beams))  # [N, L, n]
-      self_mask = own.reshape(src.shape[0], 1, beams, max_len * beams)  # [B, 1, n, L * n]
-      cross_mask = segment_mask(jnp.ones_like(src[:, :1]), src_segments)  # [B, 1, 1, S]
-      return self.decoder(tgt_in, None, self_mask, cross_mask, positions,
-                          deterministic=deterministic, cache={**cache, 'slots': slots})
+    causal mask already hides from them."""
     _check_length(self.config, tgt_in.shape[1], 'the target')
+    src_segments = _default_segments(src, src_segments)
     tgt_segments = jnp.ones_like(tgt_in) if tgt_segments is None else tgt_segments
     positions = _default_positions(tgt_in, tgt_positions)
     self_mask = (segment_mask(tgt_segments, tgt_segments) & causal_mask(tgt_in.shape[1])
-                 & window_mask(positions, positions, window))  # [B, 1, T, T]
+                 & window_mask(positions, positions, self.config.attention_window))  # [B,1,T,T]
     cross_mask = segment_mask(tgt_segments, src_segments)  # [B, 1, T, S]
-    outputs, _ = self.decoder(tgt_in, encoded, self_mask, cross_mask, positions,
-                              deterministic=deterministic, return_hidden=return_hidden)
-    return outputs
+    hidden, _ = self.decoder(tgt_in, encoded, self_mask, cross_mask, positions,
+                             deterministic=deterministic)
+    return hidden
+
+  def logits(self, hidden: Array) -> Array:
+    """The softmax's input: the shared embedding applied to decoder outputs [.., D] -> [.., V]
+    (float32)."""
+    return self.embed.attend(hidden).astype(jnp.float32)
+
+  def decode(self, encoded: Array, src: Array, tgt_in: Array, **kwargs: Array | bool | None
+             ) -> Array:
+    """Decoder inputs [B, T] -> logits [B, T, V] (float32); kwargs as for decoder_output."""
+    return self.logits(self.decoder_output(encoded, src, tgt_in, **kwargs))
 
   def init_cache(self, encoded: Array, max_len: int, beams: int = 1) -> Cache:
-    """A key/value cache for decoding up to max_len tokens after `encode`, for `beams`
-    hypotheses per sentence (adjacent), which share the encoder-decoder keys/values.
-
-    Beam search never copies the self-attention keys/values. Each sentence has `beams` slots of
-    max_len positions, kept per sentence ([B, H, K, max_len * beams] keys): at step t,
-    hypothesis s writes its keys at position t of slot s, and `slots` [N, max_len] records, per
-    hypothesis, the slot holding each position of its history. When beams are chosen,
-    decode.beam_search reorders only `slots` (the one array with a leading axis of
-    N = B * beams), and each query attends to all its sentence's slots through a mask that keeps
-    its own history: `beams` times the attention products of one history, instead of copying
-    the whole cache of every layer at every step."""
+    """A decoding cache (jaxformer.cache) for up to max_len tokens after `encode`, for `beams`
+    hypotheses per sentence (adjacent), which share the encoder-decoder keys/values."""
     _check_length(self.config, max_len, 'the decoding cache')
-    return self.decoder.init_cache(encoded, max_len, beams)
+    cross = [layer.cross_attention.project_kv(encoded) for layer in self.decoder.layers]
+    return cache_lib.init(self.config, cross, max_len, beams)
+
+  def decode_step(self, src: Array, tokens: Array, cache: Cache, *,
+                  src_segments: Array | None = None) -> tuple[Array, Cache]:
+    """One decoding step: the next token [N, 1] of the N = B * n hypotheses the cache was made
+    for (src stays [B, S]) -> (logits [N, V] of the token after it, the cache after it)."""
+    self_mask, cache = cache_lib.self_attention_mask(cache, self.config.attention_window)
+    cross_mask = segment_mask(jnp.ones_like(src[:, :1]), _default_segments(src, src_segments))
+    hidden, cache = self.decoder(tokens, None, self_mask, cross_mask,
+                                 jnp.full_like(tokens, cache['index']), deterministic=True,
+                                 cache=cache)
+    return self.logits(hidden[:, 0]), cache
 
   def __call__(self, src: Array, tgt_in: Array, *, deterministic: bool = True,
                src_segments: Array | None = None, tgt_segments: Array | None = None,
-               src_positions: Array | None = None, tgt_positions: Array | None = None,
-               return_hidden: bool = False) -> Array:
-    """Teacher-forced logits [B, T, V] for source [B, S] and decoder inputs [B, T] (or, with
-    return_hidden, the decoder's output [B, T, D] before the softmax projection)."""
+               src_positions: Array | None = None, tgt_positions: Array | None = None
+               ) -> Array:
+    """Teacher-forced logits [B, T, V] for source [B, S] and decoder inputs [B, T]."""
+    return self.logits(self.forward_hidden(
+        src, tgt_in, deterministic=deterministic, src_segments=src_segments,
+        tgt_segments=tgt_segments, src_positions=src_positions, tgt_positions=tgt_positions))
+
+  def forward_hidden(self, src: Array, tgt_in: Array, *, deterministic: bool = True,
+                     src_segments: Array | None = None, tgt_segments: Array | None = None,
+                     src_positions: Array | None = None, tgt_positions: Array | None = None
+                     ) -> Array:
+    """As __call__, but the decoder's output [B, T, D] before the softmax projection (the
+    training loss projects it in chunks)."""
     encoded = self.encode(src, deterministic=deterministic, src_segments=src_segments,
                           src_positions=src_positions)
-    return self.decode(encoded, src, tgt_in, deterministic=deterministic,
-                       src_segments=src_segments, tgt_segments=tgt_segments,
-                       tgt_positions=tgt_positions, return_hidden=return_hidden)
+    return self.decoder_output(encoded, src, tgt_in, deterministic=deterministic,
+                               src_segments=src_segments, tgt_segments=tgt_segments,
+                               tgt_positions=tgt_positions)
 
 
 @functools.cache

@@ -7,7 +7,7 @@ import matplotlib
 import numpy as np
 
 from jaxformer.data.tokenizer import EOS_ID
-from jaxformer.evaluate import Translator
+from jaxformer.translation import Translator
 from jaxformer.model import Transformer, sinusoidal_positions
 
 matplotlib.use('Agg')  # files only, no display

@@ -18,12 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.common import median_time
-from jaxformer import checkpoint, config, data, evaluate, export, train
+from jaxformer import checkpoint, config, data, export, train, translation
+from jaxformer.translation import Translator
 from jaxformer.data import embedded
 from jaxformer.model import Transformer
 
 
-def _newstest_throughput(translator: evaluate.Translator, sources: list[str]) -> dict:
+def _newstest_throughput(translator: Translator, sources: list[str]) -> dict:
   """Beam-4 sentences/s of a Translator (bucketing and batching included), compiled first."""
   translator.translate(sources[:64])
   start = time.perf_counter()
@@ -46,7 +47,7 @@ def _alternating(fns: dict, repeats: int) -> tuple[dict, dict]:
   return results, {name: statistics.median(times) for name, times in seconds.items()}
 
 
-def compare_ctranslate2(translator: evaluate.Translator, model_dir: pathlib.Path,
+def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
                         sentences: list[str], *, threads: int = 2, repeats: int = 3) -> dict:
   """jaxformer and a CTranslate2 export of the same weights on the same sentences: greedy and
   beam 4 with the translator's alpha and length limit, batches of the translator's size, each
@@ -64,7 +65,7 @@ def compare_ctranslate2(translator: evaluate.Translator, model_dir: pathlib.Path
   pieces = [tok.pieces(ids + [data.EOS_ID]) for ids in tok.encode(sentences)]
   results = {}
   for name, beam in (('greedy', 1), ('beam4', 4)):
-    ours = evaluate.Translator(
+    ours = Translator(
         translator.params, translator.config, tok, beam_size=beam, alpha=translator.alpha,
         extra_length=translator.extra_length, batch_size=translator.batch_size)
 
@@ -114,13 +115,13 @@ def base_fast_path(data_dir: pathlib.Path, *, batch_size: int = 128,
   texts = [t for t, ids in zip(news.src, tokenizer.encode(news.src))
            if 16 < len(ids) < 32][:sentences]
   cfg = getattr(config, preset)(vocab_size=tokenizer.vocab_size)
-  cfg = cfg.replace(execution=config.fast_path(cfg))
+  cfg = config.fast_path(cfg)
   params = train.create_train_state(cfg, jax.random.key(0)).params
   results = {'preset': preset, 'dtype': jnp.dtype(cfg.execution.dtype).name,
              'attention': cfg.execution.attention, 'batch_size': batch_size,
              'sentences': len(texts)}
   for name, beam in (('greedy', 1), ('beam4', 4)):
-    translator = evaluate.Translator(params, cfg, tokenizer, beam_size=beam,
+    translator = Translator(params, cfg, tokenizer, beam_size=beam,
                                      batch_size=batch_size)
     start = time.perf_counter()
     translator.translate_ids(texts[:batch_size])
@@ -144,12 +145,12 @@ def _side_by_side(data_dir: pathlib.Path, demo_model: str | None) -> dict:
              if tokenizer.encode([t])[0] == ids][:64]  # 20 pieces again when re-encoded
     cfg = config.base(vocab_size=tokenizer.vocab_size)
     params = train.create_train_state(cfg, jax.random.key(0)).params
-    translator = evaluate.Translator(params, cfg, tokenizer, extra_length=44)  # 64 tokens
+    translator = Translator(params, cfg, tokenizer, extra_length=44)  # 64 tokens
     model_dir = export.save_ctranslate2(pathlib.Path(tmp, 'ct2'), params, cfg,
                                         tokenizer.model_proto)
     results['base_random_weights'] = compare_ctranslate2(translator, model_dir, texts)
     if demo_model:
-      translator = evaluate.Translator.from_checkpoint(demo_model)
+      translator = Translator.from_checkpoint(demo_model)
       params, cfg, spm_model, _ = checkpoint.load(demo_model)
       model_dir = export.save_ctranslate2(pathlib.Path(tmp, 'demo'), params, cfg, spm_model)
       demo_test = embedded.splits(10, 10, 256)['test'].src
@@ -171,7 +172,7 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None) -> dict:
   lengths = jnp.full((batch,), out_len, jnp.int32)  # random weights almost never emit EOS
   for beam in (1, 4):
     for cached in (True, False):
-      fn = jax.jit(functools.partial(evaluate.search, config=cfg, max_len=out_len,
+      fn = jax.jit(functools.partial(translation.decode_batch, config=cfg, max_len=out_len,
                                      beam_size=beam, alpha=0.6, cached=cached))
       first, median = median_time(lambda: fn(params, src, lengths), runs=2)
       results[f'{"greedy" if beam == 1 else "beam4"}_{"cached" if cached else "uncached"}'] = {
@@ -188,13 +189,13 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None) -> dict:
     news, tokenizer = _newstest(data_dir, tmp)
   tiny = config.tiny(vocab_size=tokenizer.vocab_size).replace(max_len=256)
   tiny_params = train.create_train_state(tiny, jax.random.key(0)).params
-  translator = evaluate.Translator(tiny_params, tiny, tokenizer, batch_size=32)
+  translator = Translator(tiny_params, tiny, tokenizer, batch_size=32)
   results['tiny_beam4_newstest2014'] = {
       **_newstest_throughput(translator, news.src[:512]),
       'weights': 'random (untrained): outputs run to the length limit, the slowest case'}
   if demo_model:  # the trained demo model (make demo), e.g. workdirs/demo/average-last5
     results['demo_model_beam4_newstest2014'] = {
-        **_newstest_throughput(evaluate.Translator.from_checkpoint(demo_model, batch_size=32),
+        **_newstest_throughput(Translator.from_checkpoint(demo_model, batch_size=32),
                                news.src[:512]), 'model': demo_model}
   if importlib.util.find_spec('ctranslate2') is not None:
     results['ctranslate2'] = _side_by_side(data_dir, demo_model)

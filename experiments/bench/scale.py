@@ -37,10 +37,10 @@ def _stage(stage: str, workdir: str, src: str, tgt: str) -> dict:
   start = time.perf_counter()
   os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
   import jax  # pylint: disable=g-import-not-at-top
-  from jaxformer import data, parallel, recipes, train  # pylint: disable=g-import-not-at-top
+  from jaxformer import data, parallel, recipes  # pylint: disable=g-import-not-at-top
 
   recipe = recipes.load('base')
-  settings = recipe.train_config(workdir)
+  settings = recipe.train
   text = data.TextFiles(src, tgt)
   result = {'stage': stage, 'devices': jax.device_count()}
   if stage in ('prepare', 'cached'):
@@ -49,11 +49,11 @@ def _stage(stage: str, workdir: str, src: str, tgt: str) -> dict:
     data.train_tokenizer(text, pathlib.Path(workdir, 'spm.model'), recipe.model.vocab_size,
                          sample_size=settings.spm_sample_size, seed=settings.seed)
     result['vocabulary_s'] = round(time.perf_counter() - start, 2)  # cumulative, as those below
-    prepared = train.prepare_data(recipe.model, settings, text, None)
+    prepared = data.pipeline.build(workdir, recipe.model, settings, text)
     result['prepare_s'] = round(time.perf_counter() - start, 2)
-    batch = next(prepared.batches)
+    batch = next(prepared.train)
     result.update(first_batch_s=round(time.perf_counter() - start, 2), peak_rss_mb=round(_rss_mb()),
-                  pairs=len(prepared.batches.corpus), row_lengths=[prepared.src_len,
+                  pairs=len(prepared.train.corpus), row_lengths=[prepared.src_len,
                                                                    prepared.tgt_len],
                   rows_per_batch=int(batch['src'].shape[0] * batch['src'].shape[1]))
     result['cache_mb'] = round(sum(f.stat().st_size for f in
@@ -61,15 +61,15 @@ def _stage(stage: str, workdir: str, src: str, tgt: str) -> dict:
     return result
   # feed: the trainer's prefetch threads through the last block of epoch 0 into epoch 1, and
   # through the last block of epoch 1 into epoch 2; then a steady stretch.
-  prepared = train.prepare_data(recipe.model, settings, text, None)
-  batches = prepared.batches
+  prepared = data.pipeline.build(workdir, recipe.model, settings, text)
+  batches = prepared.train
   last_block = batches.blocks_per_epoch - 1
   gaps, firsts, count = [], [], 0
   for epoch in (0, 1):
     batches.set_state(batches.get_state() | {'epoch': epoch, 'block': last_block, 'row': 0})
     rows = batches._block_plan(epoch, last_block).num_rows  # pylint: disable=protected-access
     before = time.perf_counter()
-    stream = parallel.prefetch(batches)
+    stream = prepared.device_batches()
     batch, _ = next(stream)  # the first batch after a jump: as after a resume
     firsts.append(time.perf_counter() - before)
     before = time.perf_counter()
@@ -85,7 +85,7 @@ def _stage(stage: str, workdir: str, src: str, tgt: str) -> dict:
   assemble = batches.assemble
   batches.assemble = lambda pieces: counted.append(float(
       (batch := assemble(pieces))['weights'].sum())) or batch
-  stream = parallel.prefetch(batches)
+  stream = prepared.device_batches()
   next(stream)
   start = time.perf_counter()
   for _ in range(3000):

@@ -94,13 +94,13 @@ def run(*, fast_path: bool | None = None, only: list[str] | None = None,
   use_fast = backend == 'gpu' if fast_path is None else fast_path
   cases = [c for c in TRAIN_CASES['gpu' if backend == 'gpu' else 'cpu']
            if not only or c[0] in only]
-  dtype = config.fast_path(config.base(), 'gpu').dtype if use_fast else jnp.float32
+  dtype = config.fast_path(config.base(), 'gpu').execution.dtype if use_fast else jnp.float32
   peak = matmul_peak(dtype, (2048, 4096, 8192) if backend == 'gpu' else (1024, 2048, 4096))
   results = {'matmul_peak': peak, 'fast_path': use_fast}
   for (name, preset, rows, length, accum, remat, timed), chunk in itertools.product(
       cases, loss_chunks or [None]):
     cfg = getattr(config, preset)()
-    cfg = cfg.replace(execution=config.fast_path(cfg, 'gpu')) if use_fast else cfg
+    cfg = config.fast_path(cfg, 'gpu') if use_fast else cfg
     cfg = cfg.run_as(remat=remat, **({'loss_chunk': chunk} if chunk else {}))
     result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'])
     result['loss_chunk'] = cfg.execution.loss_chunk

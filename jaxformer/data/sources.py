@@ -18,8 +18,10 @@ from typing import Protocol
 
 from tqdm import tqdm
 
+from jaxformer.errors import JaxformerError
 
-class DataError(ValueError):
+
+class DataError(JaxformerError, ValueError):
   """Bad or missing input data; the message says what, where, and what to do."""
 
 

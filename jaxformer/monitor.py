@@ -1,9 +1,9 @@
-"""The training loop's parts that are not the model: what the user sees, when to act, preemption,
-and the one-step-late metric reader. `train.train_and_evaluate` puts them together.
+"""What the training loop watches and reports: the metrics sink (TensorBoard, metrics.jsonl, the
+progress bar), the one-step-late metric reader, the save clock and preemption signals.
+`trainer.train_and_evaluate` puts them together.
 """
 
 import collections
-import dataclasses
 import json
 import logging
 import pathlib
@@ -89,30 +89,7 @@ class MetricsSink:
     self.close()
 
 
-# --- when to act ----------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Due:
-  """What to do after a step."""
-  log: bool = False
-  eval: bool = False
-  save: bool = False
-
-  @property
-  def any(self) -> bool:
-    return self.log or self.eval or self.save
-
-
-def due(step: int, tc: Any, *, evaluating: bool, timed_save: bool = False,
-        preempted: bool = False) -> Due:
-  """Log / evaluate / save after `step` (every N steps, and at the last); a save also when the
-  save clock ran out or the run is being preempted (both agreed on by the hosts)."""
-  last = step == tc.num_steps
-  every = lambda n: bool(n) and step % n == 0  # noqa: E731
-  return Due(log=last or every(tc.log_every_steps),
-             eval=evaluating and (last or every(tc.eval_every_steps)),
-             save=last or preempted or timed_save or every(tc.checkpoint_every_steps))
+# --- the save clock ------------------------------------------------------------------------------
 
 
 def clock_ran_out(since: float, every_secs: float | None, now: float | None = None) -> bool:

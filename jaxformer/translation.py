@@ -1,45 +1,37 @@
-"""Translate with a trained model, and score BLEU the two ways the literature does.
-
-- sacreBLEU (detokenized, 13a, with its signature) is the headline: comparable across papers.
-- "Tokenized BLEU" reproduces the paper's protocol (tensor2tensor's get_ende_bleu.sh): both sides
-  tokenized by Moses' tokenizer.perl for the target language (sacremoses), hyphenated compounds
-  split ("a-b" -> "a ##AT##-##AT## b"), then unsmoothed corpus BLEU (multi-bleu.perl). Counting
-  each part of a compound as a match reads about 1-1.5 BLEU higher. Never mix the two.
-- chrF (sacreBLEU's, character 6-grams, beta 2) beside them.
+"""Translating text with a trained model: the search glue between the Transformer and the
+model-agnostic decode module, and `Translator` (batches, length buckets, n-best, loading from a
+checkpoint or an exported folder). Decoding follows §6.1: beam 4, alpha 0.6, at most the
+source length + 50 tokens.
 """
 
 import functools
 import logging
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import sacrebleu
-from sacremoses import MosesTokenizer
 from tqdm import tqdm
 
+from jaxformer import cache as cache_lib
 from jaxformer import checkpoint, decode, export
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
-from jaxformer.model import Transformer, grow_cache
+from jaxformer.model import Transformer
 
 Array = jax.Array
 log = logging.getLogger(__name__)
 
 
-# --- model glue: tokens_to_logits over the Transformer --------------------------------------------
+# --- search glue: tokens_to_logits over the Transformer ------------------------------------------
 
 
 def cached_tokens_to_logits(model: Transformer, params: Any, src: Array
                             ) -> decode.TokensToLogits:
   """One decoder step per call over the key/value cache of `Transformer.init_cache`."""
   def fn(tokens, cache):
-    logits, cache = model.apply({'params': params}, None, src, tokens, cache=cache,
-                                method=Transformer.decode)
-    return logits[:, 0], cache
+    return model.apply({'params': params}, src, tokens, cache, method=Transformer.decode_step)
   return fn
 
 
@@ -54,7 +46,7 @@ def uncached_tokens_to_logits(model: Transformer, params: Any, src: Array, encod
   return fn
 
 
-def search(params: Any, src: Array, max_lengths: Array, *, config: TransformerConfig,
+def decode_batch(params: Any, src: Array, max_lengths: Array, *, config: TransformerConfig,
            max_len: int, beam_size: int, alpha: float, cached: bool = True,
            num_results: int | None = None) -> Array | tuple[Array, Array]:
   """Encodes src [B, S] once and decodes [B, max_len] ids (greedy when beam_size is 1); with
@@ -69,11 +61,12 @@ def search(params: Any, src: Array, max_lengths: Array, *, config: TransformerCo
     src, encoded = (jnp.repeat(x, beam_size, axis=0) for x in (src, encoded))  # beams adjacent
     cache = {'tokens': jnp.zeros((src.shape[0], max_len), jnp.int32), 'index': jnp.array(0)}
     step = uncached_tokens_to_logits(model, params, src, encoded)
-  grow = grow_cache if cached else None
+  grow = cache_lib.grow if cached else None
   if beam_size == 1 and num_results is None:
     return decode.greedy_search(step, cache, max_lengths, max_len, grow_cache=grow)
   found = decode.beam_search(step, cache, max_lengths, max_len, beam_size=beam_size,
-                             alpha=alpha, num_results=num_results, grow_cache=grow)
+                             alpha=alpha, num_results=num_results, grow_cache=grow,
+                             reorder_cache=cache_lib.reorder if cached else decode.reorder_rows)
   return found if num_results else found[0]
 
 
@@ -92,7 +85,7 @@ class Translator:
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.beam_size, self.alpha, self.extra_length = beam_size, alpha, extra_length
     self.batch_size = batch_size
-    self._search = jax.jit(functools.partial(search, config=config, beam_size=beam_size,
+    self._search = jax.jit(functools.partial(decode_batch, config=config, beam_size=beam_size,
                                              alpha=alpha), static_argnames=('max_len',
                                                                             'num_results'))
 
@@ -101,9 +94,7 @@ class Translator:
                       **kwargs: Any) -> 'Translator':
     """From a workdir, its checkpoints folder or an averaged checkpoint; with average_last,
     the mean of the workdir's last N checkpoints."""
-    params, config, spm_model, _ = checkpoint.load(path)
-    if average_last:
-      params = checkpoint.average_checkpoints(path, average_last)
+    params, config, spm_model, _ = checkpoint.load(path, average_last)
     return cls(params, config, Tokenizer.from_bytes(spm_model), **kwargs)
 
   @classmethod
@@ -171,55 +162,3 @@ class Translator:
         else:
           yield chosen, np.asarray(result[0])[:len(rows)], np.asarray(result[1])[:len(rows)]
         bar.update(len(chosen))
-
-
-# --- BLEU -----------------------------------------------------------------------------------------
-
-
-def sacre_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
-  """(BLEU, signature): sacreBLEU's default, detokenized, 13a tokenization."""
-  bleu = sacrebleu.metrics.BLEU()
-  score = bleu.corpus_score(list(hypotheses), [list(references)])
-  return score.score, str(bleu.get_signature())
-
-
-def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
-  """(chrF, signature): sacreBLEU's character n-gram F-score (n = 6, beta = 2)."""
-  metric = sacrebleu.metrics.CHRF()
-  score = metric.corpus_score(list(hypotheses), [list(references)])
-  return score.score, str(metric.get_signature())
-
-
-_COMPOUND = re.compile(r'(\S)-(\S)')
-
-
-@functools.cache
-def _moses(lang: str) -> MosesTokenizer:
-  return MosesTokenizer(lang=lang)
-
-
-def paper_tokenize(text: str, lang: str = 'de') -> str:
-  r"""get_ende_bleu.sh's text: `tokenizer.perl -l LANG` (sacremoses, escaping as the script
-  does), then its compound split `s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g`."""
-  tokens = _moses(lang).tokenize(text.strip(), return_str=True, escape=True)
-  return _COMPOUND.sub(r'\1 ##AT##-##AT## \2', tokens)
-
-
-def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], lang: str = 'de'
-                   ) -> float:
-  """BLEU as in the paper's tables: on Moses-tokenized, compound-split text of language `lang`
-  (the test set's target language), without smoothing (multi-bleu.perl)."""
-  hyps = [paper_tokenize(h, lang) for h in hypotheses]
-  refs = [paper_tokenize(r, lang) for r in references]
-  bleu = sacrebleu.metrics.BLEU(tokenize='none', smooth_method='none', force=True)
-  return bleu.corpus_score(hyps, [refs]).score
-
-
-def scores(hypotheses: Sequence[str], references: Sequence[str], lang: str = 'de'
-           ) -> dict[str, Any]:
-  """sacreBLEU with its signature, the paper's tokenized BLEU, and chrF with its signature."""
-  bleu, bleu_signature = sacre_bleu(hypotheses, references)
-  chrf_score, chrf_signature = chrf(hypotheses, references)
-  return {'sacrebleu': round(bleu, 2), 'signature': bleu_signature,
-          'tokenized_bleu': round(tokenized_bleu(hypotheses, references, lang), 2),
-          'chrf': round(chrf_score, 2), 'chrf_signature': chrf_signature}

@@ -1,0 +1,101 @@
+"""The key/value cache of incremental decoding and its slot layout, documented once here.
+
+    {'index':  int32 []          the next target position;
+     'slots':  int32 [N, L]      per hypothesis, the slot holding each position of its history;
+     'layers': [{'self':  {'k': [B, H, K, L * n], 'v': [B, H, L * n, J]},
+                 'cross': {'k': [B, H, K, S],     'v': [B, H, S, J]}}, ...]}   one per layer
+
+B sentences, n hypotheses per sentence (beams, adjacent: N = B * n), L target positions, S
+source positions; keys and values in `MultiHeadAttention.project_kv`'s layout.
+
+Beam search never copies the self-attention keys/values. Each sentence has n slots of L
+positions, stored position-major (position l of slot s at entry l * n + s). At step t,
+hypothesis s of a sentence writes its keys/values at position t of slot s (`write`), and
+`slots` says, per hypothesis, which slot holds each position of its history. When beams are
+chosen, only `slots` is reordered (`reorder`), and each query attends to all its sentence's
+slots through a mask that keeps its own history (`self_attention_mask`): n times the attention
+products of one history, instead of copying every layer's cache at every step. The
+encoder-decoder keys/values are computed once per sentence and shared by its hypotheses.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxformer import decode
+from jaxformer.config import TransformerConfig
+
+Array = jax.Array
+Cache = dict[str, Any]
+POSITION_AXIS = {'k': -1, 'v': -2}  # of the self-attention keys [.., L * n], values [.., L * n, J]
+
+
+def init(config: TransformerConfig, cross: list[dict[str, Array]], max_len: int,
+         beams: int = 1) -> Cache:
+  """An empty cache for `beams` hypotheses per sentence and max_len positions, given each
+  layer's encoder-decoder keys/values [B, ...] (computed once per sentence)."""
+  batch, length = cross[0]['k'].shape[0], max_len * beams
+  dtype = config.execution.dtype
+  empty = {'k': jnp.zeros((batch, config.num_heads, config.key_dim, length), dtype),
+           'v': jnp.zeros((batch, config.num_heads, length, config.value_dim), dtype)}
+  return {'index': jnp.array(0, jnp.int32),
+          'slots': jnp.zeros((batch * beams, max_len), jnp.int32),
+          'layers': [{'self': empty, 'cross': kv} for kv in cross]}
+
+
+def beams(cache: Cache) -> int:
+  """n: the hypotheses per sentence the cache was made for."""
+  return cache['slots'].shape[0] // cache['layers'][0]['cross']['k'].shape[0]
+
+
+def self_attention_mask(cache: Cache, window: int | None) -> tuple[Array, Cache]:
+  """(mask [B, 1, n, L * n] of the keys each hypothesis's new query sees, the cache with this
+  position recorded in each hypothesis's own slot). A query sees the positions of its own
+  history up to `index` (within +-window of it for restricted self-attention)."""
+  index, (hypotheses, max_len), n = cache['index'], cache['slots'].shape, beams(cache)
+  slots = jax.lax.dynamic_update_slice_in_dim(
+      cache['slots'], (jnp.arange(hypotheses) % n)[:, None], index, axis=1)
+  positions = jnp.arange(max_len)  # [L]
+  visible = positions <= index
+  if window is not None:
+    visible &= jnp.abs(index - positions) <= window
+  own = visible[None, :, None] & (slots[:, :, None] == jnp.arange(n))  # [N, L, n]
+  return own.reshape(hypotheses // n, 1, n, max_len * n), {**cache, 'slots': slots}
+
+
+def write(layer: dict[str, Any], new: dict[str, Array], index: Array, n: int
+          ) -> dict[str, Any]:
+  """A layer's cache with the new self-attention keys/values of position `index` (from N = B * n
+  hypotheses) written in place: hypothesis b * n + s into slot s of sentence b."""
+  def put(cache: Array, x: Array, axis: int) -> Array:
+    axis = cache.ndim + axis
+    x = jnp.moveaxis(x.reshape(-1, n, *x.shape[1:]), 1, axis + 1)  # [..., 1, n, ...]
+    x = x.reshape(*cache.shape[:axis], n, *cache.shape[axis + 1:])
+    return jax.lax.dynamic_update_slice_in_dim(cache, x, index * n, axis=axis)
+  return {**layer, 'self': {name: put(layer['self'][name], x, POSITION_AXIS[name])
+                            for name, x in new.items()}}
+
+
+def advance(cache: Cache, layers: list[dict[str, Any]]) -> Cache:
+  """The cache after a step: the layers' new caches, the next position."""
+  return {**cache, 'index': cache['index'] + 1, 'layers': layers}
+
+
+def grow(cache: Cache, max_len: int) -> Cache:
+  """`cache` with room for max_len target positions: its self-attention keys/values and its
+  slots padded with zeros after the positions they have."""
+  def pad(x: Array, axis: int) -> Array:  # L * n entries along `axis` -> max_len * n
+    n = x.shape[axis] // cache['slots'].shape[1]
+    return jnp.pad(x, [(0, (max_len - cache['slots'].shape[1]) * n)
+                       if a == x.ndim + axis else (0, 0) for a in range(x.ndim)])
+  return {**cache, 'slots': pad(cache['slots'], -1),
+          'layers': [{**layer, 'self': {name: pad(x, POSITION_AXIS[name])
+                                        for name, x in layer['self'].items()}}
+                     for layer in cache['layers']]}
+
+
+def reorder(cache: Cache, parents: Array) -> Cache:
+  """The cache after beams are chosen: hypothesis i continues hypothesis parents[i] [N]. Only
+  `slots` is per hypothesis; the keys/values stay where they were written."""
+  return {**cache, 'slots': decode.take_rows(cache['slots'], parents)}

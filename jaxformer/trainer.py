@@ -1,0 +1,358 @@
+"""The training loop: the pure steps of `train` in pmap over the local devices, fed by a
+data.pipeline.Pipeline, with checkpoints, evaluation and logging as periodic actions.
+
+`train` is the library's entry point (pairs in, a trained workdir out); `train_and_evaluate`
+is the loop over a built pipeline. A run resumes from its workdir's newest checkpoint.
+"""
+
+import collections
+import dataclasses
+import functools
+import logging
+import pathlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer import checkpoint, monitor, parallel, scoring
+from jaxformer import data as data_lib
+from jaxformer.config import TrainConfig, TransformerConfig, config_to_dict
+from jaxformer.data import pipeline as pipeline_lib
+from jaxformer.errors import JaxformerError
+from jaxformer.train import TrainState, create_train_state, eval_step, train_step
+from jaxformer.translation import Translator
+
+log = logging.getLogger(__name__)
+Array = jax.Array
+
+
+class TrainingError(JaxformerError, RuntimeError):
+  """Training cannot go on (e.g. a non-finite loss); the message says where and what to do."""
+
+
+def check_backend(tc: TrainConfig, backend: str | None = None) -> None:
+  """Stops a run that requires an accelerator (the paper's recipes) on a CPU backend."""
+  backend = backend or jax.default_backend()
+  if tc.require_accelerator and backend == 'cpu':
+    raise TrainingError(
+        "this recipe needs a GPU, but jax's backend is cpu (no GPU here, or jax's CPU build): on "
+        'a GPU host run `make install` (it installs jaxformer[cuda12] or [cuda13]; or pip install '
+        "'jaxformer[cuda12]'), or pass --allow-cpu to train on the CPU anyway.")
+
+
+# --- periodic work ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+  """Work the loop does after some steps: `run(step)` every `every` steps (None: never by the
+  count), after the last step, and, with `on_save_signal`, when the hosts agreed that a save is
+  due (the save clock ran out, or the run is being preempted)."""
+  name: str
+  every: int | None
+  run: Callable[[int], Any]
+  on_save_signal: bool = False
+
+
+def periodic_actions(tc: TrainConfig, *, log_metrics: Callable[[int], Any],
+                     evaluate: Callable[[int], Any] | None,
+                     save: Callable[[int], Any]) -> list[Action]:
+  """The loop's actions in the order they run: log, evaluate (when there is a validation set),
+  save. Add one here to give the loop more periodic work."""
+  actions = [Action('log', tc.log_every_steps, log_metrics)]
+  if evaluate is not None:
+    actions.append(Action('eval', tc.eval_every_steps, evaluate))
+  return actions + [Action('save', tc.checkpoint_every_steps, save, on_save_signal=True)]
+
+
+def due(actions: list[Action], step: int, num_steps: int, *, save_signal: bool = False
+        ) -> list[Action]:
+  """The actions to run after `step`."""
+  return [action for action in actions
+          if step == num_steps or (action.every and step % action.every == 0)
+          or (action.on_save_signal and save_signal)]
+
+
+def host_sync_due(step: int, tc: TrainConfig, process_count: int) -> bool:
+  """Whether the hosts agree on preemption and timed saves after `step`: always with one host
+  (no communication), every host_sync_every_steps steps and at the last with several."""
+  return process_count == 1 or step % tc.host_sync_every_steps == 0 or step == tc.num_steps
+
+
+def _agree(guard: monitor.PreemptionGuard, last_save: float, tc: TrainConfig
+           ) -> tuple[bool, bool]:
+  """(preempted, timed save due) as all hosts agree: one all-gather."""
+  local = [guard.signal is not None, monitor.clock_ran_out(last_save, tc.checkpoint_every_secs)]
+  return tuple(bool(x) for x in parallel.all_hosts(np.array(local)).any(0))
+
+
+# --- what a run records -------------------------------------------------------------------------
+
+
+def run_facts(config: TransformerConfig, tc: TrainConfig, *, src_len: int, tgt_len: int,
+              rows: int) -> dict[str, Any]:
+  """Where and how a run computes: devices, processes, dtype, attention and the batch."""
+  slots = rows * tc.accum_steps * jax.device_count()  # rows per update, all devices
+  return {'devices': parallel.devices_line(), 'backend': jax.default_backend(),
+          'device_count': jax.device_count(), 'process_count': jax.process_count(),
+          'dtype': jnp.dtype(config.execution.dtype).name,
+          'attention': config.execution.attention, 'remat': config.execution.remat,
+          'source_tokens_per_update': slots * src_len,
+          'target_tokens_per_update': slots * tgt_len, 'accum_steps': tc.accum_steps,
+          'rows_per_device': rows, 'row_lengths': [src_len, tgt_len]}
+
+
+def describe_run(facts: dict[str, Any]) -> str:
+  """The run's facts as the one line the trainer logs at start."""
+  micro = f'{facts["accum_steps"]} micro-batch{"es" if facts["accum_steps"] > 1 else ""}'
+  return (f'{facts["devices"]}; compute {facts["dtype"]}, {facts["attention"]} attention'
+          f'{", remat" if facts["remat"] else ""}; {facts["source_tokens_per_update"]:,} source + '
+          f'{facts["target_tokens_per_update"]:,} target token slots per update ({micro} of '
+          f'{facts["rows_per_device"]} rows per device, rows of {facts["row_lengths"][0]} / '
+          f'{facts["row_lengths"][1]} tokens)')
+
+
+def _hparams(config: TransformerConfig, tc: TrainConfig, facts: dict[str, Any]
+             ) -> dict[str, Any]:
+  """The run's settings as TensorBoard hparams (numbers, booleans and strings only)."""
+  settings = {'model': config_to_dict(config), 'train': dataclasses.asdict(tc), 'run': facts}
+  return jax.tree.map(lambda v: v if isinstance(v, (bool, int, float, str)) else str(v),
+                      settings, is_leaf=lambda v: v is None or isinstance(v, list))
+
+
+# --- checkpoints and resuming -------------------------------------------------------------------
+
+
+def _train_item(state: TrainState, rng: Array) -> dict[str, Any]:
+  return {'opt_state': state.opt_state, 'step': state.step,
+          'rng': np.asarray(jax.random.key_data(rng))}  # host arrays: multi-host orbax needs them
+
+
+def _data_state(local: dict[str, Any]) -> dict[str, Any]:
+  """Every host's iterator position (gathered when there are several hosts)."""
+  keys = data_lib.PackedBatches.STATE_KEYS
+  gathered = parallel.all_hosts(np.array([local[key] for key in keys], np.int64))
+  return {'hosts': [dict(zip(keys, map(int, row))) for row in gathered]}
+
+
+def resume_data(batches: data_lib.PackedBatches, hosts: list[dict[str, int]],
+                tc: TrainConfig) -> None:
+  """Moves `batches` to this host's saved position; a fresh stream with reset_data or after a
+  change of host count (with a warning); a one-line error when the data changed."""
+  if tc.reset_data:
+    log.warning('--reset-data: the checkpoint\'s params, optimiser state and step continue on a '
+                'fresh data stream.')
+    return
+  if len(hosts) != jax.process_count():
+    log.warning('the checkpoint was written by %d host(s) and this run has %d: its data '
+                'positions do not apply, so training continues on a fresh data stream.',
+                len(hosts), jax.process_count())
+    return
+  saved, now = hosts[jax.process_index()], batches.get_state()
+  if set(now) - set(saved):
+    log.warning('the checkpoint\'s data position is from an older jaxformer (no %s): training '
+                'continues on a fresh data stream.', ', '.join(sorted(set(now) - set(saved))))
+    return
+  changed = [f'{name} {saved[key]} -> {now[key]}' for key, name in
+             (('seed', 'seed'), ('shard_size', 'training pairs per host'),
+              ('corpus', 'corpus id'), ('src_len', 'source row length'),
+              ('tgt_len', 'target row length')) if saved[key] != now[key]]
+  if changed:
+    raise TrainingError(
+        f'the training data changed since the checkpoint ({", ".join(changed)}): resume with the '
+        'same corpus and settings, or pass --reset-data to continue from the checkpoint on a '
+        'fresh data stream.')
+  batches.set_state(saved)
+
+
+def init_or_restore(config: TransformerConfig, tc: TrainConfig,
+                    pipeline: pipeline_lib.Pipeline, manager: Any) -> tuple[TrainState, Array]:
+  """A fresh state and rng, or the newest compatible checkpoint's (the data stream moved to its
+  position). The state computes with tc.computed(config); checkpoints record `config`."""
+  init_rng, rng = jax.random.split(jax.random.key(tc.seed))
+  state = create_train_state(tc.computed(config), init_rng)
+  found = checkpoint.restore_latest(
+      manager, params=state.params, train=_train_item(state, rng), with_data=True,
+      check=functools.partial(checkpoint.check_compatible, config=config,
+                              spm_model=pipeline.tokenizer.model_proto))
+  if found is None:
+    return state, rng
+  step, restored = found
+  train_item = restored['train']
+  state = state.replace(params=restored['params'], opt_state=train_item['opt_state'],
+                        step=train_item['step'])
+  resume_data(pipeline.train, restored['data']['hosts'], tc)
+  log.info('resumed from step %d (%s)', step, manager.directory / str(step))
+  return state, jax.random.wrap_key_data(train_item['rng'])
+
+
+def _save(manager: Any, step: int, state: TrainState, rng: Array, meta: dict[str, Any],
+          data_state: dict[str, Any], keep_train_state: int) -> None:
+  """Starts an async save of an unreplicated state, with every host's data position; older
+  checkpoints than the newest keep_train_state lose their optimiser state (process 0)."""
+  checkpoint.save(manager, step, params=state.params, meta=meta,
+                  train=_train_item(state, rng), data=_data_state(data_state))
+  if jax.process_index() == 0:
+    checkpoint.drop_old_train_state(manager, keep_train_state, saving=step)
+
+
+def _average(workdir: pathlib.Path, manager: Any, tc: TrainConfig, summary: dict) -> None:
+  available = len(manager.all_steps())
+  if available >= tc.average_last:
+    summary['averaged'] = str(checkpoint.save_average(workdir, tc.average_last))
+  else:
+    log.warning('only %d checkpoints: not averaging the last %d.', available, tc.average_last)
+
+
+# --- evaluation ---------------------------------------------------------------------------------
+
+
+def validation_metrics(p_eval_step: Any, p_state: TrainState,
+                       pipeline: pipeline_lib.Pipeline) -> dict[str, float]:
+  """Loss, perplexity and token accuracy over one pass of the validation set (all hosts)."""
+  totals = collections.Counter()
+  for batch in pipeline.validation_batches():
+    sums = jax.device_get(p_eval_step(p_state, batch))
+    totals.update({k: float(np.sum(v)) for k, v in sums.items()})
+  totals = parallel.all_hosts(np.array([totals[k] for k in ('loss_sum', 'nll_sum', 'correct',
+                                                            'tokens')])).sum(0)
+  loss_sum, nll_sum, correct, tokens = map(float, totals)
+  tokens = max(tokens, 1.0)
+  return {'loss': loss_sum / tokens, 'perplexity': float(np.exp(nll_sum / tokens)),
+          'accuracy': correct / tokens, 'tokens': tokens}
+
+
+def _translate_validation(translator: Translator, params: Any, text: data_lib.ParallelText,
+                          tc: TrainConfig) -> tuple[float | None, str]:
+  """(sacreBLEU of the first bleu_sentences validation sentences or None, a markdown table of
+  the first sample_translations: source, hypothesis, reference), decoded as in §6.1 by the
+  run's one translator (its searches compiled at the first evaluation only)."""
+  count = max(tc.bleu_sentences, tc.sample_translations)
+  translator.params = params
+  hypotheses = translator.translate(text.src[:count])
+  bleu = scoring.sacre_bleu(hypotheses, text.tgt[:tc.bleu_sentences])[0] \
+      if tc.bleu_sentences else None
+  cell = lambda s: s.replace('|', '\\|')  # noqa: E731
+  rows = [f'| {cell(src)} | {cell(hyp)} | {cell(ref)} |' for src, hyp, ref in
+          list(zip(text.src, hypotheses, text.tgt))[:tc.sample_translations]]
+  return bleu, '\n'.join(['| source | hypothesis | reference |', '|---|---|---|', *rows])
+
+
+# --- the loop -----------------------------------------------------------------------------------
+
+
+def train(config: TransformerConfig, tc: TrainConfig, workdir: str | pathlib.Path,
+          train_pairs: data_lib.PairSource, validation: data_lib.ParallelText | None = None
+          ) -> dict[str, Any]:
+  """Trains `config` on `train_pairs` in `workdir` (resuming from its checkpoints), evaluating
+  on `validation` if given: data.pipeline.build, then train_and_evaluate."""
+  pipeline = pipeline_lib.build(workdir, config, tc, train_pairs, validation)
+  return train_and_evaluate(config, tc, workdir, pipeline)
+
+
+def _pmapped_steps(tc: TrainConfig) -> tuple[Any, Any]:
+  """The train step (donating its state) and the eval step, pmapped over the local devices."""
+  p_train_step = jax.pmap(
+      functools.partial(train_step, axis_name='batch', accum_steps=tc.accum_steps,
+                        skip_nonfinite=tc.skip_nonfinite), axis_name='batch', donate_argnums=0)
+  return p_train_step, jax.pmap(eval_step, axis_name='batch')
+
+
+def _on_skip(step: int, skipped: int) -> None:
+  log.warning('step %d: non-finite loss, update skipped (%d so far)', step, skipped)
+
+
+def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, workdir: str | pathlib.Path,
+                       pipeline: pipeline_lib.Pipeline) -> dict[str, Any]:
+  """Trains `config` on the pipeline's batches, resuming from the workdir.
+
+  Returns a summary: final step, last train metrics, last evaluation, the newest checkpoint,
+  the averaged checkpoint (if any), and whether training stopped early on SIGTERM/SIGINT.
+  """
+  workdir = pathlib.Path(workdir)
+  manager = checkpoint.make_manager(workdir / 'checkpoints',
+                                    max_to_keep=max(tc.keep_checkpoints, tc.average_last, 1))
+  state, rng = init_or_restore(config, tc, pipeline, manager)
+  start_step = int(state.step)
+  meta = checkpoint.make_meta(config, pipeline.tokenizer.model_proto)
+  facts = run_facts(state.config, tc, src_len=pipeline.src_len, tgt_len=pipeline.tgt_len,
+                    rows=pipeline.rows)
+  log.info('training on %s', describe_run(facts))
+  p_state, p_rng = parallel.replicate(state), parallel.replicate(rng)
+  p_train_step, p_eval_step = _pmapped_steps(tc)
+  reader = monitor.MetricReader(skip_nonfinite=tc.skip_nonfinite, on_skip=_on_skip)
+  summary: dict[str, Any] = {'preempted': False, 'train': {}}
+  sink = monitor.MetricsSink(workdir, enabled=jax.process_index() == 0, start_step=start_step,
+                             total_steps=tc.num_steps)
+  translator = None  # the run's one, made at the first evaluation that translates
+  last_save, data_state = time.monotonic(), None
+
+  def log_metrics(step: int) -> None:
+    values = summary['train'] = reader.interval()
+    sink.scalars(step, 'train', values)
+    sink.progress.set_postfix(loss=f'{values["loss"]:.3f}', lr=f'{values["lr"]:.2e}',
+                              tok_s=f'{values["tokens_per_s"]:.0f}')
+
+  def evaluate(step: int) -> None:
+    """Validation loss, perplexity and accuracy (all hosts); on process 0 also sacreBLEU and
+    sample translations, as configured."""
+    nonlocal translator
+    result = summary['eval'] = validation_metrics(p_eval_step, p_state, pipeline)
+    if (tc.bleu_sentences or tc.sample_translations) and sink.enabled:
+      translator = translator or Translator(None, config, pipeline.tokenizer)
+      bleu, samples = _translate_validation(translator, parallel.unreplicate(p_state.params),
+                                            pipeline.validation_text, tc)
+      if bleu is not None:
+        result['bleu'] = bleu
+      if tc.sample_translations:
+        sink.text(step, 'samples', samples)
+    sink.scalars(step, 'eval', result)
+
+  def save(step: int) -> None:
+    nonlocal last_save
+    _save(manager, step, parallel.unreplicate(p_state), rng, meta, data_state,
+          tc.keep_train_state)
+    last_save = time.monotonic()
+
+  actions = periodic_actions(tc, log_metrics=log_metrics, save=save,
+                             evaluate=evaluate if pipeline.validation is not None else None)
+  device_batches = pipeline.device_batches()
+  try:
+    with sink, monitor.PreemptionGuard() as guard:
+      sink.start(start_step, facts, describe_run(facts), _hparams(config, tc, facts))
+      for step in range(start_step + 1, tc.num_steps + 1):
+        batch, data_state = next(device_batches)
+        p_state, metrics = p_train_step(p_state, batch, p_rng)
+        sink.progress.update(reader.read())  # the previous step's: the device has this one
+        reader.push(step, metrics)
+        preempted, timed_save = _agree(guard, last_save, tc) if host_sync_due(
+            step, tc, jax.process_count()) else (False, False)
+        now = due(actions, step, tc.num_steps, save_signal=preempted or timed_save)
+        if now:  # never report or save past an unchecked update
+          sink.progress.update(reader.read())
+        for action in now:
+          action.run(step)
+        if preempted:
+          manager.wait_until_finished()
+          summary['preempted'] = True
+          log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
+                      guard.signal or 'stop', step, manager.directory / str(step))
+          break
+  except monitor.NonFiniteLoss as e:
+    latest = manager.latest_step()
+    raise TrainingError(
+        f'{e}. The last good checkpoint is '
+        f'{manager.directory / str(latest) if latest is not None else "none (no save yet)"}'
+        '; resume from it with a lower learning rate or --skip-nonfinite.') from None
+  finally:
+    device_batches.close()
+    manager.wait_until_finished()
+  summary.update(step=int(parallel.unreplicate(p_state.step)), skipped_updates=reader.skipped,
+                 checkpoint=str(manager.directory / str(manager.latest_step())))
+  if tc.average_last and not summary['preempted'] and summary['step'] == tc.num_steps:
+    _average(workdir, manager, tc, summary)
+  return summary
