@@ -23,7 +23,6 @@ from typing import Any
 from jaxformer import checkpoint, data, export, parallel, recipes, scoring, trainer
 from jaxformer import config as config_lib
 from jaxformer.config import DataConfig, TrainConfig
-from jaxformer.data import pipeline
 from jaxformer.errors import JaxformerError
 from jaxformer.model import parameter_count
 from jaxformer.translation import Translator
@@ -163,10 +162,7 @@ def _train(args: argparse.Namespace) -> int:
   _setup_logging()
   if args.distributed or args.coordinator_address:
     parallel.initialize(args.coordinator_address, args.num_processes, args.process_id)
-  recipe = recipe_of(args)
-  trainer.check_backend(recipe.train)  # before any data is read
-  summary = trainer.train(recipe.model, recipe.train, args.workdir,
-                          *pipeline.sources(recipe.data))
+  summary = trainer.train_recipe(recipe_of(args), args.workdir)
   print(json.dumps(summary, indent=2))
   return 0
 

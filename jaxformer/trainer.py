@@ -1,8 +1,9 @@
 """The training loop: the pure steps of `train` in pmap over the local devices, fed by a
 data.pipeline.Pipeline, with checkpoints, evaluation and logging as periodic actions.
 
-`train` is the library's entry point (pairs in, a trained workdir out); `train_and_evaluate`
-is the loop over a built pipeline. A run resumes from its workdir's newest checkpoint.
+`train` is the library's entry point (pairs in, a trained workdir out), `train_recipe` the
+command line's (a recipe in); `train_and_evaluate` is the loop over a built pipeline. A run
+resumes from its workdir's newest checkpoint.
 """
 
 import collections
@@ -23,6 +24,7 @@ from jaxformer import data as data_lib
 from jaxformer.config import TrainConfig, TransformerConfig, config_to_dict
 from jaxformer.data import pipeline as pipeline_lib
 from jaxformer.errors import JaxformerError
+from jaxformer.recipes import Recipe
 from jaxformer.train import TrainState, create_train_state, eval_step, train_step
 from jaxformer.translation import Translator
 
@@ -249,9 +251,19 @@ def train(config: TransformerConfig, tc: TrainConfig, workdir: str | pathlib.Pat
           train_pairs: data_lib.PairSource, validation: data_lib.ParallelText | None = None
           ) -> dict[str, Any]:
   """Trains `config` on `train_pairs` in `workdir` (resuming from its checkpoints), evaluating
-  on `validation` if given: data.pipeline.build, then train_and_evaluate."""
+  on `validation` if given: the backend check, data.pipeline.build, train_and_evaluate."""
+  check_backend(tc)
   pipeline = pipeline_lib.build(workdir, config, tc, train_pairs, validation)
   return train_and_evaluate(config, tc, workdir, pipeline)
+
+
+def train_recipe(recipe: Recipe, workdir: str | pathlib.Path) -> dict[str, Any]:
+  """`train` on the recipe's data (data.pipeline.sources), checking the backend before any
+  data is read."""
+  check_backend(recipe.train)
+  pipeline = pipeline_lib.build(workdir, recipe.model, recipe.train,
+                                *pipeline_lib.sources(recipe.data))
+  return train_and_evaluate(recipe.model, recipe.train, workdir, pipeline)
 
 
 def _pmapped_steps(tc: TrainConfig) -> tuple[Any, Any]:

@@ -26,7 +26,7 @@ import optax  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from helpers import synthetic_text  # noqa: E402
 
-from jaxformer import config, data, parallel, train  # noqa: E402
+from jaxformer import config, data, parallel, train, trainer  # noqa: E402
 
 STEPS, ROWS, LENGTH = 3, 8, 64
 
@@ -93,12 +93,11 @@ elif MODE == 'train':
   import json
   import logging
   logging.basicConfig(level=logging.INFO, force=True)
-  settings = train.TrainConfig(workdir=workdir, num_steps=steps, tokens_per_batch=1024,
-                               row_len=LENGTH, checkpoint_every_steps=2,
-                               checkpoint_every_secs=None, average_last=2, log_every_steps=1,
-                               sample_translations=0)
-  summary = train.train_and_evaluate(config.tiny(vocab_size=400), settings,
-                                     synthetic_text(400, seed=7), synthetic_text(40, seed=8))
+  settings = config.TrainConfig(num_steps=steps, tokens_per_batch=1024, row_len=LENGTH,
+                                checkpoint_every_steps=2, checkpoint_every_secs=None,
+                                average_last=2, log_every_steps=1, sample_translations=0)
+  summary = trainer.train(config.tiny(vocab_size=400), settings, workdir,
+                          synthetic_text(400, seed=7), synthetic_text(40, seed=8))
   print('SUMMARY', json.dumps(summary))
 elif MODE == 'hosts2':
   out = sys.argv[2]

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from jaxformer import data, train
+from jaxformer import config, data
 
 _EN = 'the a man woman dog cat sees walks with under house garden red small big quickly'
 _DE = 'der die das mann frau hund katze sieht geht mit unter haus garten rot klein groß'
@@ -17,14 +17,14 @@ def synthetic_text(n: int, seed: int = 0) -> data.ParallelText:
   return data.ParallelText(src, tgt, origin=f'synthetic-{seed}')
 
 
-def train_settings(workdir, **overrides) -> train.TrainConfig:
+def train_settings(**overrides) -> config.TrainConfig:
   """Training settings for the tiny tests: 6 steps, a checkpoint every 2, logs every 2."""
-  settings = dict(workdir=str(workdir), num_steps=6, tokens_per_batch=1024, row_len=64,
+  settings = dict(num_steps=6, tokens_per_batch=1024, row_len=64,
                   checkpoint_every_steps=2, checkpoint_every_secs=None, keep_checkpoints=5,
                   average_last=0, eval_every_steps=1000, log_every_steps=2,
                   sample_translations=0)
   settings.update(overrides)
-  return train.TrainConfig(**settings)
+  return config.TrainConfig(**settings)
 
 
 def poison_third_batch(monkeypatch) -> None:

@@ -8,7 +8,7 @@ import sys
 import jax
 import pytest
 
-from jaxformer import checkpoint, cli, config, evaluate, export, recipes, train
+from jaxformer import checkpoint, cli, config, export, recipes, train, trainer, translation
 from jaxformer.data import embedded
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -24,10 +24,9 @@ def demo_sized(tmp_path_factory) -> tuple[pathlib.Path, list[str]]:
   recipe = recipes.load('demo')
   corpus = embedded.splits(6000, 10, 200)
   settings = dataclasses.replace(
-      recipe.train_config(str(workdir)), num_steps=150, checkpoint_every_steps=150,
-      average_last=0, bleu_sentences=0, sample_translations=0, spm_sample_size=12_000,
-      log_every_steps=50)
-  train.train_and_evaluate(recipe.model, settings, corpus['train'])
+      recipe.train, num_steps=150, checkpoint_every_steps=150, average_last=0, bleu_sentences=0,
+      sample_translations=0, spm_sample_size=12_000, log_every_steps=50)
+  trainer.train(recipe.model, settings, workdir, corpus['train'])
   return workdir, corpus['test'].src[:100]
 
 
@@ -38,7 +37,7 @@ def test_ctranslate2_decodes_the_same_ids_greedy_and_beam4(demo_sized, tmp_path)
   assert cli.main(['export', str(workdir), str(out), '--format', 'ctranslate2']) == 0
   assert {'model.bin', 'config.json', 'shared_vocabulary.json', 'spm.model'} <= {
       p.name for p in out.iterdir()}
-  translator = evaluate.Translator.from_checkpoint(str(workdir))
+  translator = translation.Translator.from_checkpoint(str(workdir))
   assert sum(map(len, translator.translate_ids(sentences))) > 5 * len(sentences)  # real output
   report = compare_ctranslate2(translator, out, sentences, repeats=1)  # agreement, not speed
   assert report['greedy']['same_output'] >= 0.99, report

@@ -214,11 +214,10 @@ def test_make_train_base_refuses_a_cpu_backend_before_reading_data(tmp_path):
 def test_only_the_paper_recipes_require_an_accelerator(config, variant):
   argv = ['train', '--config', config, '--workdir', 'w']
   args = cli.build_parser().parse_args(argv + (['--variant', variant] if variant else []))
-  assert cli.experiment(args).train.get('require_accelerator', False) == (
+  assert cli.recipe_of(args).train.require_accelerator == (
       config not in ('demo', 'multi30k'))
   for flag in ('--allow-cpu', '--allow-cpu', '--no-require-accelerator'):
-    assert not cli.experiment(cli.build_parser().parse_args(argv + [flag])).train[
-        'require_accelerator']
+    assert not cli.recipe_of(cli.build_parser().parse_args(argv + [flag])).train.require_accelerator
 
 
 @pytest.mark.parametrize('target', ['train-base', 'train-big'])
@@ -365,7 +364,7 @@ def test_train_refuses_bad_settings_before_any_work(tmp_path, capsys, flags, mes
 
 def test_every_setting_can_be_set_from_the_command_line():
   def recipe(*argv):
-    return cli.experiment(cli.build_parser().parse_args(
+    return cli.recipe_of(cli.build_parser().parse_args(
         ['train', '--config', 'demo', '--workdir', 'w', *argv]))
   changed = recipe('--set', 'model.dropout_rate=0.2', '--set', 'train.num_steps=5000',
                    '--set', 'model.vocab_size=8000', '--set', 'model.qk_dim=none',
@@ -374,17 +373,16 @@ def test_every_setting_can_be_set_from_the_command_line():
                    '--spm-sample-size', '77', '--fast-path', '--train_src', 'a.en')
   assert changed.model == recipes.load('demo').model.replace(
       dropout_rate=0.2, vocab_size=8000, pre_ln=True).run_as(dtype=jnp.bfloat16)
-  assert changed.train == {**recipes.load('demo').train, 'num_steps': 5000,
-                           'checkpoint_every_secs': None, 'spm_sample_size': 77,
-                           'fast_path': True}
+  assert changed.train == dataclasses.replace(
+      recipes.load('demo').train, num_steps=5000, checkpoint_every_secs=None,
+      spm_sample_size=77, fast_path=True)
   assert changed.data.train_pairs == 10 and changed.data.train_src == 'a.en'
   # --set wins over the shortcut flags; every field of every section has a name.
-  assert recipe('--num-steps', '3', '--set', 'train.num_steps=4').train['num_steps'] == 4
-  for section, cls in (('model', config.TransformerConfig), ('train', train.TrainConfig),
-                       ('data', recipes.DataConfig)):
+  assert recipe('--num-steps', '3', '--set', 'train.num_steps=4').train.num_steps == 4
+  for section, cls in (('model', config.TransformerConfig), ('train', config.TrainConfig),
+                       ('data', config.DataConfig)):
     names = {name.split('.')[0] for name in recipes.settable(section)}
-    assert names | ({'workdir'} if section == 'train' else set()) == {
-        f.name for f in dataclasses.fields(cls)}
+    assert names == {f.name for f in dataclasses.fields(cls)}
 
 
 def test_every_flag_has_help_and_one_spelling():

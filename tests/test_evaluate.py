@@ -15,7 +15,8 @@ import sacrebleu
 from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
 
 from helpers import synthetic_text
-from jaxformer import checkpoint, cli, config, decode, evaluate, train
+from jaxformer import cache as cache_lib
+from jaxformer import checkpoint, cli, config, decode, scoring, trainer, translation
 from jaxformer.model import Transformer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -25,16 +26,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def workdir(tmp_path_factory):
   """A tiny model trained for a few steps (translation quality does not matter here)."""
   path = tmp_path_factory.mktemp('trained')
-  settings = train.TrainConfig(workdir=str(path), num_steps=4, tokens_per_batch=1024, row_len=64,
-                               checkpoint_every_steps=2, checkpoint_every_secs=None,
-                               average_last=2, log_every_steps=2)
-  train.train_and_evaluate(config.tiny(vocab_size=400), settings, synthetic_text(800))
+  settings = config.TrainConfig(num_steps=4, tokens_per_batch=1024, row_len=64,
+                                checkpoint_every_steps=2, checkpoint_every_secs=None,
+                                average_last=2, log_every_steps=2)
+  trainer.train(config.tiny(vocab_size=400), settings, path, synthetic_text(800))
   return path
 
 
 @pytest.fixture(scope='module')
 def translator(workdir):
-  return evaluate.Translator.from_checkpoint(str(workdir), batch_size=4)
+  return translation.Translator.from_checkpoint(str(workdir), batch_size=4)
 
 
 SENTENCES = ['the man sees a dog', 'a small red house under the garden with a big cat',
@@ -45,8 +46,8 @@ def test_cached_and_uncached_steps_give_the_same_logits(translator):
   model, params = Transformer(translator.config), translator.params
   src = jnp.array([[5, 9, 13, 1, 0, 0], [7, 8, 1, 0, 0, 0]])
   encoded = model.apply({'params': params}, src, method=Transformer.encode)
-  cached = evaluate.cached_tokens_to_logits(model, params, src)
-  uncached = evaluate.uncached_tokens_to_logits(model, params, src, encoded)
+  cached = translation.cached_tokens_to_logits(model, params, src)
+  uncached = translation.uncached_tokens_to_logits(model, params, src, encoded)
   c_cache = model.apply({'params': params}, encoded, 8, method=Transformer.init_cache)
   u_cache = {'tokens': jnp.zeros((2, 8), jnp.int32), 'index': jnp.array(0)}
   for token in ([0, 0], [17, 4], [33, 33], [9, 200]):
@@ -65,8 +66,8 @@ def test_reordered_beams_attend_to_their_own_histories(translator):
   cache = model.apply({'params': params}, encoded, 8, beams, method=Transformer.init_cache)
   per_hypothesis = [x for x in jax.tree.leaves(cache) if x.ndim and x.shape[0] == 2 * beams]
   assert [x.shape for x in per_hypothesis] == [(2 * beams, 8)]  # only the slot map is reordered
-  cached = jax.jit(evaluate.cached_tokens_to_logits(model, params, src))
-  uncached = evaluate.uncached_tokens_to_logits(
+  cached = jax.jit(translation.cached_tokens_to_logits(model, params, src))
+  uncached = translation.uncached_tokens_to_logits(
       model, params, jnp.repeat(src, beams, axis=0), jnp.repeat(encoded, beams, axis=0))
   history = jnp.zeros((2 * beams, 0), jnp.int32)
   tokens = jnp.zeros((2 * beams, 1), jnp.int32)
@@ -74,7 +75,7 @@ def test_reordered_beams_attend_to_their_own_histories(translator):
                                   [[1, 1, 0], [2, 0, 2]], [[0, 2, 1], [0, 1, 1]]]):
     if step:  # choose parents as decode.beam_search does, then the next tokens
       parents = jnp.array(parents)
-      cache = decode._gather_cache(cache, parents, beams)
+      cache = cache_lib.reorder(cache, (parents + jnp.arange(2)[:, None] * beams).reshape(-1))
       history = decode._flatten(decode._gather(decode._unflatten(history, beams), parents))
       tokens = jnp.arange(2 * beams)[:, None] * 7 + 10 + step
     history = jnp.concatenate([history, tokens], axis=1)
@@ -89,7 +90,7 @@ def test_cached_and_uncached_search_agree(translator, beam_size):
   # max_len 40: the cached search grows its cache through stages of 16, 32 and 40 tokens.
   src = jnp.array([[5, 9, 13, 1, 0, 0, 0, 0], [7, 8, 1, 0, 0, 0, 0, 0]])
   lengths = jnp.array([40, 23])
-  run = lambda cached: evaluate.search(  # noqa: E731
+  run = lambda cached: translation.decode_batch(  # noqa: E731
       translator.params, src, lengths, config=translator.config, max_len=40,
       beam_size=beam_size, alpha=0.6, cached=cached)
   cached = jax.jit(lambda: run(True))()
@@ -112,15 +113,15 @@ def test_blank_lines_stay_blank_and_counts_are_kept(translator):
 
 
 def test_outputs_respect_the_length_limit(workdir):
-  short = evaluate.Translator.from_checkpoint(str(workdir), batch_size=4, extra_length=2)
+  short = translation.Translator.from_checkpoint(str(workdir), batch_size=4, extra_length=2)
   ids = short.tokenizer.encode(short.translate(SENTENCES))
   sources = short.tokenizer.encode(SENTENCES)
   assert all(len(out) <= len(src) + 1 + 2 for out, src in zip(ids, sources))
 
 
 def test_averaged_translator_loads(workdir):
-  averaged = evaluate.Translator.from_checkpoint(str(workdir), average_last=2, batch_size=4)
-  from_dir = evaluate.Translator.from_checkpoint(str(workdir / 'average-last2'), batch_size=4)
+  averaged = translation.Translator.from_checkpoint(str(workdir), average_last=2, batch_size=4)
+  from_dir = translation.Translator.from_checkpoint(str(workdir / 'average-last2'), batch_size=4)
   for a, b in zip(jax.tree.leaves(averaged.params), jax.tree.leaves(from_dir.params)):
     np.testing.assert_allclose(a, b, rtol=1e-6)
   assert averaged.translate(SENTENCES[:2]) == from_dir.translate(SENTENCES[:2])
@@ -133,10 +134,10 @@ def test_references_against_themselves_score_100(shared_data):
   refs = (shared_data / 'newstest2014' / 'newstest2014.de').read_text(encoding='utf-8')
   refs = refs.splitlines()
   assert len(refs) == 3003
-  score, signature = evaluate.sacre_bleu(refs, refs)
+  score, signature = scoring.sacre_bleu(refs, refs)
   assert score == pytest.approx(100.0)
   assert 'tok:13a' in signature and 'version:2.6.0' in signature
-  assert evaluate.tokenized_bleu(refs, refs) == pytest.approx(100.0)
+  assert scoring.tokenized_bleu(refs, refs) == pytest.approx(100.0)
 
 
 def test_sacre_bleu_equals_the_sacrebleu_command_line(shared_data, tmp_path):
@@ -154,7 +155,7 @@ def test_sacre_bleu_equals_the_sacrebleu_command_line(shared_data, tmp_path):
   cli = subprocess.run([sys.executable, '-m', 'sacrebleu', str(tmp_path / 'ref.de'), '-i',
                         str(tmp_path / 'hyp.de'), '-b'], capture_output=True, text=True,
                        check=True)
-  score, _ = evaluate.sacre_bleu(hyps, refs)
+  score, _ = scoring.sacre_bleu(hyps, refs)
   assert f'{score:.1f}' == cli.stdout.strip()
   assert 0 < score < 100
 
@@ -179,26 +180,26 @@ def test_paper_tokenization_is_moses_then_the_compound_split():
   # Worked by hand from tokenizer.perl -l de (the German nonbreaking prefixes keep "Dr." and
   # "u.a."; numbers keep their separators; hyphens inside words stay; quotes and apostrophes are
   # split off and escaped) and get_ende_bleu.sh's s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g.
-  assert evaluate.paper_tokenize(_HYP) == (
+  assert scoring.paper_tokenize(_HYP) == (
       'Dr. Müller &apos; s EU ##AT##-##AT## Kommission zahlt 1,000.50 Euro , u.a. für &quot; '
       'Kinder ##AT##-##AT## Garten ##AT##-##AT## Gruppen &quot; in 3 ##AT##-##AT## 4 Wochen .')
   # sacreBLEU's intl splits all of these differently: the paper's protocol is not intl's.
   intl = TokenizerV14International()
   assert intl(_HYP).startswith("Dr . Müller ' s EU - Kommission") and 'u . a .' in intl(_HYP)
-  assert evaluate.paper_tokenize('a-b-c') == 'a ##AT##-##AT## b-c'  # perl's /g does not overlap
+  assert scoring.paper_tokenize('a-b-c') == 'a ##AT##-##AT## b-c'  # perl's /g does not overlap
 
 
 def test_tokenized_bleu_is_unsmoothed_bleu_of_the_paper_tokens():
-  expected = _hand_bleu(evaluate.paper_tokenize(_HYP).split(),
-                        evaluate.paper_tokenize(_REF).split())
-  assert evaluate.tokenized_bleu([_HYP], [_REF]) == pytest.approx(expected, rel=1e-9)
-  assert evaluate.tokenized_bleu([_HYP], [_REF]) == pytest.approx(85.314136, abs=1e-5)
+  expected = _hand_bleu(scoring.paper_tokenize(_HYP).split(),
+                        scoring.paper_tokenize(_REF).split())
+  assert scoring.tokenized_bleu([_HYP], [_REF]) == pytest.approx(expected, rel=1e-9)
+  assert scoring.tokenized_bleu([_HYP], [_REF]) == pytest.approx(85.314136, abs=1e-5)
   # English text goes through English rules ("It's" -> "It 's"), chosen by the target language.
-  assert evaluate.paper_tokenize("It's 3-4 days.", 'en') == "It &apos;s 3 ##AT##-##AT## 4 days ."
+  assert scoring.paper_tokenize("It's 3-4 days.", 'en') == "It &apos;s 3 ##AT##-##AT## 4 days ."
 
 
 def test_scores_put_chrf_beside_bleu():
-  result = evaluate.scores([_HYP], [_REF])
+  result = scoring.scores([_HYP], [_REF])
   assert result['chrf'] == pytest.approx(
       round(sacrebleu.metrics.CHRF().corpus_score([_HYP], [[_REF]]).score, 2))
   assert 'nc:6' in result['chrf_signature'] and 'tok:13a' in result['signature']
@@ -218,7 +219,7 @@ def test_translate_command_keeps_lines_and_non_ascii(workdir):
   out = result.stdout.split('\n')
   assert out[-1] == '' and len(out[:-1]) == len(lines)
   assert [o == '' for o in out[:-1]] == [line == '' for line in lines]
-  translator = evaluate.Translator.from_checkpoint(str(workdir), batch_size=2)
+  translator = translation.Translator.from_checkpoint(str(workdir), batch_size=2)
   assert out[:-1] == translator.translate(lines)
 
 
@@ -243,7 +244,7 @@ def test_eval_script_scores_local_files(workdir, tmp_path):
   summary = json.loads(result.stdout.strip().splitlines()[-1])
   hyps = (tmp_path / 'hyps.txt').read_text().splitlines()
   assert len(hyps) == 12 and summary['segments'] == 12
-  assert summary['sacrebleu'] == pytest.approx(round(evaluate.sacre_bleu(hyps, text.tgt)[0], 2))
+  assert summary['sacrebleu'] == pytest.approx(round(scoring.sacre_bleu(hyps, text.tgt)[0], 2))
   assert result.stdout.startswith('sacreBLEU ')
 
 
@@ -324,7 +325,7 @@ def test_eval_interrupted_while_translating_ends_quietly(workdir, tmp_path, caps
 
   def interrupted(*args, **kwargs):
     raise KeyboardInterrupt
-  monkeypatch.setattr(evaluate.Translator, 'translate', interrupted)
+  monkeypatch.setattr(translation.Translator, 'translate', interrupted)
   assert _eval_main(['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
                      str(tmp_path / 'test.ref'), '--output', str(tmp_path / 'hyps.txt')]) == 130
   assert capsys.readouterr().err.strip().splitlines() == ['interrupted: no hypotheses written']
@@ -348,10 +349,10 @@ def test_over_long_sources_are_cut_to_the_model_and_counted(translator, caplog):
 def test_learned_positions_translate_sources_longer_than_the_table(tmp_path):
   """Table 3 row E: the width bucket plus 50 used to pass max_len and break init_cache."""
   cfg = config.tiny(vocab_size=400).replace(learned_positions=True)  # max_len 64 = row_len
-  settings = train.TrainConfig(workdir=str(tmp_path), num_steps=1, tokens_per_batch=1024,
-                               row_len=64, checkpoint_every_secs=None, average_last=0)
-  train.train_and_evaluate(cfg, settings, synthetic_text(200))
-  row_e = evaluate.Translator.from_checkpoint(str(tmp_path), batch_size=2)
+  settings = config.TrainConfig(num_steps=1, tokens_per_batch=1024, row_len=64,
+                                checkpoint_every_secs=None, average_last=0)
+  trainer.train(cfg, settings, tmp_path, synthetic_text(200))
+  row_e = translation.Translator.from_checkpoint(str(tmp_path), batch_size=2)
   outputs = row_e.translate(['the dog', 'a small red house with a big cat ' * 5, 'the man ' * 40])
   assert len(outputs) == 3 and all(len(row_e.tokenizer.encode([o])[0]) <= 64 for o in outputs)
 
@@ -363,14 +364,14 @@ def test_reading_commands_create_and_change_nothing(workdir, tmp_path, caplog):
   assert cli.main(['average', '--workdir', str(missing), '--last', '2']) == 1
   assert not missing.exists()
   for read in (checkpoint.load, lambda p: checkpoint.average_checkpoints(p, 1),
-               evaluate.Translator.from_checkpoint):
+               translation.Translator.from_checkpoint):
     with pytest.raises(checkpoint.CheckpointError, match='no such checkpoint folder'):
       read(missing)
     assert not missing.exists()
   before = _tree_snapshot(workdir)
   checkpoint.load(workdir)
   checkpoint.average_checkpoints(workdir, 2)
-  evaluate.Translator.from_checkpoint(str(workdir), average_last=2).translate(['the dog'])
+  translation.Translator.from_checkpoint(str(workdir), average_last=2).translate(['the dog'])
   assert _tree_snapshot(workdir) == before
   assert not caplog.records, caplog.text  # read-only managers, and nothing to warn about
   with pytest.raises(checkpoint.CheckpointError, match='must be >= 1, got 0'):
@@ -414,8 +415,8 @@ def test_export_round_trips_through_from_pretrained(workdir, tmp_path):
   assert cli.main(['export', str(workdir), str(out), '--average-last', '2']) == 0
   assert sorted(p.name for p in out.iterdir()) == ['config.json', 'params.safetensors',
                                                    'spm.model']
-  averaged = evaluate.Translator.from_checkpoint(str(workdir), average_last=2, batch_size=4)
-  exported = evaluate.Translator.from_pretrained(str(out), batch_size=4)
+  averaged = translation.Translator.from_checkpoint(str(workdir), average_last=2, batch_size=4)
+  exported = translation.Translator.from_pretrained(str(out), batch_size=4)
   assert exported.config == averaged.config
   assert exported.tokenizer.model_proto == averaged.tokenizer.model_proto
   assert jax.tree.structure(exported.params) == jax.tree.structure(averaged.params)
@@ -431,10 +432,10 @@ def test_a_damaged_or_partial_export_is_a_one_line_error(workdir, tmp_path, caps
   assert cli.main(['export', str(workdir), str(out)]) == 0
   (out / 'params.safetensors').write_bytes(b'not safetensors')
   with pytest.raises(checkpoint.CheckpointError, match='damaged export'):
-    evaluate.Translator.from_pretrained(str(out))
+    translation.Translator.from_pretrained(str(out))
   (out / 'spm.model').unlink()
   with pytest.raises(checkpoint.CheckpointError, match=r'not an exported model \(missing spm'):
-    evaluate.Translator.from_pretrained(str(out))
+    translation.Translator.from_pretrained(str(out))
   capsys.readouterr()
   assert cli.main(['translate', '--workdir', str(out)]) == 1
   assert capsys.readouterr().err.strip().splitlines()[-1].startswith('error: ')

@@ -9,33 +9,40 @@ import numpy as np
 import pytest
 
 from helpers import train_settings
-from jaxformer import loop
+from jaxformer import monitor, trainer
 
 
-def test_due_logs_evaluates_and_saves_on_their_schedules_and_at_the_end(tmp_path):
-  tc = train_settings(tmp_path, num_steps=10, log_every_steps=2, eval_every_steps=5,
+def _due(step, tc, *, evaluating, save_signal=False) -> set[str]:
+  """The names of the trainer's periodic actions due after `step`."""
+  actions = trainer.periodic_actions(tc, log_metrics=print, save=print,
+                                     evaluate=print if evaluating else None)
+  return {a.name for a in trainer.due(actions, step, tc.num_steps, save_signal=save_signal)}
+
+
+def test_due_logs_evaluates_and_saves_on_their_schedules_and_at_the_end():
+  tc = train_settings(num_steps=10, log_every_steps=2, eval_every_steps=5,
                       checkpoint_every_steps=4)
-  plan = {step: loop.due(step, tc, evaluating=True) for step in range(1, 11)}
-  assert [s for s, d in plan.items() if d.log] == [2, 4, 6, 8, 10]
-  assert [s for s, d in plan.items() if d.eval] == [5, 10]
-  assert [s for s, d in plan.items() if d.save] == [4, 8, 10]
-  assert not plan[1].any and plan[2].any
-  assert not loop.due(5, tc, evaluating=False).eval  # no validation set
-  assert loop.due(3, tc, evaluating=True, timed_save=True).save
-  assert loop.due(3, tc, evaluating=True, preempted=True).save
-  untimed = train_settings(tmp_path, num_steps=10, checkpoint_every_steps=None)
-  assert [s for s in range(1, 11) if loop.due(s, untimed, evaluating=False).save] == [10]
+  plan = {step: _due(step, tc, evaluating=True) for step in range(1, 11)}
+  assert [s for s, d in plan.items() if 'log' in d] == [2, 4, 6, 8, 10]
+  assert [s for s, d in plan.items() if 'eval' in d] == [5, 10]
+  assert [s for s, d in plan.items() if 'save' in d] == [4, 8, 10]
+  assert not plan[1] and plan[2]
+  assert 'eval' not in _due(5, tc, evaluating=False)  # no validation set
+  assert 'save' in _due(3, tc, evaluating=True, save_signal=True)  # the clock, or preemption
+  assert _due(3, tc, evaluating=True, save_signal=True) == {'save'}
+  untimed = train_settings(num_steps=10, checkpoint_every_steps=None)
+  assert [s for s in range(1, 11) if 'save' in _due(s, untimed, evaluating=False)] == [10]
 
 
 def test_the_save_clock():
-  assert loop.clock_ran_out(100.0, 600.0, now=700.0)
-  assert not loop.clock_ran_out(100.0, 600.0, now=699.9)
-  assert not loop.clock_ran_out(0.0, None, now=1e9)
+  assert monitor.clock_ran_out(100.0, 600.0, now=700.0)
+  assert not monitor.clock_ran_out(100.0, 600.0, now=699.9)
+  assert not monitor.clock_ran_out(0.0, None, now=1e9)
 
 
 def test_preemption_guard_records_the_signal_and_restores_the_handlers():
   before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-  with loop.PreemptionGuard() as guard:
+  with monitor.PreemptionGuard() as guard:
     assert guard.signal is None
     os.kill(os.getpid(), signal.SIGTERM)  # handled: recorded, the process goes on
     assert guard.signal == 'SIGTERM'
@@ -50,7 +57,7 @@ def _metrics(loss: float, tokens: float = 10.0, nonfinite: float = 0.0) -> dict:
 
 
 def test_reader_reads_late_and_averages_each_interval():
-  reader = loop.MetricReader(skip_nonfinite=False, on_skip=lambda *_: None)
+  reader = monitor.MetricReader(skip_nonfinite=False, on_skip=lambda *_: None)
   assert reader.read() == 0
   reader.push(1, _metrics(4.0))
   reader.push(2, _metrics(2.0, tokens=30.0))
@@ -64,12 +71,12 @@ def test_reader_reads_late_and_averages_each_interval():
 
 
 def test_reader_stops_on_a_non_finite_loss_or_counts_skips():
-  reader = loop.MetricReader(skip_nonfinite=False, on_skip=lambda *_: None)
+  reader = monitor.MetricReader(skip_nonfinite=False, on_skip=lambda *_: None)
   reader.push(7, _metrics(float('nan'), nonfinite=1.0))
-  with pytest.raises(loop.NonFiniteLoss, match=r'non-finite loss \(nan\) at step 7'):
+  with pytest.raises(monitor.NonFiniteLoss, match=r'non-finite loss \(nan\) at step 7'):
     reader.read()
   skips = []
-  reader = loop.MetricReader(skip_nonfinite=True, on_skip=lambda *a: skips.append(a))
+  reader = monitor.MetricReader(skip_nonfinite=True, on_skip=lambda *a: skips.append(a))
   for step in (1, 2, 3):
     reader.push(step, _metrics(float('nan') if step != 2 else 1.0, nonfinite=float(step != 2)))
   reader.read()
@@ -80,7 +87,7 @@ def test_sink_writes_on_process_zero_only(tmp_path):
   (tmp_path / 'main').mkdir()
   (tmp_path / 'other').mkdir()
   for name, enabled in (('main', True), ('other', False)):
-    with loop.MetricsSink(tmp_path / name, enabled=enabled, start_step=0, total_steps=4) as sink:
+    with monitor.MetricsSink(tmp_path / name, enabled=enabled, start_step=0, total_steps=4) as sink:
       sink.start(0, {'backend': 'cpu'}, 'cpu line', {'model': 'x'})
       sink.scalars(2, 'train', {'loss': np.float32(1.5)})
       sink.text(2, 'samples', '| a |')
@@ -98,7 +105,7 @@ def test_sink_without_tensorflow_writes_metrics_and_warns(tmp_path, monkeypatch,
   import flax.metrics  # pylint: disable=g-import-not-at-top
   monkeypatch.setitem(sys.modules, 'flax.metrics.tensorboard', None)  # its import now fails
   monkeypatch.delattr(flax.metrics, 'tensorboard', raising=False)  # (if imported already)
-  with loop.MetricsSink(tmp_path, enabled=True, start_step=0, total_steps=4) as sink:
+  with monitor.MetricsSink(tmp_path, enabled=True, start_step=0, total_steps=4) as sink:
     sink.start(0, {'backend': 'cpu'}, 'cpu line', {'model': 'x'})
     sink.scalars(2, 'train', {'loss': 1.5})
     sink.text(2, 'samples', '| a |')

@@ -134,10 +134,10 @@ def test_incremental_decoding_matches_full_decoding(tiny_model):
   encoded = model.apply(variables, src, method=Transformer.encode)
   cache = model.apply(variables, encoded, 8, method=Transformer.init_cache)
   step = jax.jit(lambda token, cache: model.apply(
-      variables, None, src, token, cache=cache, method=Transformer.decode))
+      variables, src, token, cache, method=Transformer.decode_step))
   for t in range(tgt.shape[1]):
     logits, cache = step(tgt[:, t:t + 1], cache)
-    np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5, err_msg=f'step {t}')
+    np.testing.assert_allclose(logits, full[:, t], atol=1e-5, err_msg=f'step {t}')
   assert int(cache['index']) == tgt.shape[1]
 
 

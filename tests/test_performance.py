@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer import checkpoint, evaluate, flops, losses, parallel, train
+from jaxformer import checkpoint, config, flops, losses, parallel, train, translation
 from jaxformer import config as config_lib
 from jaxformer.model import Transformer
 from test_train import reverse_batch
@@ -157,8 +157,8 @@ def test_fused_attention_agrees_with_einsum_attention(tiny_model, tiny_config):
   for attention in ('einsum', 'fused'):
     cfg = tiny_config.run_as(attention=attention)
     logits = Transformer(cfg).apply({'params': params}, **inputs)
-    greedy = evaluate.search(params, inputs['src'][1:], jnp.array([9]), config=cfg, max_len=10,
-                             beam_size=1, alpha=0.6)
+    greedy = translation.decode_batch(params, inputs['src'][1:], jnp.array([9]), config=cfg,
+                                      max_len=10, beam_size=1, alpha=0.6)
     outputs[attention] = (np.asarray(logits)[real], np.asarray(greedy))
   np.testing.assert_allclose(outputs['fused'][0], outputs['einsum'][0], rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(outputs['fused'][1], outputs['einsum'][1])
@@ -239,7 +239,8 @@ def test_bfloat16_keeps_layer_norm_softmax_and_logits_in_float32(tiny_model, tin
   cfg = tiny_config.run_as(dtype=jnp.bfloat16)
   logits, state = Transformer(cfg).apply({'params': params}, **inputs,
                                          mutable=['intermediates'])
-  hidden = Transformer(cfg).apply({'params': params}, **inputs, return_hidden=True)
+  hidden = Transformer(cfg).apply({'params': params}, **inputs,
+                                 method=Transformer.forward_hidden)
   weights = state['intermediates']['decoder']['layers_0']['self_attention']['attention_weights']
   assert logits.dtype == jnp.float32 and hidden.dtype == jnp.float32  # after the final LN
   assert weights[0].dtype == jnp.bfloat16  # the softmax ran in float32, its output is cast
@@ -274,18 +275,18 @@ def test_checkpoints_accept_other_execution_fields_only():
 
 def test_configs_round_trip_and_old_flat_checkpoint_configs_load():
   cfg = config_lib.tiny().run_as(dtype=jnp.bfloat16, remat=True)
-  fields = checkpoint.config_to_dict(cfg)
+  fields = config.config_to_dict(cfg)
   assert fields['execution'] == {'dtype': 'bfloat16', 'attention': 'einsum', 'remat': True,
                                  'loss_chunk': 1024}
-  assert checkpoint.config_from_dict(fields) == cfg
+  assert config.config_from_dict(fields) == cfg
   # jaxformer 0.1 wrote the execution fields at the top level.
   old = {k: v for k, v in fields.items() if k != 'execution'}
   old.update(dtype='float32', attention='einsum', remat=False, loss_chunk=1024)
-  assert checkpoint.config_from_dict(old) == config_lib.tiny()
+  assert config.config_from_dict(old) == config_lib.tiny()
   checkpoint.check_compatible({'config': old, 'spm_sha256': checkpoint.make_meta(
       cfg, b'x')['spm_sha256']}, 'old', config=cfg, spm_model=b'x')  # execution ignored
   with pytest.raises(checkpoint.CheckpointError, match=r"does not know: \['colour'\]"):
-    checkpoint.config_from_dict({**fields, 'colour': 'red'})
+    config.config_from_dict({**fields, 'colour': 'red'})
 
 
 # --- prefetching ----------------------------------------------------------------------------------

@@ -135,9 +135,9 @@ def test_windowed_incremental_decoding_matches_full_decoding():
   encoded = model.apply(variables, src, method=Transformer.encode)
   cache = model.apply(variables, encoded, 8, method=Transformer.init_cache)
   for t in range(tgt.shape[1]):
-    logits, cache = model.apply(variables, None, src, tgt[:, t:t + 1], cache=cache,
-                                method=Transformer.decode)
-    np.testing.assert_allclose(logits[:, 0], full[:, t], atol=1e-5)
+    logits, cache = model.apply(variables, src, tgt[:, t:t + 1], cache,
+                                method=Transformer.decode_step)
+    np.testing.assert_allclose(logits, full[:, t], atol=1e-5)
 
 
 # --- learned positional embeddings --------------------------------------------------------------
@@ -168,16 +168,16 @@ def test_learned_table_refuses_longer_inputs_while_sinusoids_extend():
 
 
 def _recipe(*argv: str):
-  return cli.experiment(cli.build_parser().parse_args(['train', '--workdir', 'w', *argv]))
+  return cli.recipe_of(cli.build_parser().parse_args(['train', '--workdir', 'w', *argv]))
 
 
 def test_train_command_selects_a_variant():
   recipe = _recipe('--config', 'base', '--variant', 'C3')
   assert recipe.model == table3.variant_config('C3') and recipe.model.num_layers == 8
-  assert recipe.train['num_steps'] == 100_000 and recipe.data.source == 'wmt14'
+  assert recipe.train.num_steps == 100_000 and recipe.data.source == 'wmt14'
   recipe = _recipe('--config', 'base', '--variant', 'big', '--num-steps', '7')
-  assert recipe.model == config_lib.big() and recipe.train['num_steps'] == 7
-  assert recipe.train['average_last'] == 20
+  assert recipe.model == config_lib.big() and recipe.train.num_steps == 7
+  assert recipe.train.average_last == 20
 
 
 def test_an_unknown_variant_is_a_one_line_error(capsys):

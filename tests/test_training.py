@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from helpers import synthetic_text, train_settings as _tc
-from jaxformer import checkpoint, config, data, evaluate, train
+from jaxformer import checkpoint, config, data, train, trainer, translation
 from jaxformer.model import Transformer
 
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -39,9 +39,8 @@ def _assert_trees_equal(a, b, **tolerance):
 def trained(tmp_path_factory) -> pathlib.Path:
   """6 steps with checkpoints at 2, 4 and 6, the last 3 averaged, validation at the end."""
   workdir = tmp_path_factory.mktemp('trained')
-  summary = train.train_and_evaluate(CFG, _tc(workdir, average_last=3, bleu_sentences=8,
-                                                   sample_translations=3), TEXT,
-                                     synthetic_text(50, seed=9))
+  summary = trainer.train(CFG, _tc(average_last=3, bleu_sentences=8, sample_translations=3),
+                          workdir, TEXT, synthetic_text(50, seed=9))
   assert summary['step'] == 6 and summary['averaged'].endswith('average-last3')
   assert 0 < summary['eval']['accuracy'] < 1 and summary['eval']['perplexity'] > 1
   assert 0 <= summary['eval']['bleu'] <= 100
@@ -70,7 +69,7 @@ def test_first_record_says_where_and_how_the_run_computes(trained):
       'remat': False, 'source_tokens_per_update': rows * src_len,
       'target_tokens_per_update': rows * tgt_len, 'accum_steps': 1, 'rows_per_device': rows,
       'row_lengths': [src_len, tgt_len]}
-  line = train.describe_run(facts)
+  line = trainer.describe_run(facts)
   assert line.startswith('cpu: 1 × cpu, 1 process; compute float32, einsum attention; ')
   assert f'{rows * tgt_len:,} target token slots per update (1 micro-batch of {rows} rows' in line
   # TensorBoard: the same line as text at step 0, and the settings as hparams.
@@ -92,7 +91,7 @@ def test_each_evaluation_writes_sample_translations_to_tensorboard(trained):
   table = samples.tensor_proto.string_val[0].decode().splitlines()
   assert samples.step == 6 and table[:2] == ['| source | hypothesis | reference |', '|---|---|---|']
   validation = synthetic_text(50, seed=9)
-  translator = evaluate.Translator.from_checkpoint(str(trained / 'checkpoints'))
+  translator = translation.Translator.from_checkpoint(str(trained / 'checkpoints'))
   hypotheses = translator.translate(validation.src[:3])
   assert table[2:] == [f'| {s} | {h} | {r} |' for s, h, r in
                        zip(validation.src, hypotheses, validation.tgt)]
@@ -102,7 +101,7 @@ def test_a_run_has_one_translator_and_later_evaluations_compile_nothing(tmp_path
   """Validation BLEU and sample translations reuse the run's translator: beam search is
   compiled at the first evaluation only."""
   made, compiled = [], []
-  translate = evaluate.Translator.translate
+  translate = translation.Translator.translate
 
   def spy(self, sentences, progress=False):
     made.append(self) if self not in made else None
@@ -110,9 +109,9 @@ def test_a_run_has_one_translator_and_later_evaluations_compile_nothing(tmp_path
     compiled.append(self._search._cache_size())  # pylint: disable=protected-access
     return out
 
-  monkeypatch.setattr(evaluate.Translator, 'translate', spy)
-  train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=6, eval_every_steps=2, bleu_sentences=6,
-                                    sample_translations=2), TEXT, synthetic_text(20, seed=9))
+  monkeypatch.setattr(translation.Translator, 'translate', spy)
+  trainer.train(CFG, _tc(num_steps=6, eval_every_steps=2, bleu_sentences=6,
+                         sample_translations=2), tmp_path, TEXT, synthetic_text(20, seed=9))
   assert len(made) == 1 and len(compiled) == 3  # evaluations at steps 2, 4 and 6
   assert compiled[0] > 0 and compiled[1:] == [compiled[0]] * 2, compiled
 
@@ -120,9 +119,9 @@ def test_a_run_has_one_translator_and_later_evaluations_compile_nothing(tmp_path
 def test_resuming_with_other_row_lengths_is_a_data_change(trained, tmp_path):
   workdir = tmp_path / 'w'
   shutil.copytree(trained, workdir)
-  with pytest.raises(train.TrainingError, match=r'the training data changed since the checkpoint '
+  with pytest.raises(trainer.TrainingError, match=r'the training data changed since the checkpoint '
                      r'\(.*row length 64 -> 72.*\): .* or pass --reset-data'):
-    train.train_and_evaluate(CFG, _tc(workdir, num_steps=8, row_len=72), TEXT)
+    trainer.train(CFG, _tc(num_steps=8, row_len=72), workdir, TEXT)
 
 
 def test_describe_run_names_the_fast_path_and_accumulation():
@@ -130,26 +129,26 @@ def test_describe_run_names_the_fast_path_and_accumulation():
            'attention': 'fused', 'remat': True, 'source_tokens_per_update': 198_400,
            'target_tokens_per_update': 204_800, 'accum_steps': 4, 'rows_per_device': 25,
            'row_lengths': [248, 256]}
-  assert train.describe_run(facts) == (
+  assert trainer.describe_run(facts) == (
       'gpu: 8 × NVIDIA H100 80GB HBM3, 1 process; compute bfloat16, fused attention, remat; '
       '198,400 source + 204,800 target token slots per update (4 micro-batches of 25 rows per '
       'device, rows of 248 / 256 tokens)')
 
 
 def test_a_run_that_requires_an_accelerator_refuses_cpu_before_any_work(tmp_path):
-  settings = _tc(tmp_path / 'w', require_accelerator=True)
-  with pytest.raises(train.TrainingError, match=r'needs a GPU.*--allow-cpu'):
-    train.train_and_evaluate(CFG, settings, TEXT)
+  settings = _tc(require_accelerator=True)
+  with pytest.raises(trainer.TrainingError, match=r'needs a GPU.*--allow-cpu'):
+    trainer.train(CFG, settings, tmp_path / 'w', TEXT)
   assert not (tmp_path / 'w').exists()
-  train.check_backend(settings, backend='gpu')  # a GPU (or TPU) backend passes
-  train.check_backend(settings, backend='tpu')
-  train.check_backend(_tc(tmp_path), backend='cpu')  # small runs train on CPU as before
+  trainer.check_backend(settings, backend='gpu')  # a GPU (or TPU) backend passes
+  trainer.check_backend(settings, backend='tpu')
+  trainer.check_backend(_tc(), backend='cpu')  # small runs train on CPU as before
 
 
 def test_resume_continues_exactly(trained, tmp_path):
   """6 steps straight equal 3 steps, a stop, and 3 more from the checkpoint (data included)."""
-  train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=3, checkpoint_every_steps=3), TEXT)
-  summary = train.train_and_evaluate(CFG, _tc(tmp_path, num_steps=6), TEXT)
+  trainer.train(CFG, _tc(num_steps=3, checkpoint_every_steps=3), tmp_path, TEXT)
+  summary = trainer.train(CFG, _tc(num_steps=6), tmp_path, TEXT)
   assert summary['step'] == 6
   manager = checkpoint.make_manager(trained / 'checkpoints')
   straight = checkpoint.restore(manager, 6, with_data=True)
@@ -203,20 +202,20 @@ def test_incompatible_config_or_vocabulary_is_named(trained, tmp_path):
   workdir = tmp_path / 'w'
   shutil.copytree(trained, workdir)
   with pytest.raises(checkpoint.CheckpointError, match=r'd_ff: checkpoint 64, now 128'):
-    train.train_and_evaluate(CFG.replace(d_ff=128), _tc(workdir, num_steps=8), TEXT)
+    trainer.train(CFG.replace(d_ff=128), _tc(num_steps=8), workdir, TEXT)
   other = synthetic_text(300, seed=5)
   (workdir / 'spm.model').unlink()
   data.train_tokenizer(other.src, workdir / 'spm.model', 400)
   with pytest.raises(checkpoint.CheckpointError, match='sentencepiece vocabulary differs'):
-    train.train_and_evaluate(CFG, _tc(workdir, num_steps=8), TEXT)
+    trainer.train(CFG, _tc(num_steps=8), workdir, TEXT)
 
 
 def test_resumes_with_the_fast_path_and_remat(trained, tmp_path):
   """Execution fields (bf16, fused attention, remat) may differ from the checkpoint's run."""
   workdir = tmp_path / 'w'
   shutil.copytree(trained, workdir)
-  summary = train.train_and_evaluate(CFG.run_as(remat=True),
-                                     _tc(workdir, num_steps=8, fast_path=True), TEXT)
+  summary = trainer.train(CFG.run_as(remat=True), _tc(num_steps=8, fast_path=True), workdir,
+                          TEXT)
   assert summary['step'] == 8 and np.isfinite(summary['train']['loss'])
   _, saved_config, _, step = checkpoint.load(workdir)
   assert step == 8 and saved_config == CFG.run_as(remat=True)  # as given, not as run (bf16)
