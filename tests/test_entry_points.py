@@ -64,7 +64,7 @@ def test_readme_python_snippets_run(tmp_path, monkeypatch, shared_data, capsys):
     exec(compile(textwrap.dedent(block), 'README.md', 'exec'), namespace)  # pylint: disable=exec-used
   assert namespace['model'].__class__.__name__ == 'Translator'  # CTranslate2's, from the last
   assert len(capsys.readouterr().out.splitlines()) == 1  # its one translation
-  assert namespace['logits'].shape == (1, 1, 37000)
+  assert namespace['logits'].shape == (1, 37000)  # decode_step: one position's logits
   assert float(namespace['peak']) == pytest.approx(6.988e-4, rel=1e-3)
   assert namespace['batch']['src'].shape[:2] == (8, 12)
   assert namespace['state'] == {

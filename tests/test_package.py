@@ -57,7 +57,7 @@ def test_train_eval_export_translate_from_the_installed_package(installed, tmp_p
   assert summary['segments'] == 10 and {'sacrebleu', 'tokenized_bleu', 'chrf'} <= set(summary)
 
   _run(installed, tmp_path, jaxformer, 'export', 'w', 'exported')
-  code = ('import sys; from jaxformer.evaluate import Translator; '
+  code = ('import sys; from jaxformer.translation import Translator; '
           "t = Translator.from_pretrained('exported'); "
           "sys.stdout.write(''.join(h + '\\n' for h in t.translate(open('test.en').read()"
           '.splitlines())))')

@@ -253,12 +253,13 @@ def test_bfloat16_keeps_layer_norm_softmax_and_logits_in_float32(tiny_model, tin
 def test_fast_path_is_bfloat16_and_fused_attention_on_gpu_only():
   base = config_lib.base()
   gpu = config_lib.fast_path(base, 'gpu')
-  assert gpu == config_lib.Execution(dtype=jnp.bfloat16, attention='fused')
-  assert config_lib.fast_path(base, 'cpu') == base.execution == config_lib.Execution()
+  assert gpu.execution == config_lib.Execution(dtype=jnp.bfloat16, attention='fused')
+  assert gpu == base.replace(execution=gpu.execution)  # nothing else changes
+  assert config_lib.fast_path(base, 'cpu') == base and base.execution == config_lib.Execution()
   # Fused attention has no attention dropout and needs d_k == d_v: einsum then.
-  assert config_lib.fast_path(base.replace(attention_dropout_rate=0.1), 'gpu').attention == \
-      'einsum'
-  assert config_lib.fast_path(base.replace(qk_dim=16), 'gpu').attention == 'einsum'
+  assert config_lib.fast_path(base.replace(attention_dropout_rate=0.1),
+                              'gpu').execution.attention == 'einsum'
+  assert config_lib.fast_path(base.replace(qk_dim=16), 'gpu').execution.attention == 'einsum'
   with pytest.raises(ValueError, match='no attention dropout'):
     base.run_as(attention='fused').replace(attention_dropout_rate=0.1)
   with pytest.raises(ValueError, match="attention must be 'einsum' or 'fused'"):
@@ -285,8 +286,10 @@ def test_configs_round_trip_and_old_flat_checkpoint_configs_load():
   assert config.config_from_dict(old) == config_lib.tiny()
   checkpoint.check_compatible({'config': old, 'spm_sha256': checkpoint.make_meta(
       cfg, b'x')['spm_sha256']}, 'old', config=cfg, spm_model=b'x')  # execution ignored
-  with pytest.raises(checkpoint.CheckpointError, match=r"does not know: \['colour'\]"):
+  with pytest.raises(config.SettingError, match=r"does not know: \['colour'\]"):
     config.config_from_dict({**fields, 'colour': 'red'})
+  with pytest.raises(checkpoint.CheckpointError, match=r"does not know: \['colour'\]"):
+    checkpoint.meta_config({'config': {**fields, 'colour': 'red'}})
 
 
 # --- prefetching ----------------------------------------------------------------------------------

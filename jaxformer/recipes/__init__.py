@@ -147,7 +147,8 @@ def override(recipe: Recipe, assignments: Sequence[str]) -> Recipe:
     except ValueError as e:
       raise SettingError(f'--set {key}: {e}, got {text!r}.') from None
   try:
-    return Recipe(*(_replace(getattr(recipe, section), changes[section])
-                    for section in _SECTIONS))
+    model, data = (_replace(getattr(recipe, section), changes[section])
+                   for section in ('model', 'data'))
   except ValueError as e:
     raise SettingError(f'--set: {e}') from None
+  return Recipe(model, _replace(recipe.train, changes['train']), data)  # its own message
