@@ -1,5 +1,7 @@
-"""Shared fixtures: a tiny model with fixed params, and the shared data folder."""
+"""Shared fixtures, made once per pytest worker and reused by every file: a tiny model with fixed
+params, trained workdirs (tiny; demo-sized), a tokenizer and a token cache, the shared data."""
 
+import dataclasses
 import logging
 import os
 import pathlib
@@ -7,9 +9,13 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import CFG, TEXT, synthetic_text, train_settings
 
 from jaxformer import config as config_lib
+from jaxformer import data, recipes, trainer
+from jaxformer.data import embedded
 from jaxformer.model import Transformer
+from jaxformer.translation import Translator
 
 
 @pytest.fixture(autouse=True)
@@ -41,3 +47,61 @@ def shared_data() -> pathlib.Path:
   if not (folder / 'multi30k').is_dir():
     pytest.skip(f'{folder}/multi30k not found: set JAXFORMER_SHARED_DATA to the shared data')
   return folder
+
+
+@pytest.fixture(scope='session')
+def trained(tmp_path_factory) -> pathlib.Path:
+  """CFG trained 6 steps on TEXT with checkpoints at 2, 4 and 6, the last 3 averaged, and a
+  validation at the end (translated: BLEU and samples)."""
+  workdir = tmp_path_factory.mktemp('trained')
+  summary = trainer.train(CFG, train_settings(average_last=3, bleu_sentences=8,
+                                              sample_translations=3),
+                          workdir, TEXT, synthetic_text(50, seed=9))
+  assert summary['step'] == 6 and summary['averaged'].endswith('average-last3')
+  assert 0 < summary['eval']['accuracy'] < 1 and summary['eval']['perplexity'] > 1
+  assert 0 <= summary['eval']['bleu'] <= 100
+  return workdir
+
+
+@pytest.fixture(scope='session')
+def workdir(tmp_path_factory) -> pathlib.Path:
+  """A tiny model trained 4 steps, checkpoints at 2 and 4 (translation quality does not matter
+  where this is used)."""
+  path = tmp_path_factory.mktemp('tiny4')
+  settings = config_lib.TrainConfig(num_steps=4, tokens_per_batch=1024, row_len=64,
+                                    checkpoint_every_steps=2, checkpoint_every_secs=None,
+                                    average_last=2, log_every_steps=2)
+  trainer.train(config_lib.tiny(vocab_size=400), settings, path, synthetic_text(800))
+  return path
+
+
+@pytest.fixture(scope='session')
+def translator(workdir) -> Translator:
+  return Translator.from_checkpoint(str(workdir), batch_size=4)
+
+
+@pytest.fixture(scope='session')
+def demo_sized(tmp_path_factory) -> tuple[pathlib.Path, list[str]]:
+  """The demo recipe's model (N=3, d_model 128, V=1000) trained briefly on the embedded
+  corpus: enough for real, varied translations; and its held-out test sentences."""
+  path = tmp_path_factory.mktemp('demo_sized')
+  recipe = recipes.load('demo')
+  corpus = embedded.splits(6000, 10, 200)
+  settings = dataclasses.replace(
+      recipe.train, num_steps=150, checkpoint_every_steps=150, average_last=0, bleu_sentences=0,
+      sample_translations=0, spm_sample_size=12_000, log_every_steps=50)
+  trainer.train(recipe.model, settings, path, corpus['train'])
+  return path, corpus['test'].src[:100]
+
+
+@pytest.fixture(scope='session')
+def tokenizer(tmp_path_factory) -> data.Tokenizer:
+  """A 400-piece vocabulary of synthetic_text(2000)."""
+  text = synthetic_text(2000)
+  return data.train_tokenizer(text.src + text.tgt, tmp_path_factory.mktemp('spm') / 'spm.model',
+                              vocab_size=400)
+
+
+@pytest.fixture(scope='session')
+def corpus(tokenizer) -> data.TokenizedCorpus:
+  return data.tokenize_corpus(synthetic_text(600, seed=1), tokenizer, max_len=64)

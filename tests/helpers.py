@@ -1,8 +1,18 @@
 """Small builders shared by several test files."""
 
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxformer import config, data
+from jaxformer.model import Transformer
+
+TESTS = pathlib.Path(__file__).resolve().parent
 
 _EN = 'the a man woman dog cat sees walks with under house garden red small big quickly'
 _DE = 'der die das mann frau hund katze sieht geht mit unter haus garten rot klein groß'
@@ -15,6 +25,10 @@ def synthetic_text(n: int, seed: int = 0) -> data.ParallelText:
   src = [' '.join(rng.choice(WORDS[:16], size=rng.integers(1, 20))) for _ in range(n)]
   tgt = [' '.join(rng.choice(WORDS[16:], size=rng.integers(1, 24))) for _ in range(n)]
   return data.ParallelText(src, tgt, origin=f'synthetic-{seed}')
+
+
+TEXT = synthetic_text(1500)             # the training pairs of the tiny trainer tests
+CFG = config.tiny(vocab_size=400)       # their model
 
 
 def train_settings(**overrides) -> config.TrainConfig:
@@ -49,3 +63,35 @@ def poison_third_batch(monkeypatch) -> None:
 
   monkeypatch.setattr(data.PackedBatches, 'advance', counted)
   monkeypatch.setattr(data.PackedBatches, 'assemble', poisoned)
+
+
+def assert_trees_equal(a, b, **tolerance) -> None:
+  """Same structure and leaves: exactly, or within `tolerance` (assert_allclose's)."""
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    if tolerance:
+      np.testing.assert_allclose(x, y, **tolerance)
+    else:
+      np.testing.assert_array_equal(x, y)
+
+
+def init_params(cfg: config.TransformerConfig, length: int = 12):
+  """Transformer(cfg)'s params from seed 0."""
+  tokens = jnp.ones((1, length), jnp.int32)
+  return Transformer(cfg).init(jax.random.key(0), tokens, tokens)['params']
+
+
+def start_worker(*args: str, tmp_path: pathlib.Path) -> subprocess.Popen:
+  """tests/distributed_worker.py with `args`, on its own devices (no XLA_FLAGS)."""
+  env = dict(os.environ, WORKER_TMP=str(tmp_path))
+  env.pop('XLA_FLAGS', None)
+  return subprocess.Popen([sys.executable, str(TESTS / 'distributed_worker.py'), *args],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def train_command(workdir: pathlib.Path, src: pathlib.Path, tgt: pathlib.Path,
+                  *extra: str) -> list[str]:
+  """experiments/train.py on tests/tiny_config.py and line-aligned text files."""
+  return [sys.executable, str(TESTS.parent / 'experiments' / 'train.py'), '--config',
+          str(TESTS / 'tiny_config.py'), '--workdir', str(workdir), '--source', 'text',
+          '--train-src', str(src), '--train-tgt', str(tgt), *extra]

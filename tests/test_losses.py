@@ -1,7 +1,9 @@
-"""Losses against hand computations."""
+"""jaxformer.losses: label smoothing by hand, and the chunked loss against whole logits."""
 
+import functools
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -65,3 +67,59 @@ def test_accuracy_counts_weighted_argmax_hits():
   logits = jnp.array([[[0.0, 5.0], [5.0, 0.0], [5.0, 0.0]]])
   correct, count = losses.accuracy(logits, jnp.array([[1, 1, 0]]), jnp.array([[1, 1, 0]]))
   assert (float(correct), float(count)) == (1.0, 2.0)
+
+
+def _hidden_case(seed=0, n_batch=3, length=7, d=16, vocab=50, dtype=jnp.float32):
+  rng = np.random.default_rng(seed)
+  hidden = jnp.asarray(rng.standard_normal((n_batch, length, d)), dtype)
+  embedding = jnp.asarray(rng.standard_normal((vocab, d)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, vocab, (n_batch, length)))
+  weights = jnp.asarray(rng.random((n_batch, length)) > 0.3, jnp.float32)
+  return hidden, embedding, targets, weights
+
+
+def _reference(hidden, embedding, targets, weights, epsilon):
+  """The loss through whole [..., V] logits and autodiff: (loss, (weight_sum, correct))."""
+  logits = jnp.dot(hidden, embedding.astype(hidden.dtype).T, preferred_element_type=jnp.float32)
+  loss_sum, weight_sum = losses.smoothed_cross_entropy(logits, targets, weights, epsilon)
+  correct, _ = losses.accuracy(logits, targets, weights)
+  return loss_sum, (weight_sum, correct)
+
+
+@pytest.mark.parametrize('epsilon', [0.1, 0.0])
+@pytest.mark.parametrize('chunk', [4, 21, 64])  # 21 positions: ragged, exact, one padded chunk
+def test_chunked_loss_equals_the_loss_of_whole_logits(epsilon, chunk):
+  case = _hidden_case()
+
+  def chunked(hidden, embedding, targets, weights):
+    loss_sum, weight_sum, correct = losses.chunked_smoothed_cross_entropy(
+        hidden, embedding, targets, weights, epsilon, chunk=chunk)
+    return loss_sum, (weight_sum, correct)
+
+  grad = functools.partial(jax.value_and_grad, argnums=(0, 1), has_aux=True)
+  (want, (want_n, want_c)), want_grads = grad(_reference)(*case, epsilon)
+  (got, (got_n, got_c)), got_grads = jax.jit(grad(chunked))(*case)
+  assert float(got) == pytest.approx(float(want), rel=1e-5)
+  assert float(got_n) == float(want_n) == float(case[3].sum())
+  assert float(got_c) == float(want_c)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_chunked_loss_scales_its_gradient_by_the_cotangent():
+  hidden, embedding, targets, weights = _hidden_case()
+  loss = lambda h, s: s * losses.chunked_smoothed_cross_entropy(  # noqa: E731
+      h, embedding, targets, weights, 0.1, chunk=8)[0]
+  np.testing.assert_allclose(jax.grad(loss)(hidden, 3.0), 3 * jax.grad(loss)(hidden, 1.0),
+                             rtol=1e-6)
+
+
+def test_chunked_loss_in_bfloat16_is_close_to_float32():
+  case32 = _hidden_case(d=32, vocab=300)
+  case16 = (case32[0].astype(jnp.bfloat16), *case32[1:])
+  want, _ = _reference(*case32, 0.1)
+  got, _, _ = losses.chunked_smoothed_cross_entropy(*case16, 0.1, chunk=8)
+  assert float(got) == pytest.approx(float(want), rel=2e-2)
+  d_hidden = jax.grad(lambda h: losses.chunked_smoothed_cross_entropy(
+      h, *case16[1:], 0.1, chunk=8)[0])(case16[0])
+  assert d_hidden.dtype == jnp.bfloat16

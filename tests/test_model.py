@@ -1,4 +1,4 @@
-"""The model against the paper's definitions: positions, masks, shapes, parameter counts."""
+"""jaxformer.model: Figure 1 against hand computations, masks, attention kernels, Table 3 shapes."""
 
 import math
 
@@ -7,12 +7,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import init_params
 
 from jaxformer import config as config_lib
 from jaxformer import model as model_lib
+from jaxformer import train, translation
 from jaxformer.model import Transformer
 
 SRC = jnp.array([[5, 9, 3, 7, 2]])
+
+
 TGT = jnp.array([[0, 4, 8, 6, 11, 13]])
 
 
@@ -125,22 +129,6 @@ def test_jit_matches_eager(tiny_model):
   np.testing.assert_allclose(jitted, eager, atol=1e-5)
 
 
-def test_incremental_decoding_matches_full_decoding(tiny_model):
-  model, params = tiny_model
-  variables = {'params': params}
-  src = jnp.array([[5, 9, 3, 7, 2], [8, 4, 0, 0, 0]])
-  tgt = jnp.array([[0, 4, 8, 6, 11, 13], [0, 7, 7, 2, 9, 1]])
-  full = model.apply(variables, src, tgt)
-  encoded = model.apply(variables, src, method=Transformer.encode)
-  cache = model.apply(variables, encoded, 8, method=Transformer.init_cache)
-  step = jax.jit(lambda token, cache: model.apply(
-      variables, src, token, cache, method=Transformer.decode_step))
-  for t in range(tgt.shape[1]):
-    logits, cache = step(tgt[:, t:t + 1], cache)
-    np.testing.assert_allclose(logits, full[:, t], atol=1e-5, err_msg=f'step {t}')
-  assert int(cache['index']) == tgt.shape[1]
-
-
 def test_dropout_is_active_only_in_training(tiny_model):
   model, params = tiny_model
   def run(det: bool, seed: int):
@@ -159,6 +147,159 @@ def test_bfloat16_compute_keeps_float32_params_and_logits(tiny_config, tiny_mode
   np.testing.assert_allclose(logits, full, atol=0.1)
 
 
-def test_config_rejects_indivisible_heads():
-  with pytest.raises(ValueError, match='divisible'):
-    config_lib.base().replace(num_heads=7)
+def _packed_inputs():
+  """Two rows: one with two packed pairs and padding, one with a single pair."""
+  src = jnp.array([[5, 6, 7, 8, 9, 0], [11, 12, 13, 14, 15, 16]])
+  src_segments = jnp.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+  src_positions = jnp.array([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]])
+  tgt = jnp.array([[0, 21, 22, 0, 23, 0, 0], [0, 31, 32, 33, 34, 35, 36]])
+  tgt_segments = jnp.array([[1, 1, 1, 2, 2, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
+  tgt_positions = jnp.array([[0, 1, 2, 0, 1, 0, 0], [0, 1, 2, 3, 4, 5, 6]])
+  return dict(src=src, tgt_in=tgt, src_segments=src_segments, tgt_segments=tgt_segments,
+              src_positions=src_positions, tgt_positions=tgt_positions)
+
+
+def test_fused_attention_agrees_with_einsum_attention(tiny_model, tiny_config):
+  _, params = tiny_model
+  inputs = _packed_inputs()
+  real = np.asarray(inputs['tgt_segments'] > 0)
+  outputs = {}
+  for attention in ('einsum', 'fused'):
+    cfg = tiny_config.run_as(attention=attention)
+    logits = Transformer(cfg).apply({'params': params}, **inputs)
+    greedy = translation.decode_batch(params, inputs['src'][1:], jnp.array([9]), config=cfg,
+                                      max_len=10, beam_size=1, alpha=0.6)
+    outputs[attention] = (np.asarray(logits)[real], np.asarray(greedy))
+  np.testing.assert_allclose(outputs['fused'][0], outputs['einsum'][0], rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(outputs['fused'][1], outputs['einsum'][1])
+
+
+def test_fused_attention_names_cudnn_on_gpu_with_full_masks(tiny_model, tiny_config,
+                                                            monkeypatch):
+  """On a GPU (faked here), fused bfloat16 attention asks for cuDNN's kernel by name where its
+  lengths are even, with each mask broadcast to the [B, 1, T, L] bias cuDNN needs; odd lengths
+  keep XLA's lowering. The fake runs XLA's lowering, so the answers must equal the CPU path's."""
+  _, params = tiny_model
+  cfg = tiny_config.run_as(attention='fused', dtype=jnp.bfloat16)
+  xla, calls = jax.nn.dot_product_attention, []
+
+  def fake(q, k, v, *, mask, scale, implementation=None):
+    calls.append((implementation, mask.shape, (q.shape[0], 1, q.shape[1], k.shape[1])))
+    return xla(q, k, v, mask=mask, scale=scale)
+  even = {name: jnp.pad(x, ((0, 0), (0, 1))) if name.startswith('tgt') else x
+          for name, x in _packed_inputs().items()}  # targets of 8
+  on_cpu = Transformer(cfg).apply({'params': params}, **even)
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', fake)
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  on_gpu = Transformer(cfg).apply({'params': params}, **even)
+  np.testing.assert_array_equal(np.asarray(on_gpu), np.asarray(on_cpu))
+  assert len(calls) == 3 * cfg.num_layers  # encoder self, decoder self and cross, per layer
+  assert all(kernel == 'cudnn' and mask == bias for kernel, mask, bias in calls)
+  calls.clear()
+  Transformer(cfg).apply({'params': params}, **_packed_inputs())  # targets of 7
+  assert [kernel for kernel, _, _ in calls] == ['cudnn'] * 2 + [None] * 4
+  calls.clear()
+  Transformer(cfg.run_as(dtype=jnp.float32)).apply({'params': params}, **even)
+  assert {kernel for kernel, _, _ in calls} == {None}  # cuDNN's kernel is bf16/fp16 only
+
+
+def test_bfloat16_keeps_layer_norm_softmax_and_logits_in_float32(tiny_model, tiny_config):
+  _, params = tiny_model
+  inputs = _packed_inputs()
+  cfg = tiny_config.run_as(dtype=jnp.bfloat16)
+  logits, state = Transformer(cfg).apply({'params': params}, **inputs,
+                                         mutable=['intermediates'])
+  hidden = Transformer(cfg).apply({'params': params}, **inputs,
+                                 method=Transformer.forward_hidden)
+  weights = state['intermediates']['decoder']['layers_0']['self_attention']['attention_weights']
+  assert logits.dtype == jnp.float32 and hidden.dtype == jnp.float32  # after the final LN
+  assert weights[0].dtype == jnp.bfloat16  # the softmax ran in float32, its output is cast
+  np.testing.assert_allclose(np.asarray(weights[0], np.float32).sum(-1), 1.0, atol=1e-2)
+
+
+def test_independent_qk_and_v_dims_shape_and_train():
+  cfg = config_lib.tiny(vocab_size=32).replace(qk_dim=4, v_dim=12)
+  state = train.create_train_state(cfg, jax.random.key(0))
+  attention = state.params['encoder']['layers_0']['self_attention']
+  assert attention['query']['kernel'].shape == (32, 4, 4)
+  assert attention['key']['kernel'].shape == (32, 4, 4)
+  assert attention['value']['kernel'].shape == (32, 4, 12)
+  assert attention['out']['kernel'].shape == (4, 12, 32)
+  batch = {'src': jnp.array([[3, 4, 5, 6]]), 'tgt_in': jnp.array([[0, 7, 8]]),
+           'tgt_out': jnp.array([[7, 8, 1]]), 'weights': jnp.ones((1, 3))}
+  new_state, metrics = jax.jit(train.train_step)(state, batch, jax.random.key(1))
+  assert np.isfinite(float(metrics['loss'])) and int(new_state.step) == 1
+  model = Transformer(cfg)
+  encoded = model.apply({'params': state.params}, batch['src'], method=Transformer.encode)
+  cache = model.apply({'params': state.params}, encoded, 5, method=Transformer.init_cache)
+  assert cache['layers'][0]['self']['k'].shape == (1, 4, 4, 5)  # [B, H, K, L * beams]
+  assert cache['layers'][0]['self']['v'].shape == (1, 4, 5, 12)  # [B, H, L * beams, J]
+
+
+def _attention_weights(cfg, params, src, tgt):
+  _, state = Transformer(cfg).apply({'params': params}, src, tgt, mutable=['intermediates'])
+  return state['intermediates']
+
+
+def test_window_zeroes_weights_beyond_r():
+  r = 2
+  cfg = config_lib.tiny(vocab_size=32).replace(attention_window=r)
+  params = init_params(cfg)
+  src = jnp.arange(3, 15)[None]
+  tgt = jnp.arange(4, 14)[None]
+  weights = _attention_weights(cfg, params, src, tgt)
+  distance = np.abs(np.arange(12)[:, None] - np.arange(12)[None, :])
+  for stack, length in (('encoder', 12), ('decoder', 10)):
+    w = np.asarray(weights[stack]['layers_0']['self_attention']['attention_weights'][0])
+    d = distance[:length, :length]
+    assert np.all(w[..., d > r] == 0.0), stack
+    assert np.all(w[..., d <= r].sum() > 0)
+  w = np.asarray(weights['decoder']['layers_0']['cross_attention']['attention_weights'][0])
+  assert np.all(w > 0), 'encoder-decoder attention stays unrestricted'
+
+
+def test_window_bounds_the_receptive_field_to_r_times_n():
+  r = 1
+  cfg = config_lib.tiny(vocab_size=32).replace(attention_window=r)  # N = 2 layers
+  params = init_params(cfg)
+  encode = lambda src: Transformer(cfg).apply({'params': params}, src,  # noqa: E731
+                                              method=Transformer.encode)
+  src = jnp.arange(3, 15)[None]
+  changed = src.at[0, 0].set(31)
+  delta = np.abs(np.asarray(encode(changed) - encode(src)))[0].max(-1)  # [S]
+  reach = r * cfg.num_layers
+  assert np.all(delta[reach + 1:] == 0.0)
+  assert np.all(delta[:reach + 1] > 0.0)
+
+
+def test_a_window_as_long_as_the_input_is_full_attention():
+  cfg = config_lib.tiny(vocab_size=32)
+  params = init_params(cfg)
+  src, tgt = jnp.arange(3, 15)[None], jnp.arange(4, 14)[None]
+  full = Transformer(cfg).apply({'params': params}, src, tgt)
+  windowed = Transformer(cfg.replace(attention_window=12)).apply({'params': params}, src, tgt)
+  np.testing.assert_array_equal(windowed, full)
+
+
+def test_learned_positions_are_parameters_and_sinusoids_are_not():
+  cfg = config_lib.tiny(vocab_size=32)
+  sinusoid = init_params(cfg)
+  learned = init_params(cfg.replace(learned_positions=True))
+  count = lambda p: sum(x.size for x in jax.tree.leaves(p))  # noqa: E731
+  assert count(learned) - count(sinusoid) == 2 * cfg.max_len * cfg.d_model
+  assert learned['encoder']['embedding']['position_embedding'].shape == (64, 32)
+  assert learned['decoder']['embedding']['position_embedding'].shape == (64, 32)
+  assert 'embedding' not in sinusoid['encoder']
+
+
+def test_learned_table_refuses_longer_inputs_while_sinusoids_extend():
+  cfg = config_lib.tiny(vocab_size=32)  # max_len 64
+  long = jnp.ones((1, 80), jnp.int32)
+  params = init_params(cfg.replace(learned_positions=True))
+  with pytest.raises(ValueError, match='80 positions but the learned positional embeddings '
+                                       'cover max_len=64'):
+    Transformer(cfg.replace(learned_positions=True)).apply({'params': params}, long, long[:, :5])
+  logits = Transformer(cfg).apply({'params': init_params(cfg)}, long, long)
+  assert logits.shape == (1, 80, 32) and bool(jnp.all(jnp.isfinite(logits)))
+  pe = model_lib.sinusoidal_positions(jnp.arange(1000), 32)
+  assert bool(jnp.all(jnp.isfinite(pe)))

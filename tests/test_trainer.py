@@ -1,5 +1,4 @@
-"""The training loop: resume, averaging, checkpoint errors, the NaN guard, many devices and hosts,
-and preemption."""
+"""jaxformer.trainer: the loop, its actions, resuming, guards, preemption and several hosts."""
 
 import json
 import os
@@ -8,43 +7,49 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import (
+  CFG,
+  TEXT,
+  assert_trees_equal,
+  start_worker,
+  synthetic_text,
+  train_command,
+  train_settings,
+)
+from helpers import poison_third_batch as _poison_third_batch
+from helpers import train_settings as _tc
 
-from helpers import synthetic_text, train_settings as _tc
-from jaxformer import checkpoint, config, data, train, trainer, translation
-from jaxformer.model import Transformer
+from jaxformer import checkpoint, data, optim, trainer, translation
 
 TESTS = pathlib.Path(__file__).resolve().parent
 ROOT = TESTS.parent
-TEXT = synthetic_text(1500)
-CFG = config.tiny(vocab_size=400)
 
 
-def _assert_trees_equal(a, b, **tolerance):
-  assert jax.tree.structure(a) == jax.tree.structure(b)
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    if tolerance:
-      np.testing.assert_allclose(x, y, **tolerance)
-    else:
-      np.testing.assert_array_equal(x, y)
+def _due(step, tc, *, evaluating, save_signal=False) -> set[str]:
+  """The names of the trainer's periodic actions due after `step`."""
+  actions = trainer.periodic_actions(tc, log_metrics=print, save=print,
+                                     evaluate=print if evaluating else None)
+  return {a.name for a in trainer.due(actions, step, tc.num_steps, save_signal=save_signal)}
 
 
-@pytest.fixture(scope='module')
-def trained(tmp_path_factory) -> pathlib.Path:
-  """6 steps with checkpoints at 2, 4 and 6, the last 3 averaged, validation at the end."""
-  workdir = tmp_path_factory.mktemp('trained')
-  summary = trainer.train(CFG, _tc(average_last=3, bleu_sentences=8, sample_translations=3),
-                          workdir, TEXT, synthetic_text(50, seed=9))
-  assert summary['step'] == 6 and summary['averaged'].endswith('average-last3')
-  assert 0 < summary['eval']['accuracy'] < 1 and summary['eval']['perplexity'] > 1
-  assert 0 <= summary['eval']['bleu'] <= 100
-  return workdir
+def test_due_logs_evaluates_and_saves_on_their_schedules_and_at_the_end():
+  tc = train_settings(num_steps=10, log_every_steps=2, eval_every_steps=5,
+                      checkpoint_every_steps=4)
+  plan = {step: _due(step, tc, evaluating=True) for step in range(1, 11)}
+  assert [s for s, d in plan.items() if 'log' in d] == [2, 4, 6, 8, 10]
+  assert [s for s, d in plan.items() if 'eval' in d] == [5, 10]
+  assert [s for s, d in plan.items() if 'save' in d] == [4, 8, 10]
+  assert not plan[1] and plan[2]
+  assert 'eval' not in _due(5, tc, evaluating=False)  # no validation set
+  assert 'save' in _due(3, tc, evaluating=True, save_signal=True)  # the clock, or preemption
+  assert _due(3, tc, evaluating=True, save_signal=True) == {'save'}
+  untimed = train_settings(num_steps=10, checkpoint_every_steps=None)
+  assert [s for s in range(1, 11) if 'save' in _due(s, untimed, evaluating=False)] == [10]
 
 
 def test_workdir_holds_logs_checkpoints_and_vocabulary(trained):
@@ -154,60 +159,8 @@ def test_resume_continues_exactly(trained, tmp_path):
   straight = checkpoint.restore(manager, 6, with_data=True)
   resumed = checkpoint.restore(checkpoint.make_manager(tmp_path / 'checkpoints'), 6,
                                with_data=True)
-  _assert_trees_equal(straight['params'], resumed['params'])
+  assert_trees_equal(straight['params'], resumed['params'])
   assert straight['data'] == resumed['data']
-
-
-def test_only_the_newest_checkpoints_keep_the_optimiser_state(trained):
-  """Resume needs the newest (keep_train_state=2 by default); averaging needs params only."""
-  steps = trained / 'checkpoints'
-  assert [(steps / str(s) / 'train').exists() for s in (2, 4, 6)] == [False, True, True]
-  assert all((steps / str(s) / 'params').is_dir() for s in (2, 4, 6))
-  manager = checkpoint.make_manager(steps)
-  template = jax.device_get(train.create_train_state(CFG, jax.random.key(0)))
-  step, _ = checkpoint.restore_latest(manager, train={'opt_state': template.opt_state,
-                                                      'step': 0, 'rng': np.zeros(2, np.uint32)})
-  assert step == 6
-
-
-def test_average_is_the_mean_and_loads_for_decoding(trained):
-  manager = checkpoint.make_manager(trained / 'checkpoints')
-  expected = jax.tree.map(lambda *xs: np.mean(np.stack(xs), axis=0),
-                          *[checkpoint.restore(manager, s)['params'] for s in (2, 4, 6)])
-  _assert_trees_equal(checkpoint.average_checkpoints(trained, 3), expected, rtol=1e-6)
-  params, cfg, _, step = checkpoint.load(trained / 'average-last3')
-  _assert_trees_equal(params, expected, rtol=1e-6)
-  assert cfg == CFG and step == 6
-  logits = Transformer(cfg).apply({'params': params}, jnp.ones((1, 5), jnp.int32),
-                                  jnp.zeros((1, 3), jnp.int32))
-  assert logits.shape == (1, 3, 400) and bool(jnp.all(jnp.isfinite(logits)))
-  with pytest.raises(checkpoint.CheckpointError, match='only 3'):
-    checkpoint.average_checkpoints(trained, 5)
-
-
-def test_average_command_saves_a_loadable_checkpoint(trained, capsys):
-  from jaxformer import cli
-  assert cli.main(['average', '--workdir', str(trained), '--last', '2']) == 0
-  assert 'average-last2' in capsys.readouterr().out
-  params, _, _, _ = checkpoint.load(trained / 'average-last2')
-  manager = checkpoint.make_manager(trained / 'checkpoints')
-  expected = jax.tree.map(lambda a, b: (a + b) / 2, checkpoint.restore(manager, 4)['params'],
-                          checkpoint.restore(manager, 6)['params'])
-  _assert_trees_equal(params, expected, rtol=1e-6)
-  assert cli.main(['average', '--workdir', str(trained / 'nowhere'), '--last', '2']) == 1
-  assert capsys.readouterr().err.startswith('error: ')
-
-
-def test_incompatible_config_or_vocabulary_is_named(trained, tmp_path):
-  workdir = tmp_path / 'w'
-  shutil.copytree(trained, workdir)
-  with pytest.raises(checkpoint.CheckpointError, match=r'd_ff: checkpoint 64, now 128'):
-    trainer.train(CFG.replace(d_ff=128), _tc(num_steps=8), workdir, TEXT)
-  other = synthetic_text(300, seed=5)
-  (workdir / 'spm.model').unlink()
-  data.train_tokenizer(other.src, workdir / 'spm.model', 400)
-  with pytest.raises(checkpoint.CheckpointError, match='sentencepiece vocabulary differs'):
-    trainer.train(CFG, _tc(num_steps=8), workdir, TEXT)
 
 
 def test_resumes_with_the_fast_path_and_remat(trained, tmp_path):
@@ -219,74 +172,6 @@ def test_resumes_with_the_fast_path_and_remat(trained, tmp_path):
   assert summary['step'] == 8 and np.isfinite(summary['train']['loss'])
   _, saved_config, _, step = checkpoint.load(workdir)
   assert step == 8 and saved_config == CFG.run_as(remat=True)  # as given, not as run (bf16)
-
-
-def test_a_damaged_checkpoint_falls_back_to_the_previous_one(trained, tmp_path, caplog):
-  workdir = tmp_path / 'w'
-  shutil.copytree(trained, workdir)
-  for path in (workdir / 'checkpoints' / '6' / 'params').rglob('*'):
-    if path.is_file():
-      path.write_bytes(b'garbage')
-  manager = checkpoint.make_manager(workdir / 'checkpoints')
-  step, _ = checkpoint.restore_latest(manager)
-  assert step == 4
-  assert 'checkpoints/6 cannot be restored' in caplog.text
-  for step_dir in ('2', '4'):
-    shutil.rmtree(workdir / 'checkpoints' / step_dir / 'params')
-  with pytest.raises(checkpoint.CheckpointError, match='none of the checkpoints'):
-    checkpoint.restore_latest(checkpoint.make_manager(workdir / 'checkpoints'))
-
-
-# --- many devices, many hosts -------------------------------------------------------------------
-
-
-def _worker(*args: str, tmp_path: pathlib.Path) -> subprocess.Popen:
-  env = dict(os.environ, WORKER_TMP=str(tmp_path))
-  env.pop('XLA_FLAGS', None)
-  return subprocess.Popen([sys.executable, str(TESTS / 'distributed_worker.py'), *args],
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _finish(process: subprocess.Popen) -> None:
-  output, _ = process.communicate(timeout=300)
-  assert process.returncode == 0, output[-3000:]
-
-
-def _load_npz(path) -> dict:
-  with np.load(path) as f:
-    return dict(f)
-
-
-@pytest.mark.slow
-def test_eight_devices_equal_one_device_on_the_same_global_batch(tmp_path):
-  _finish(_worker('devices', '8', str(tmp_path / 'eight.npz'), tmp_path=tmp_path))
-  _finish(_worker('devices', '1', str(tmp_path / 'one.npz'), tmp_path=tmp_path))
-  _assert_trees_equal(_load_npz(tmp_path / 'eight.npz'), _load_npz(tmp_path / 'one.npz'),
-                      atol=1e-5, rtol=0)
-
-
-@pytest.mark.slow
-def test_two_processes_equal_one_process(tmp_path):
-  with socket.socket() as s:
-    s.bind(('localhost', 0))
-    port = str(s.getsockname()[1])
-  hosts = [_worker('host', str(i), port, str(tmp_path / 'hosts.npz'), tmp_path=tmp_path)
-           for i in range(2)]
-  for process in hosts:
-    _finish(process)
-  _finish(_worker('hosts2', str(tmp_path / 'one.npz'), tmp_path=tmp_path))
-  _assert_trees_equal(_load_npz(tmp_path / 'hosts.npz'), _load_npz(tmp_path / 'one.npz'),
-                      atol=1e-5, rtol=0)
-
-
-# --- preemption and kill -9 ---------------------------------------------------------------------
-
-
-def _train_command(workdir: pathlib.Path, src: pathlib.Path, tgt: pathlib.Path,
-                   *extra: str) -> list[str]:
-  return [sys.executable, str(ROOT / 'experiments' / 'train.py'), '--config',
-          str(TESTS / 'tiny_config.py'), '--workdir', str(workdir), '--source', 'text',
-          '--train-src', str(src), '--train-tgt', str(tgt), *extra]
 
 
 def _text_files(tmp_path):
@@ -308,7 +193,7 @@ def _wait_for(predicate, process, seconds=240):
 def test_sigterm_saves_and_a_rerun_resumes(tmp_path):
   src, tgt = _text_files(tmp_path)
   workdir = tmp_path / 'w'
-  process = subprocess.Popen(_train_command(workdir, src, tgt, '--num-steps', '100000'),
+  process = subprocess.Popen(train_command(workdir, src, tgt, '--num-steps', '100000'),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   metrics = workdir / 'metrics.jsonl'
   _wait_for(lambda: metrics.exists() and metrics.read_text().count('\n') >= 2, process)
@@ -319,7 +204,7 @@ def test_sigterm_saves_and_a_rerun_resumes(tmp_path):
   saved = int(output.split('SIGTERM received: saved step ')[1].split()[0])
   steps = checkpoint.make_manager(workdir / 'checkpoints').all_steps()
   assert max(steps) == saved
-  resumed = subprocess.run(_train_command(workdir, src, tgt, '--num-steps', str(saved + 2)),
+  resumed = subprocess.run(train_command(workdir, src, tgt, '--num-steps', str(saved + 2)),
                            capture_output=True, text=True, timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert f'resumed from step {saved}' in resumed.stderr
@@ -331,7 +216,7 @@ def test_kill_9_during_saves_leaves_a_restorable_workdir(tmp_path):
   src, tgt = _text_files(tmp_path)
   workdir = tmp_path / 'w'
   process = subprocess.Popen(
-      _train_command(workdir, src, tgt, '--num-steps', '100000', '--checkpoint-every-steps', '1'),
+      train_command(workdir, src, tgt, '--num-steps', '100000', '--checkpoint-every-steps', '1'),
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   checkpoints = workdir / 'checkpoints'
   _wait_for(lambda: checkpoints.is_dir() and len(os.listdir(checkpoints)) >= 4, process)
@@ -339,20 +224,9 @@ def test_kill_9_during_saves_leaves_a_restorable_workdir(tmp_path):
   process.communicate(timeout=60)
   found = checkpoint.restore_latest(checkpoint.make_manager(checkpoints), with_data=True)
   assert found is not None and found[0] >= 1
-  resumed = subprocess.run(_train_command(workdir, src, tgt, '--num-steps', str(found[0] + 1)),
+  resumed = subprocess.run(train_command(workdir, src, tgt, '--num-steps', str(found[0] + 1)),
                            capture_output=True, text=True, timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-
-
-def test_train_entry_point_reports_bad_input_in_one_line(tmp_path):
-  (tmp_path / 'a.src').write_text('one\ntwo\n')
-  (tmp_path / 'a.tgt').write_text('eins\n')
-  result = subprocess.run(_train_command(tmp_path / 'w', tmp_path / 'a.src', tmp_path / 'a.tgt'),
-                          capture_output=True, text=True, timeout=120)
-  assert result.returncode == 1
-  assert result.stderr.strip().splitlines()[-1] == (
-      f'error: {tmp_path / "a.src"} has 2 lines but {tmp_path / "a.tgt"} has 1: the files must '
-      'be line-aligned.')
 
 
 @pytest.mark.slow
@@ -364,7 +238,7 @@ def test_two_hosts_checkpoint_together_and_resume(tmp_path):
     with socket.socket() as s:
       s.bind(('localhost', 0))
       port = str(s.getsockname()[1])
-    hosts = [_worker('train', str(i), port, str(workdir), str(steps), tmp_path=tmp_path)
+    hosts = [start_worker('train', str(i), port, str(workdir), str(steps), tmp_path=tmp_path)
              for i in range(2)]
     outputs = [p.communicate(timeout=300)[0] for p in hosts]
     for p, output in zip(hosts, outputs):
@@ -384,3 +258,74 @@ def test_two_hosts_checkpoint_together_and_resume(tmp_path):
   assert all('resumed from step 4' in output for output in outputs)
   params, _, _, step = checkpoint.load(workdir / 'average-last2')
   assert step == 6 and all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
+
+
+def test_nan_guard_stops_and_names_the_step(tmp_path, monkeypatch):
+  _poison_third_batch(monkeypatch)
+  with pytest.raises(trainer.TrainingError,
+                     match=r'non-finite loss \(nan\) at step 3\. The last good checkpoint is '
+                           r'.*checkpoints/2'):
+    trainer.train(CFG, _tc(num_steps=4), tmp_path, TEXT)
+
+
+def test_skip_nonfinite_skips_and_counts(tmp_path, monkeypatch):
+  _poison_third_batch(monkeypatch)
+  summary = trainer.train(CFG, _tc(num_steps=4, skip_nonfinite=True), tmp_path, TEXT)
+  assert summary['skipped_updates'] == 1 and summary['step'] == 4
+  params, *_ = checkpoint.load(tmp_path)
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
+
+
+def test_logged_lr_is_the_rate_applied_after_a_skipped_update(tmp_path, monkeypatch):
+  """Step 3 is skipped: the optimiser's count stays at 2, so steps 3 and 4 both log (and step 4
+  applies) the schedule at count 2, not at state.step."""
+  _poison_third_batch(monkeypatch)
+  trainer.train(CFG, _tc(num_steps=4, skip_nonfinite=True, log_every_steps=1), tmp_path, TEXT)
+  logged = {r['step']: r['lr'] for r in map(json.loads, (tmp_path / 'metrics.jsonl').open())
+            if r['split'] == 'train'}
+  schedule = optim.lrate_schedule(CFG.d_model, CFG.warmup_steps)
+  expected = {1: schedule(0), 2: schedule(1), 3: schedule(2), 4: schedule(2)}
+  assert logged == pytest.approx({k: float(v) for k, v in expected.items()}, rel=1e-6)
+
+
+def test_resuming_on_changed_data_names_the_change_or_resets_the_stream(tmp_path, caplog):
+  trainer.train(CFG, _tc(num_steps=2), tmp_path, TEXT)
+  with pytest.raises(trainer.TrainingError, match=r'^the training data changed since the '
+                     r'checkpoint \(seed 0 -> 1\): .* or pass --reset-data'):
+    trainer.train(CFG, _tc(num_steps=4, seed=1), tmp_path, TEXT)
+  with caplog.at_level('INFO', logger='jaxformer.trainer'):
+    summary = trainer.train(CFG, _tc(num_steps=4, seed=1, reset_data=True), tmp_path, TEXT)
+  assert summary['step'] == 4 and 'fresh data stream' in caplog.text
+  assert 'training on cpu: 1 × cpu, 1 process; compute float32, einsum attention; ' in caplog.text
+  restored = checkpoint.restore(checkpoint.make_manager(tmp_path / 'checkpoints'), 4,
+                                with_data=True)
+  assert restored['data']['hosts'][0]['seed'] == 1  # the new stream, two batches in
+
+
+def test_a_change_of_host_count_or_corpus_in_the_data_position(tmp_path, caplog):
+  corpus = data.tokenize_corpus(
+      TEXT, data.train_tokenizer(TEXT.src + TEXT.tgt, tmp_path / 'spm.model', 400), 64)
+  batches = data.PackedBatches(corpus, src_len=64, tgt_len=64, rows_per_device=4)
+  saved = dict(batches.get_state(), row=12)
+  settings = _tc()
+  trainer.resume_data(batches, [saved], settings)
+  assert batches.get_state() == saved
+  fresh = data.PackedBatches(corpus, src_len=64, tgt_len=64, rows_per_device=4)
+  with caplog.at_level('WARNING', logger='jaxformer.trainer'):
+    trainer.resume_data(fresh, [saved, saved], settings)  # written by 2 hosts, resumed on 1
+  assert fresh.get_state()['row'] == 0
+  assert 'written by 2 host(s) and this run has 1' in caplog.text
+  older = {key: saved[key] for key in ('epoch', 'row', 'seed', 'shard_size')}  # jaxformer 0.1
+  with caplog.at_level('WARNING', logger='jaxformer.trainer'):
+    trainer.resume_data(fresh, [older], settings)
+  assert fresh.get_state()['row'] == 0 and 'from an older jaxformer' in caplog.text
+  other_corpus = dict(saved, shard_size=saved['shard_size'] + 7)  # another corpus, same seed
+  with pytest.raises(trainer.TrainingError, match=r'\(training pairs per host '
+                     rf'{saved["shard_size"] + 7} -> {saved["shard_size"]}\)'):
+    trainer.resume_data(fresh, [other_corpus], settings)
+
+
+def test_hosts_agree_every_n_steps_and_at_the_end():
+  settings = _tc(num_steps=25, host_sync_every_steps=10)
+  assert [s for s in range(1, 26) if trainer.host_sync_due(s, settings, 2)] == [10, 20, 25]
+  assert all(trainer.host_sync_due(s, settings, 1) for s in range(1, 26))  # one host: free

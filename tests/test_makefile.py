@@ -1,5 +1,4 @@
-"""GPU hosts: the jax extras resolve, the Makefile picks the build, and `make gpu-check` works
-(here on the CPU, as it does on a host without a GPU)."""
+"""The Makefile: the jax build it installs, its targets, huge pages and gpu-check."""
 
 import json
 import os
@@ -102,18 +101,67 @@ def test_make_gpu_check_passes_on_cpu():
   assert '5 passed, 0 failed' in out
 
 
-@pytest.mark.slow
-def test_gpu_check_fails_what_is_broken(monkeypatch, capsys):
-  """Fused attention that scales its output, and too few steps to learn: both fail, the
-  checks that need the trained model not run, and exit status 1."""
-  sys.path.insert(0, str(ROOT / 'experiments'))
-  import gpu_check  # pylint: disable=g-import-not-at-top
-  fused = jax.nn.dot_product_attention
-  monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, **k: 1.5 * fused(*a, **k))
-  assert gpu_check.main(['--steps', '10']) == 1
-  out = capsys.readouterr().out
-  assert re.search(r'^fused attention == einsum\s+FAIL\s+AssertionError: relative error', out,
-                   flags=re.M)
-  assert re.search(r'^training, bfloat16 fast path\s+FAIL\s+AssertionError: loss', out, flags=re.M)
-  assert re.search(r'^cached == uncached decoding\s+FAIL\s+not run', out, flags=re.M)
-  assert '1 passed, 4 failed' in out
+def test_make_train_base_refuses_a_cpu_backend_before_reading_data(tmp_path):
+  result = subprocess.run(['make', '-s', 'train-base', f'TFDS_DATA_DIR={tmp_path}',
+                           f'WORKDIR={tmp_path / "w"}'], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-2] == (
+      "error: this recipe needs a GPU, but jax's backend is cpu (no GPU here, or jax's CPU "
+      'build): on a GPU host run `make install` (it installs jaxformer[cuda12] or [cuda13]; or '
+      "pip install 'jaxformer[cuda12]'), or pass --allow-cpu to train on the CPU anyway.")
+  assert 'tfds' not in result.stderr and not (tmp_path / 'w').exists()
+
+
+@pytest.mark.parametrize('target', ['train-base', 'train-big'])
+def test_recipes_fail_fast_without_wmt14(target, tmp_path):
+  result = subprocess.run(['make', '-s', target, f'TFDS_DATA_DIR={tmp_path}',
+                           f'WORKDIR={tmp_path / "w"}', 'ARGS=--allow-cpu'], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-2].startswith(
+      'error: tfds dataset wmt14_translate/de-en is not prepared')
+  assert f'tfds build wmt14_translate/de-en --data_dir={tmp_path}' in result.stderr
+
+
+def test_make_eval_asks_for_a_workdir():
+  result = subprocess.run(['make', '-s', 'eval'], cwd=ROOT, capture_output=True, text=True)
+  assert result.returncode != 0
+  assert 'set WORKDIR=' in result.stderr
+
+
+_THP = pathlib.Path('/sys/kernel/mm/transparent_hugepage/enabled')
+
+
+_MALLOC_64_MIB = """
+import ctypes, resource
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+ctypes.memset(libc.malloc(64 << 20), 1, 64 << 20)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not _THP.exists() or '[madvise]' not in _THP.read_text(),
+                    reason="the kernel's transparent huge pages are not 'madvise': malloc's "
+                    'blocks get them always or never, whatever glibc asks')
+def test_make_runs_its_commands_on_huge_pages_and_keeps_a_users_tunables(tmp_path):
+  """A block of 64 MiB that malloc hands out and the program touches: 16,384 page faults on
+  4 KB pages; the Makefile's GLIBC_TUNABLES backs it with 2 MB pages. One's own is kept."""
+  script = tmp_path / 'faults.py'
+  script.write_text(_MALLOC_64_MIB)
+  env = {k: v for k, v in os.environ.items() if k != 'GLIBC_TUNABLES'}
+
+  def faults(**extra: str) -> tuple[int, int]:
+    made = subprocess.run(['make', '-s', '--eval', f'faults: ; @{sys.executable} {script}',
+                           'faults'], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env={**env, **extra})
+    plain = subprocess.run([sys.executable, script], capture_output=True, text=True,
+                           check=True, env={**env, **extra})
+    return int(made.stdout), int(plain.stdout)
+  under_make, alone = faults()
+  assert alone >= 16_000 and under_make < 2_000, (under_make, alone)
+  assert min(faults(GLIBC_TUNABLES='glibc.malloc.check=0')) >= 16_000  # the user's setting

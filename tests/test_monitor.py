@@ -1,4 +1,4 @@
-"""The training loop's parts, one at a time: schedules, preemption, metric reading, the sink."""
+"""jaxformer.monitor: the loop's metric reader, sink, save clock and preemption guard."""
 
 import json
 import os
@@ -8,30 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import train_settings
-from jaxformer import monitor, trainer
-
-
-def _due(step, tc, *, evaluating, save_signal=False) -> set[str]:
-  """The names of the trainer's periodic actions due after `step`."""
-  actions = trainer.periodic_actions(tc, log_metrics=print, save=print,
-                                     evaluate=print if evaluating else None)
-  return {a.name for a in trainer.due(actions, step, tc.num_steps, save_signal=save_signal)}
-
-
-def test_due_logs_evaluates_and_saves_on_their_schedules_and_at_the_end():
-  tc = train_settings(num_steps=10, log_every_steps=2, eval_every_steps=5,
-                      checkpoint_every_steps=4)
-  plan = {step: _due(step, tc, evaluating=True) for step in range(1, 11)}
-  assert [s for s, d in plan.items() if 'log' in d] == [2, 4, 6, 8, 10]
-  assert [s for s, d in plan.items() if 'eval' in d] == [5, 10]
-  assert [s for s, d in plan.items() if 'save' in d] == [4, 8, 10]
-  assert not plan[1] and plan[2]
-  assert 'eval' not in _due(5, tc, evaluating=False)  # no validation set
-  assert 'save' in _due(3, tc, evaluating=True, save_signal=True)  # the clock, or preemption
-  assert _due(3, tc, evaluating=True, save_signal=True) == {'save'}
-  untimed = train_settings(num_steps=10, checkpoint_every_steps=None)
-  assert [s for s in range(1, 11) if 'save' in _due(s, untimed, evaluating=False)] == [10]
+from jaxformer import monitor
 
 
 def test_the_save_clock():

@@ -1,5 +1,6 @@
-"""The tfds source offline: mocked WMT14, a locally stored dataset, and the missing-data error."""
+"""jaxformer.data.sources: text files, tfds WMT14 and their bad inputs."""
 
+import gzip
 import subprocess
 import sys
 
@@ -8,8 +9,47 @@ import pytest
 from jaxformer import data
 from jaxformer.data import DataError
 
+
+def test_read_lines_keeps_tabs_and_normalises_crlf(tmp_path):
+  path = tmp_path / 'a.txt'
+  path.write_bytes(b'one\ttwo\r\nthree\x0bfour\n\nfive')
+  assert data.read_lines(path) == ['one\ttwo', 'three\x0bfour', '', 'five']
+
+
+def test_read_lines_reads_gzip(tmp_path):
+  path = tmp_path / 'a.txt.gz'
+  with gzip.open(path, 'wb') as f:
+    f.write('Grüße\nzwei\n'.encode())
+  assert data.read_lines(path) == ['Grüße', 'zwei']
+
+
+def test_empty_and_missing_files_are_clear_errors(tmp_path):
+  (tmp_path / 'empty.txt').write_bytes(b'')
+  with pytest.raises(DataError, match=r'empty\.txt: the file is empty'):
+    data.read_lines(tmp_path / 'empty.txt')
+  with pytest.raises(DataError, match=r'nope\.txt: no such file'):
+    data.read_lines(tmp_path / 'nope.txt')
+
+
+def test_non_utf8_names_file_and_line(tmp_path):
+  path = tmp_path / 'latin1.txt'
+  path.write_bytes('fine\nstill fine\nGr\xfc\xdfe\n'.encode('latin-1'))
+  with pytest.raises(DataError, match=r'latin1\.txt:3: not valid UTF-8'):
+    data.read_lines(path)
+
+
+def test_mismatched_line_counts_name_both_files(tmp_path):
+  (tmp_path / 'a.en').write_text('x\ny\nz\n')
+  (tmp_path / 'a.de').write_text('x\ny\n')
+  with pytest.raises(DataError, match=r'a\.en has 3 lines but .*a\.de has 2'):
+    data.read_parallel_text(tmp_path / 'a.en', tmp_path / 'a.de')
+
+
 tfds = pytest.importorskip('tensorflow_datasets')
+
+
 tf = pytest.importorskip('tensorflow')
+
 
 PAIRS = [('Hello world.', 'Hallo Welt.'), ('The house is red.', 'Das Haus ist rot.')]
 

@@ -1,33 +1,19 @@
-"""`jaxformer export --format ctranslate2`: CTranslate2 decodes the same weights to the same ids."""
+"""jaxformer.export: the plain folder and CTranslate2, checked against jaxformer's own decoding."""
 
-import dataclasses
 import importlib.util
+import json
 import pathlib
 import sys
 
 import jax
+import numpy as np
 import pytest
 
-from jaxformer import checkpoint, cli, config, export, recipes, train, trainer, translation
-from jaxformer.data import embedded
+from jaxformer import checkpoint, cli, config, export, train, translation
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'experiments'))
 from bench.decode import compare_ctranslate2  # noqa: E402
-
-
-@pytest.fixture(scope='module')
-def demo_sized(tmp_path_factory) -> tuple[pathlib.Path, list[str]]:
-  """The demo recipe's model (N=3, d_model 128, V=1000) trained briefly on the embedded
-  corpus: enough for real, varied translations; and its held-out test sentences."""
-  workdir = tmp_path_factory.mktemp('demo_sized')
-  recipe = recipes.load('demo')
-  corpus = embedded.splits(6000, 10, 200)
-  settings = dataclasses.replace(
-      recipe.train, num_steps=150, checkpoint_every_steps=150, average_last=0, bleu_sentences=0,
-      sample_translations=0, spm_sample_size=12_000, log_every_steps=50)
-  trainer.train(recipe.model, settings, workdir, corpus['train'])
-  return workdir, corpus['test'].src[:100]
 
 
 @pytest.mark.slow
@@ -68,3 +54,34 @@ def test_export_without_ctranslate2_says_what_to_install(tmp_path, monkeypatch):
                       lambda name, *a: None if name == 'ctranslate2' else real(name, *a))
   with pytest.raises(checkpoint.CheckpointError, match=r"pip install 'jaxformer\[ctranslate2\]'"):
     export.save_ctranslate2(tmp_path / 'x', {}, config.tiny(), b'')
+
+
+def test_export_round_trips_through_from_pretrained(workdir, tmp_path):
+  out = tmp_path / 'export'
+  assert cli.main(['export', str(workdir), str(out), '--average-last', '2']) == 0
+  assert sorted(p.name for p in out.iterdir()) == ['config.json', 'params.safetensors',
+                                                   'spm.model']
+  averaged = translation.Translator.from_checkpoint(str(workdir), average_last=2, batch_size=4)
+  exported = translation.Translator.from_pretrained(str(out), batch_size=4)
+  assert exported.config == averaged.config
+  assert exported.tokenizer.model_proto == averaged.tokenizer.model_proto
+  assert jax.tree.structure(exported.params) == jax.tree.structure(averaged.params)
+  for a, b in zip(jax.tree.leaves(exported.params), jax.tree.leaves(averaged.params)):
+    np.testing.assert_array_equal(a, b)
+  sentences = ['the man sees a dog', 'a small red house', '']
+  assert exported.translate(sentences) == averaged.translate(sentences)
+  assert json.loads((out / 'config.json').read_text())['step'] == 4
+
+
+def test_a_damaged_or_partial_export_is_a_one_line_error(workdir, tmp_path, capsys):
+  out = tmp_path / 'export'
+  assert cli.main(['export', str(workdir), str(out)]) == 0
+  (out / 'params.safetensors').write_bytes(b'not safetensors')
+  with pytest.raises(checkpoint.CheckpointError, match='damaged export'):
+    translation.Translator.from_pretrained(str(out))
+  (out / 'spm.model').unlink()
+  with pytest.raises(checkpoint.CheckpointError, match=r'not an exported model \(missing spm'):
+    translation.Translator.from_pretrained(str(out))
+  capsys.readouterr()
+  assert cli.main(['translate', '--workdir', str(out)]) == 1
+  assert capsys.readouterr().err.strip().splitlines()[-1].startswith('error: ')

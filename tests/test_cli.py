@@ -1,0 +1,287 @@
+"""jaxformer.cli: the commands, their flags and their one-line errors."""
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+from helpers import assert_trees_equal, train_command
+
+from jaxformer import checkpoint, cli, translation
+
+TESTS = pathlib.Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+
+def test_cli_help_lists_subcommands(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(['--help'])
+  assert exit_info.value.code == 0
+  assert 'params' in capsys.readouterr().out
+
+
+def test_console_script_is_installed():
+  script = pathlib.Path(sys.executable).parent / 'jaxformer'
+  result = subprocess.run([str(script), '--help'], capture_output=True, text=True, check=True)
+  assert 'Attention Is All You Need' in result.stdout
+
+
+@pytest.mark.parametrize('preset,count', [('base', '63,082,496'), ('big', '214,245,376')])
+def test_params_command_prints_the_readme_counts(capsys, preset, count):
+  assert cli.main(['params', '--preset', preset]) == 0
+  printed = capsys.readouterr().out
+  assert count in printed
+  assert count in (ROOT / 'README.md').read_text()
+
+
+@pytest.mark.parametrize('flags,message', [
+    (['--accum_steps', '0'], 'error: accum_steps must be >= 1, got 0.'),
+    (['--log-every-steps', '0'], 'error: log_every_steps must be >= 1, got 0.'),
+    (['--set', 'train.row_len=16'], 'error: row_len=16 is shorter than max_len=64: the longest '
+                                    'pairs would not fit in a row; set row_len >= max_len.'),
+    (['--checkpoint-every-steps', '-5'], 'error: checkpoint_every_steps must be > 0 (or unset), '
+                                         'got -5.'),
+    (['--set', 'model.dropout'], "error: --set 'model.dropout': expected SECTION.NAME=VALUE with "
+                                 'SECTION one of model, train, data (e.g. --set '
+                                 'model.dropout_rate=0.2).'),
+    (['--set', 'model.dropout=0.2'], 'error: unknown setting model.dropout; valid model settings: '
+                                     'vocab_size, num_layers, d_model, d_ff, num_heads, qk_dim, '
+                                     'v_dim, dropout_rate, attention_dropout_rate, '
+                                     'relu_dropout_rate, label_smoothing, pre_ln, max_len, '
+                                     'learned_positions, attention_window, warmup_steps, '
+                                     'adam_b1, adam_b2, adam_eps, grad_clip_norm, weight_decay, '
+                                     'execution.dtype, execution.attention, execution.remat, '
+                                     'execution.loss_chunk.'),
+    (['--set', 'train.num_steps=many'], "error: --set train.num_steps: expected int, got 'many'."),
+    (['--set', 'model.qk_dim=x'], "error: --set model.qk_dim: expected int or None, got 'x'."),
+    (['--set', 'model.pre_ln=maybe'], "error: --set model.pre_ln: expected bool, got 'maybe'."),
+    (['--set', 'model.execution.dtype=int8'],
+     'error: --set: dtype must be float32 or bfloat16, got int8.'),
+    (['--set', 'model.execution.dtype=half-ish'],
+     "error: --set model.execution.dtype: expected float32 or bfloat16, got 'half-ish'."),
+    (['--set', 'model.execution.attention=flash'],
+     "error: --set: attention must be 'einsum' or 'fused', got 'flash'."),
+    (['--set', 'data.source=web'], "error: --set: data.source must be 'wmt14', 'text' or "
+                                   "'embedded', got 'web'.")])
+def test_train_refuses_bad_settings_before_any_work(tmp_path, capsys, flags, message):
+  argv = ['train', '--config', str(ROOT / 'tests' / 'tiny_config.py'), '--workdir',
+          str(tmp_path / 'w'), '--source', 'text', '--train-src', 'none.en', '--train-tgt',
+          'none.de', *flags]
+  assert cli.main(argv) == 1
+  assert capsys.readouterr().err.strip().splitlines() == [message]
+  assert not (tmp_path / 'w').exists()
+
+
+def test_every_flag_has_help_and_one_spelling():
+  parser = cli.build_parser()
+  for name, sub in parser._subparsers._group_actions[0].choices.items():  # pylint: disable=protected-access
+    for action in sub._actions:  # pylint: disable=protected-access
+      if action.help == argparse.SUPPRESS:  # the --name_with_underscores aliases
+        continue
+      assert action.help, (name, action.option_strings)
+      assert not any('_' in option for option in action.option_strings), (name, action)
+
+
+@pytest.mark.parametrize('argv', [
+    ['translate', '--workdir', 'w', '--batch-size', '0'], ['translate', '--workdir', 'w',
+                                                             '--beam', '-1'],
+    ['average', '--workdir', 'w', '--last', 'two'], ['params', '--vocab-size', '0'],
+    ['eval', '--workdir', 'w', '--batch-size', '0'], ['eval', '--workdir', 'w', '--beam', '0'],
+    ['train', '--config', 'demo', '--workdir', 'w', '--num-processes', '0']])
+def test_cli_refuses_non_positive_counts_in_one_line(capsys, argv):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(argv)
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith('jaxformer ') and 'must be an integer >= 1, got' in err[-1]
+
+
+def test_translate_command_keeps_lines_and_non_ascii(workdir):
+  lines = ['the man sees a dog', '', 'Größe — ünïcode ✓ 😀', '', '', 'the dog']
+  result = subprocess.run(
+      [sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir', str(workdir),
+       '--batch-size', '2'], input='\n'.join(lines) + '\n', capture_output=True, text=True,
+      encoding='utf-8', timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  out = result.stdout.split('\n')
+  assert out[-1] == '' and len(out[:-1]) == len(lines)
+  assert [o == '' for o in out[:-1]] == [line == '' for line in lines]
+  translator = translation.Translator.from_checkpoint(str(workdir), batch_size=2)
+  assert out[:-1] == translator.translate(lines)
+
+
+def test_translate_command_missing_checkpoint_is_one_line(tmp_path):
+  result = subprocess.run([sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir',
+                           str(tmp_path / 'none')], input='x\n', capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1].startswith('error: ')
+  assert 'no such checkpoint folder' in result.stderr
+
+
+def _tree_snapshot(folder: pathlib.Path) -> dict[str, tuple[int, int]]:
+  """Every file under `folder` with its size and modification time."""
+  return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+          for p in sorted(folder.rglob('*')) if p.is_file()}
+
+
+def test_translate_refuses_invalid_utf8_naming_the_line(workdir):
+  result = subprocess.run(
+      [sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir', str(workdir),
+       '--batch-size', '1'], input=b'the dog\n\xff\xfe not utf-8\nthe man\n',
+      capture_output=True, timeout=300)
+  assert result.returncode == 1
+  assert result.stderr.decode().strip().splitlines()[-1] == (
+      'error: stdin:2: not valid UTF-8 (byte 0: invalid start byte); re-encode it as UTF-8.')
+  assert 'Traceback' not in result.stderr.decode()
+  assert len(result.stdout.decode().splitlines()) == 1  # line 1 was translated before it
+
+
+def test_translate_into_a_closed_pipe_ends_quietly(workdir):
+  """`jaxformer translate < many-lines | head -1`: no BrokenPipeError traceback."""
+  command = (f'yes "the dog" | head -40 | {sys.executable} -m jaxformer.cli translate '
+             f'--workdir {workdir} --batch-size 8 | head -1')
+  result = subprocess.run(['bash', '-c', command], capture_output=True, text=True, timeout=300)
+  assert len(result.stdout.splitlines()) == 1
+  assert 'Traceback' not in result.stderr and 'Error' not in result.stderr, result.stderr
+
+
+def _eval_main(argv: list[str]) -> int:
+  """`jaxformer eval`, in this process (the cases below stop before translating)."""
+  return cli.main(['eval', *argv])
+
+
+def test_eval_refuses_an_invalid_utf8_source_file(workdir, tmp_path, capsys):
+  (tmp_path / 'test.src').write_bytes(b'the dog\nthe \xe9t\xe9\n')
+  (tmp_path / 'test.ref').write_text('der hund\ndas haus\n')
+  assert _eval_main(['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
+                     str(tmp_path / 'test.ref'), '--output', str(tmp_path / 'hyps.txt')]) == 1
+  assert capsys.readouterr().err.strip().splitlines() == [
+      f'error: {tmp_path / "test.src"}:2: not valid UTF-8 (byte 4: invalid continuation byte); '
+      're-encode it as UTF-8.']
+  assert not (tmp_path / 'hyps.txt').exists()
+
+
+def test_eval_checks_the_output_folder_before_translating(workdir, tmp_path, capsys):
+  (tmp_path / 'test.src').write_text('the dog\n')
+  (tmp_path / 'test.ref').write_text('der hund\n')
+  assert _eval_main(['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
+                     str(tmp_path / 'test.ref'), '--output',
+                     str(tmp_path / 'missing' / 'hyps.txt')]) == 1
+  err = capsys.readouterr().err
+  assert 'translating' not in err
+  assert err.strip().splitlines() == [
+      f'error: {tmp_path / "missing"}: no such folder for the hypotheses.']
+
+
+def test_eval_interrupted_while_translating_ends_quietly(workdir, tmp_path, capsys,
+                                                       monkeypatch):
+  (tmp_path / 'test.src').write_text('the dog\n')
+  (tmp_path / 'test.ref').write_text('der hund\n')
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(translation.Translator, 'translate', interrupted)
+  assert _eval_main(['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
+                     str(tmp_path / 'test.ref'), '--output', str(tmp_path / 'hyps.txt')]) == 130
+  assert capsys.readouterr().err.strip().splitlines() == ['interrupted: no hypotheses written']
+  assert not (tmp_path / 'hyps.txt').exists()
+
+
+def test_reading_commands_create_and_change_nothing(workdir, tmp_path, caplog):
+  from jaxformer import checkpoint, cli  # pylint: disable=g-import-not-at-top
+  caplog.set_level('WARNING')
+  missing = tmp_path / 'no-such-workdir'
+  assert cli.main(['average', '--workdir', str(missing), '--last', '2']) == 1
+  assert not missing.exists()
+  for read in (checkpoint.load, lambda p: checkpoint.average_checkpoints(p, 1),
+               translation.Translator.from_checkpoint):
+    with pytest.raises(checkpoint.CheckpointError, match='no such checkpoint folder'):
+      read(missing)
+    assert not missing.exists()
+  before = _tree_snapshot(workdir)
+  checkpoint.load(workdir)
+  checkpoint.average_checkpoints(workdir, 2)
+  translation.Translator.from_checkpoint(str(workdir), average_last=2).translate(['the dog'])
+  assert _tree_snapshot(workdir) == before
+  assert not caplog.records, caplog.text  # read-only managers, and nothing to warn about
+  with pytest.raises(checkpoint.CheckpointError, match='must be >= 1, got 0'):
+    checkpoint.average_checkpoints(workdir, 0)
+
+
+def test_nbest_lists_the_beams_best_first_in_moses_format(workdir, translator, tmp_path):
+  lines = ['the man sees a dog', '', 'a red cat']
+  (tmp_path / 'in.txt').write_text('\n'.join(lines) + '\n')
+  assert cli.main(['translate', '--workdir', str(workdir), '--input', str(tmp_path / 'in.txt'),
+                   '--output', str(tmp_path / 'out.txt'), '--nbest', '3', '--batch-size',
+                   '2']) == 0
+  rows = [line.split(' ||| ') for line in (tmp_path / 'out.txt').read_text().splitlines()]
+  assert [int(r[0]) for r in rows] == [0, 0, 0, 2, 2, 2]  # blank line 1 has none
+  scores = [float(r[2]) for r in rows]
+  assert scores[:3] == sorted(scores[:3], reverse=True) and all(s < 0 for s in scores)
+  best = translator.translate(lines)
+  assert [rows[0][1], rows[3][1]] == [best[0], best[2]]
+  assert cli.main(['translate', '--workdir', str(workdir), '--nbest', '5']) == 1
+
+
+def test_translate_files_with_a_progress_bar(workdir, translator, tmp_path):
+  lines = ['the man sees a dog', '', 'Größe 😀', 'the dog']
+  (tmp_path / 'in.txt').write_text('\n'.join(lines) + '\n', encoding='utf-8')
+  result = subprocess.run(
+      [sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir', str(workdir), '--input',
+       str(tmp_path / 'in.txt'), '--output', str(tmp_path / 'out.txt')], capture_output=True,
+      text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert 'translating: 100%' in result.stderr
+  out = (tmp_path / 'out.txt').read_text(encoding='utf-8').split('\n')
+  assert out[:-1] == translator.translate(lines) and out[-1] == ''
+
+
+def test_translate_answers_each_line_typed_at_a_terminal(workdir, translator):
+  """stdin a terminal: the translation of a line comes before the next line (or EOF) is sent."""
+  import pty  # pylint: disable=g-import-not-at-top
+  import select  # pylint: disable=g-import-not-at-top
+  leader, follower = pty.openpty()
+  process = subprocess.Popen([sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir',
+                              str(workdir)], stdin=follower, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+  os.close(follower)
+  try:
+    expected = translator.translate(['the man sees a dog', 'a red cat'])
+    for sentence, translation in zip(['the man sees a dog', 'a red cat'], expected):
+      os.write(leader, sentence.encode() + b'\n')
+      ready, _, _ = select.select([process.stdout], [], [], 240)
+      assert ready, 'no answer before the next line'
+      assert process.stdout.readline().decode().rstrip('\n') == translation
+    os.write(leader, b'\x04')  # Ctrl-D: end of input
+    assert process.wait(timeout=60) == 0
+  finally:
+    process.kill()
+    os.close(leader)
+
+
+def test_average_command_saves_a_loadable_checkpoint(trained, capsys):
+  from jaxformer import cli
+  assert cli.main(['average', '--workdir', str(trained), '--last', '2']) == 0
+  assert 'average-last2' in capsys.readouterr().out
+  params, _, _, _ = checkpoint.load(trained / 'average-last2')
+  manager = checkpoint.make_manager(trained / 'checkpoints')
+  expected = jax.tree.map(lambda a, b: (a + b) / 2, checkpoint.restore(manager, 4)['params'],
+                          checkpoint.restore(manager, 6)['params'])
+  assert_trees_equal(params, expected, rtol=1e-6)
+  assert cli.main(['average', '--workdir', str(trained / 'nowhere'), '--last', '2']) == 1
+  assert capsys.readouterr().err.startswith('error: ')
+
+
+def test_train_entry_point_reports_bad_input_in_one_line(tmp_path):
+  (tmp_path / 'a.src').write_text('one\ntwo\n')
+  (tmp_path / 'a.tgt').write_text('eins\n')
+  result = subprocess.run(train_command(tmp_path / 'w', tmp_path / 'a.src', tmp_path / 'a.tgt'),
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      f'error: {tmp_path / "a.src"} has 2 lines but {tmp_path / "a.tgt"} has 1: the files must '
+      'be line-aligned.')

@@ -1,0 +1,46 @@
+"""jaxformer.config: settings check themselves, the fast path, (de)serialisation."""
+
+import jax.numpy as jnp
+import pytest
+
+from jaxformer import checkpoint, config
+from jaxformer import config as config_lib
+
+
+def test_config_rejects_indivisible_heads():
+  with pytest.raises(ValueError, match='divisible'):
+    config_lib.base().replace(num_heads=7)
+
+
+def test_fast_path_is_bfloat16_and_fused_attention_on_gpu_only():
+  base = config_lib.base()
+  gpu = config_lib.fast_path(base, 'gpu')
+  assert gpu.execution == config_lib.Execution(dtype=jnp.bfloat16, attention='fused')
+  assert gpu == base.replace(execution=gpu.execution)  # nothing else changes
+  assert config_lib.fast_path(base, 'cpu') == base and base.execution == config_lib.Execution()
+  # Fused attention has no attention dropout and needs d_k == d_v: einsum then.
+  assert config_lib.fast_path(base.replace(attention_dropout_rate=0.1),
+                              'gpu').execution.attention == 'einsum'
+  assert config_lib.fast_path(base.replace(qk_dim=16), 'gpu').execution.attention == 'einsum'
+  with pytest.raises(ValueError, match='no attention dropout'):
+    base.run_as(attention='fused').replace(attention_dropout_rate=0.1)
+  with pytest.raises(ValueError, match="attention must be 'einsum' or 'fused'"):
+    base.run_as(attention='flash')
+
+
+def test_configs_round_trip_and_old_flat_checkpoint_configs_load():
+  cfg = config_lib.tiny().run_as(dtype=jnp.bfloat16, remat=True)
+  fields = config.config_to_dict(cfg)
+  assert fields['execution'] == {'dtype': 'bfloat16', 'attention': 'einsum', 'remat': True,
+                                 'loss_chunk': 1024}
+  assert config.config_from_dict(fields) == cfg
+  # jaxformer 0.1 wrote the execution fields at the top level.
+  old = {k: v for k, v in fields.items() if k != 'execution'}
+  old.update(dtype='float32', attention='einsum', remat=False, loss_chunk=1024)
+  assert config.config_from_dict(old) == config_lib.tiny()
+  checkpoint.check_compatible({'config': old, 'spm_sha256': checkpoint.make_meta(
+      cfg, b'x')['spm_sha256']}, 'old', config=cfg, spm_model=b'x')  # execution ignored
+  with pytest.raises(config.SettingError, match=r"does not know: \['colour'\]"):
+    config.config_from_dict({**fields, 'colour': 'red'})
+  with pytest.raises(checkpoint.CheckpointError, match=r"does not know: \['colour'\]"):
+    checkpoint.meta_config({'config': {**fields, 'colour': 'red'}})

@@ -1,0 +1,251 @@
+"""experiments/: the demo, benchmarks, profiler, eval.py, plot_attention.py and gpu_check.py."""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import pytest
+from helpers import synthetic_text
+from matplotlib import image
+
+from jaxformer import config, scoring
+from jaxformer.flops import forward_flops
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+SHORT = ['--num-steps', '10', '--train-pairs', '3000', '--test-pairs', '12']
+
+
+def _demo(workdir: pathlib.Path) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, str(ROOT / 'experiments' / 'demo.py'), '--workdir',
+                         str(workdir), *SHORT], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_short_demo_runs_end_to_end_and_reruns_cleanly(tmp_path):
+  workdir = tmp_path / 'demo'
+  first = _demo(workdir)
+  assert first.returncode == 0, first.stderr[-3000:]
+  summary = json.loads((workdir / 'demo_summary.json').read_text())
+  assert isinstance(summary['sacrebleu'], float) and 0 <= summary['sacrebleu'] <= 100
+  assert summary['signature'].startswith('nrefs:1|case:mixed|eff:no|tok:13a')
+  assert summary['steps'] == 10 and summary['test_sentences'] == 12
+  assert sorted(int(p.name) for p in (workdir / 'checkpoints').iterdir()) == [2, 4, 6, 8, 10]
+  assert summary['model'] == str(workdir / 'average-last5')
+  assert (workdir / 'average-last5' / '10').is_dir()
+  assert len((workdir / 'test_hypotheses.de').read_text().splitlines()) == 12
+  for picture in summary['pictures']:
+    pixels = image.imread(picture)
+    assert pixels.ndim == 3 and min(pixels.shape[:2]) > 100 and pixels.std() > 0.01
+  assert any(w in summary['attention_sentence'] for w in ('because', 'although', 'when'))
+  for line in ('sample translations of held-out sentences', 'BLEU ', 'wall time',
+               'make train-base'):
+    assert line in first.stdout
+  assert 'training' in first.stderr  # the training progress bar
+
+  again = _demo(workdir)  # a finished workdir: resumes at the end and re-evaluates
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert 'resumed from step 10' in again.stderr
+  assert json.loads((workdir / 'demo_summary.json').read_text())['sacrebleu'] == \
+      summary['sacrebleu']
+
+
+def test_bench_answers_help():
+  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench'), '--help'],
+                          capture_output=True, text=True, check=True)
+  assert '--only' in result.stdout and 'data' in result.stdout and '--fast-path' in result.stdout
+  bad = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench'), '--only', 'train',
+                        '--loss-chunk', '0'], capture_output=True, text=True)
+  assert bad.returncode == 2 and 'Traceback' not in bad.stderr
+  assert bad.stderr.strip().splitlines()[-1].endswith(
+      "--loss-chunk: must be an integer >= 1, got '0'")
+
+
+def test_bench_train_reports_mfu_against_its_measured_peak():
+  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench'), '--only',
+                           'train', '--train-case', 'tiny'], capture_output=True, text=True,
+                          check=True, timeout=300)
+  report = json.loads(result.stdout)
+  train, tiny = report['train'], report['train']['tiny']
+  assert report['machine']['backend'] == 'cpu' and train['fast_path'] is False
+  peak = train['matmul_peak']['peak_gflops']
+  assert peak == max(train['matmul_peak']['gflops_by_size'].values()) > 0
+  flops = 3 * forward_flops(config.tiny(), 32, 64, 64)
+  assert tiny['model_tflops_per_step'] == round(flops / 1e12, 4)
+  assert tiny['target_tokens_per_step'] == 2048
+  assert tiny['mfu'] == pytest.approx(flops / tiny['step_s_median'] / 1e9 / peak, rel=1e-2)
+  assert tiny['step_s_range'][0] <= tiny['step_s_median'] <= tiny['step_s_range'][1]
+  assert tiny['step_buffers_gb'] >= 0 and not tiny['remat'] and tiny['loss_chunk'] == 1024
+  assert tiny['target_tokens_per_s_pipelined'] == pytest.approx(
+      2048 / tiny['step_s_pipelined'], rel=1e-2)  # steps queued back to back, as in training
+
+
+def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):
+  """The ratio jaxformer / torch per case, from bench_torch.py's JSON (faked here: torch is an
+  optional extra; test_torch_peer_matches_jaxformer checks the peer where torch is installed);
+  a failed peer is reported, not raised."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  from bench import train as bench_train  # pylint: disable=g-import-not-at-top
+  peer = {'torch': 'x', 'cases': {'tiny': {'target_tokens_per_s': 400.0}}}
+  calls, exits = [], [0, 1]
+
+  def fake_run(command, **kwargs):
+    calls.append(command)
+    return subprocess.CompletedProcess(command, exits[len(calls) - 1], stdout=json.dumps(peer),
+                                       stderr='torch.OutOfMemoryError: CUDA out of memory\n')
+  monkeypatch.setattr(bench_train.importlib.util, 'find_spec', lambda name: True)
+  monkeypatch.setattr(bench_train.subprocess, 'run', fake_run)
+  assert bench_train.torch_peer(['tiny', 'base']) == peer
+  assert calls[0][-2:] == ['--case=tiny', '--case=base']
+  assert calls[0][1].endswith('experiments/bench_torch.py')
+  results = {'tiny': {'target_tokens_per_s': 1000.0}, 'base': {'target_tokens_per_s': 5.0}}
+  assert bench_train.add_ratios(results, peer) == peer
+  assert bench_train.torch_peer() == {
+      'error': 'bench_torch.py exited with 1: torch.OutOfMemoryError: CUDA out of memory'}
+  assert results['tiny']['ratio_to_torch'] == 2.5 and 'ratio_to_torch' not in results['base']
+
+
+def test_torch_peer_matches_jaxformer():
+  """Where torch is installed (jaxformer[bench]): the peer has jaxformer's parameters plus the
+  two stack LayerNorms nn.Transformer adds, the paper's lrate, and times the tiny case."""
+  pytest.importorskip('torch')
+  from jaxformer import optim  # pylint: disable=g-import-not-at-top
+  from jaxformer.model import parameter_count  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  import bench_torch  # pylint: disable=g-import-not-at-top
+  for cfg in (config.tiny(), config.base()):
+    ours = parameter_count(cfg)
+    peer = sum(p.numel() for p in bench_torch.PaperTransformer(cfg).parameters())
+    assert peer == ours + 2 * 2 * cfg.d_model
+    schedule = optim.lrate_schedule(cfg.d_model, cfg.warmup_steps)
+    for count in (0, 99, 3999, 50_000):
+      peer_lr = bench_torch._lrate(cfg)(count)  # pylint: disable=protected-access
+      assert peer_lr == pytest.approx(float(schedule(count)), rel=1e-5)
+  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench_torch.py'),
+                           '--case', 'tiny'], capture_output=True, text=True, check=True,
+                          timeout=300)
+  tiny = json.loads(result.stdout)['cases']['tiny']
+  assert tiny['target_tokens_per_step'] == 2048 and tiny['dtype'] == 'float32'
+  assert tiny['target_tokens_per_s'] == pytest.approx(2048 / tiny['step_s_median'], rel=1e-2)
+
+
+def test_bench_memory_compiles_the_step_and_reports_its_buffers():
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  from bench import memory  # pylint: disable=g-import-not-at-top
+  report = memory.run(preset='tiny', rows=16, row_len=64, cases=((False, 1), (False, 4)))
+  assert len(report) == 2
+  sizes = {name.split('tokens_')[1]: case['temp_mb'] for name, case in report.items()}
+  assert all(case['arguments_mb'] > 0 for case in report.values())
+  assert sizes['remat_False_accum_4'] < sizes['remat_False_accum_1']  # a quarter of the batch
+
+
+def test_bench_decode_fast_path_counts_the_output_tokens(shared_data):
+  """The GPU's decode case (run here on CPU with the tiny preset): sources of one 32-wide
+  bucket, outputs to the length limit (64: tiny's max_len), tokens/s = tokens / seconds."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  from bench import decode  # pylint: disable=g-import-not-at-top
+  report = decode.base_fast_path(shared_data, batch_size=8, sentences=16, preset='tiny')
+  assert report['sentences'] == 16 and report['attention'] == 'einsum'
+  for search in ('greedy', 'beam4'):
+    case = report[search]
+    assert 0 < case['tokens'] <= 16 * 64
+    assert case['target_tokens_per_s'] == pytest.approx(case['tokens'] / case['seconds'],
+                                                        rel=1e-2)  # seconds: 3 decimals
+
+
+def test_profile_step_splits_a_step_by_model_part():
+  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'profile_step.py'),
+                           '--preset', 'tiny', '--rows', '4', '--row-len', '16'],
+                          capture_output=True, text=True, check=True, timeout=300)
+  report = json.loads(result.stdout)
+  parts = report['op_seconds_by_part']
+  assert {'feed-forward', 'softmax projection + loss',
+          'attention: q, k, v, out projections'} <= set(parts)
+  assert parts['feed-forward'] > 0 and parts['softmax projection + loss'] > 0
+  assert report['wall_s'] > 0
+
+
+def test_profile_step_splits_a_beam_search_by_part():
+  result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'profile_step.py'),
+                           '--preset', 'tiny', '--rows', '2', '--search', 'beam4'],
+                          capture_output=True, text=True, check=True, timeout=300)
+  parts = json.loads(result.stdout)['op_seconds_by_part']
+  assert parts['reorder beams (cache and sequences)'] > 0 and parts['top-k'] > 0
+  assert parts['feed-forward'] > 0
+
+
+def _script(name: str):
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  return __import__(name)
+
+
+def test_demo_refuses_non_positive_counts_in_one_line(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    _script('demo').main(['--num-steps', '0'])
+  assert exit_info.value.code == 2
+  assert 'must be an integer >= 1, got' in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_eval_script_scores_local_files(workdir, tmp_path):
+  text = synthetic_text(12, seed=4)
+  (tmp_path / 'test.src').write_text('\n'.join(text.src) + '\n')
+  (tmp_path / 'test.ref').write_text('\n'.join(text.tgt) + '\n')
+  result = subprocess.run(
+      [sys.executable, str(ROOT / 'experiments' / 'eval.py'), '--workdir', str(workdir),
+       '--src', str(tmp_path / 'test.src'), '--ref', str(tmp_path / 'test.ref'),
+       '--output', str(tmp_path / 'hyps.txt')], capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  summary = json.loads(result.stdout.strip().splitlines()[-1])
+  hyps = (tmp_path / 'hyps.txt').read_text().splitlines()
+  assert len(hyps) == 12 and summary['segments'] == 12
+  assert summary['sacrebleu'] == pytest.approx(round(scoring.sacre_bleu(hyps, text.tgt)[0], 2))
+  assert result.stdout.startswith('sacreBLEU ')
+
+
+def test_eval_script_errors_are_one_line(workdir, tmp_path):
+  missing = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'eval.py'), '--workdir',
+                            str(tmp_path / 'nowhere')], capture_output=True, text=True,
+                           timeout=120)
+  assert missing.returncode == 1 and 'error: ' in missing.stderr.splitlines()[-1]
+  no_data = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'eval.py'), '--workdir',
+                            str(workdir), '--tfds-data-dir', str(tmp_path)], capture_output=True,
+                           text=True, timeout=120)
+  assert no_data.returncode == 1
+  assert 'not prepared' in no_data.stderr.splitlines()[-1]
+
+
+def test_plot_attention_writes_images(workdir, tmp_path):
+  from matplotlib import image
+  result = subprocess.run(
+      [sys.executable, str(ROOT / 'experiments' / 'plot_attention.py'), '--workdir', str(workdir),
+       '--sentence', 'the man who sees the dog walks', '--out', str(tmp_path)],
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  names = sorted(p.name for p in tmp_path.glob('*.png'))
+  assert names == ['attention_layer1.png', 'attention_layer1_heads.png', 'attention_layer2.png',
+                   'attention_layer2_heads.png', 'positional_encoding.png']
+  for name in names:
+    pixels = image.imread(tmp_path / name)
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+    assert pixels.std() > 0.01  # not a blank image
+
+
+@pytest.mark.slow
+def test_gpu_check_fails_what_is_broken(monkeypatch, capsys):
+  """Fused attention that scales its output, and too few steps to learn: both fail, the
+  checks that need the trained model not run, and exit status 1."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  import gpu_check  # pylint: disable=g-import-not-at-top
+  fused = jax.nn.dot_product_attention
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, **k: 1.5 * fused(*a, **k))
+  assert gpu_check.main(['--steps', '10']) == 1
+  out = capsys.readouterr().out
+  assert re.search(r'^fused attention == einsum\s+FAIL\s+AssertionError: relative error', out,
+                   flags=re.M)
+  assert re.search(r'^training, bfloat16 fast path\s+FAIL\s+AssertionError: loss', out, flags=re.M)
+  assert re.search(r'^cached == uncached decoding\s+FAIL\s+not run', out, flags=re.M)
+  assert '1 passed, 4 failed' in out

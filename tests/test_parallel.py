@@ -1,0 +1,91 @@
+"""jaxformer.parallel: prefetching, and pmap over 8 devices or 2 processes equal to one."""
+
+import pathlib
+import socket
+import subprocess
+import threading
+
+import jax
+import numpy as np
+import pytest
+from helpers import assert_trees_equal, start_worker
+
+from jaxformer import parallel
+
+TESTS = pathlib.Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+
+class _Counter:
+  """Batches {'x': i} for i = 1..n, with a state; raises at `fail_at`."""
+
+  def __init__(self, n, fail_at=None):
+    self.i, self.n, self.fail_at = 0, n, fail_at
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    if self.i == self.fail_at:
+      raise ValueError(f'bad batch {self.i}')
+    if self.i == self.n:
+      raise StopIteration
+    self.i += 1
+    return {'x': np.full((jax.local_device_count(), 2), self.i, np.int32)}
+
+  def get_state(self):
+    return {'row': self.i}
+
+
+def _prefetch_threads():
+  return [t for t in threading.enumerate() if t.name == 'prefetch']
+
+
+def test_prefetch_keeps_order_and_states_and_stops_its_thread():
+  got = [(int(batch['x'][0, 0]), state) for batch, state in parallel.prefetch(_Counter(5))]
+  assert got == [(i, {'row': i}) for i in range(1, 6)]
+  stream = parallel.prefetch(_Counter(100), size=2)
+  batch, _ = next(stream)
+  assert isinstance(batch['x'], jax.Array) and batch['x'].shape == (jax.local_device_count(), 2)
+  stream.close()
+  assert not _prefetch_threads()
+
+
+def test_prefetch_raises_the_iterators_error_at_its_batch():
+  stream = parallel.prefetch(_Counter(10, fail_at=3))
+  assert [int(b['x'][0, 0]) for _, (b, _) in zip(range(3), stream)] == [1, 2, 3]
+  with pytest.raises(ValueError, match='bad batch 3'):
+    next(stream)
+  assert not _prefetch_threads()
+
+
+def _finish(process: subprocess.Popen) -> None:
+  output, _ = process.communicate(timeout=300)
+  assert process.returncode == 0, output[-3000:]
+
+
+def _load_npz(path) -> dict:
+  with np.load(path) as f:
+    return dict(f)
+
+
+@pytest.mark.slow
+def test_eight_devices_equal_one_device_on_the_same_global_batch(tmp_path):
+  _finish(start_worker('devices', '8', str(tmp_path / 'eight.npz'), tmp_path=tmp_path))
+  _finish(start_worker('devices', '1', str(tmp_path / 'one.npz'), tmp_path=tmp_path))
+  assert_trees_equal(_load_npz(tmp_path / 'eight.npz'), _load_npz(tmp_path / 'one.npz'),
+                      atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one_process(tmp_path):
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    port = str(s.getsockname()[1])
+  hosts = [start_worker('host', str(i), port, str(tmp_path / 'hosts.npz'), tmp_path=tmp_path)
+           for i in range(2)]
+  for process in hosts:
+    _finish(process)
+  _finish(start_worker('hosts2', str(tmp_path / 'one.npz'), tmp_path=tmp_path))
+  assert_trees_equal(_load_npz(tmp_path / 'hosts.npz'), _load_npz(tmp_path / 'one.npz'),
+                      atol=1e-5, rtol=0)

@@ -1,0 +1,90 @@
+"""jaxformer.scoring: sacreBLEU, the paper's tokenized BLEU and chrF, checked independently."""
+
+import collections
+import math
+import subprocess
+import sys
+
+import pytest
+import sacrebleu
+from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
+
+from jaxformer import scoring
+
+
+def test_references_against_themselves_score_100(shared_data):
+  refs = (shared_data / 'newstest2014' / 'newstest2014.de').read_text(encoding='utf-8')
+  refs = refs.splitlines()
+  assert len(refs) == 3003
+  score, signature = scoring.sacre_bleu(refs, refs)
+  assert score == pytest.approx(100.0)
+  assert 'tok:13a' in signature and 'version:2.6.0' in signature
+  assert scoring.tokenized_bleu(refs, refs) == pytest.approx(100.0)
+
+
+def test_sacre_bleu_equals_the_sacrebleu_command_line(shared_data, tmp_path):
+  refs = (shared_data / 'newstest2014' / 'newstest2014.de').read_text(encoding='utf-8')
+  refs = refs.splitlines()[:300]
+  # A fixed, imperfect hypothesis: every reference with its last word dropped and two swapped.
+  hyps = []
+  for i, ref in enumerate(refs):
+    words = ref.split()[:-1]
+    if i % 3 == 0 and len(words) > 2:
+      words[0], words[1] = words[1], words[0]
+    hyps.append(' '.join(words))
+  (tmp_path / 'ref.de').write_text('\n'.join(refs) + '\n', encoding='utf-8')
+  (tmp_path / 'hyp.de').write_text('\n'.join(hyps) + '\n', encoding='utf-8')
+  cli = subprocess.run([sys.executable, '-m', 'sacrebleu', str(tmp_path / 'ref.de'), '-i',
+                        str(tmp_path / 'hyp.de'), '-b'], capture_output=True, text=True,
+                       check=True)
+  score, _ = scoring.sacre_bleu(hyps, refs)
+  assert f'{score:.1f}' == cli.stdout.strip()
+  assert 0 < score < 100
+
+
+def _hand_bleu(hyp: list[str], ref: list[str]) -> float:
+  """Unsmoothed BLEU-4 of one tokenized sentence pair, from its definition."""
+  log_precisions = []
+  for n in range(1, 5):
+    h = collections.Counter(tuple(hyp[i:i + n]) for i in range(len(hyp) - n + 1))
+    r = collections.Counter(tuple(ref[i:i + n]) for i in range(len(ref) - n + 1))
+    log_precisions.append(math.log(sum((h & r).values()) / sum(h.values())))
+  brevity = min(0.0, 1 - len(ref) / len(hyp))
+  return 100 * math.exp(brevity + sum(log_precisions) / 4)
+
+
+_HYP = ('Dr. Müller\'s EU-Kommission zahlt 1,000.50 Euro, u.a. für "Kinder-Garten-Gruppen" in '
+        '3-4 Wochen.')
+
+
+_REF = 'Dr. Müller\'s EU-Kommission zahlt 1,000.50 Euro, u.a. für "Kinder-Garten" in 3-4 Wochen.'
+
+
+def test_paper_tokenization_is_moses_then_the_compound_split():
+  # Worked by hand from tokenizer.perl -l de (the German nonbreaking prefixes keep "Dr." and
+  # "u.a."; numbers keep their separators; hyphens inside words stay; quotes and apostrophes are
+  # split off and escaped) and get_ende_bleu.sh's s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g.
+  assert scoring.paper_tokenize(_HYP) == (
+      'Dr. Müller &apos; s EU ##AT##-##AT## Kommission zahlt 1,000.50 Euro , u.a. für &quot; '
+      'Kinder ##AT##-##AT## Garten ##AT##-##AT## Gruppen &quot; in 3 ##AT##-##AT## 4 Wochen .')
+  # sacreBLEU's intl splits all of these differently: the paper's protocol is not intl's.
+  intl = TokenizerV14International()
+  assert intl(_HYP).startswith("Dr . Müller ' s EU - Kommission") and 'u . a .' in intl(_HYP)
+  assert scoring.paper_tokenize('a-b-c') == 'a ##AT##-##AT## b-c'  # perl's /g does not overlap
+
+
+def test_tokenized_bleu_is_unsmoothed_bleu_of_the_paper_tokens():
+  expected = _hand_bleu(scoring.paper_tokenize(_HYP).split(),
+                        scoring.paper_tokenize(_REF).split())
+  assert scoring.tokenized_bleu([_HYP], [_REF]) == pytest.approx(expected, rel=1e-9)
+  assert scoring.tokenized_bleu([_HYP], [_REF]) == pytest.approx(85.314136, abs=1e-5)
+  # English text goes through English rules ("It's" -> "It 's"), chosen by the target language.
+  assert scoring.paper_tokenize("It's 3-4 days.", 'en') == "It &apos;s 3 ##AT##-##AT## 4 days ."
+
+
+def test_scores_put_chrf_beside_bleu():
+  result = scoring.scores([_HYP], [_REF])
+  assert result['chrf'] == pytest.approx(
+      round(sacrebleu.metrics.CHRF().corpus_score([_HYP], [[_REF]]).score, 2))
+  assert 'nc:6' in result['chrf_signature'] and 'tok:13a' in result['signature']
+  assert 0 < result['chrf'] < 100 and result['tokenized_bleu'] == pytest.approx(85.31)

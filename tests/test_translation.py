@@ -1,0 +1,89 @@
+"""jaxformer.translation: the Translator and its search glue."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import synthetic_text
+
+from jaxformer import config, trainer, translation
+
+SENTENCES = ['the man sees a dog', 'a small red house under the garden with a big cat',
+             'Größe — ünïcode ✓', 'the dog']
+
+
+@pytest.mark.parametrize('beam_size', [1, 4])
+def test_cached_and_uncached_search_agree(translator, beam_size):
+  # max_len 40: the cached search grows its cache through stages of 16, 32 and 40 tokens.
+  src = jnp.array([[5, 9, 13, 1, 0, 0, 0, 0], [7, 8, 1, 0, 0, 0, 0, 0]])
+  lengths = jnp.array([40, 23])
+  run = lambda cached: translation.decode_batch(  # noqa: E731
+      translator.params, src, lengths, config=translator.config, max_len=40,
+      beam_size=beam_size, alpha=0.6, cached=cached)
+  cached = jax.jit(lambda: run(True))()
+  assert (cached[0] != 0).sum() > 16  # the untrained model ran into the second stage
+  np.testing.assert_array_equal(cached, jax.jit(lambda: run(False))())
+
+
+def test_batch_padding_does_not_change_a_translation(translator):
+  together = translator.translate(SENTENCES)
+  alone = [translator.translate([s])[0] for s in SENTENCES]
+  assert together == alone
+  assert len(set(together)) > 1
+
+
+def test_blank_lines_stay_blank_and_counts_are_kept(translator):
+  lines = ['', SENTENCES[0], '   ', SENTENCES[2], '']
+  out = translator.translate(lines)
+  assert len(out) == 5 and out[0] == out[2] == out[4] == ''
+  assert out[1] == translator.translate([SENTENCES[0]])[0]
+
+
+def test_outputs_respect_the_length_limit(workdir):
+  short = translation.Translator.from_checkpoint(str(workdir), batch_size=4, extra_length=2)
+  ids = short.tokenizer.encode(short.translate(SENTENCES))
+  sources = short.tokenizer.encode(SENTENCES)
+  assert all(len(out) <= len(src) + 1 + 2 for out, src in zip(ids, sources))
+
+
+def test_averaged_translator_loads(workdir):
+  averaged = translation.Translator.from_checkpoint(str(workdir), average_last=2, batch_size=4)
+  from_dir = translation.Translator.from_checkpoint(str(workdir / 'average-last2'), batch_size=4)
+  for a, b in zip(jax.tree.leaves(averaged.params), jax.tree.leaves(from_dir.params)):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+  assert averaged.translate(SENTENCES[:2]) == from_dir.translate(SENTENCES[:2])
+
+
+def test_over_long_sources_are_cut_to_the_model_and_counted(translator, caplog):
+  """A source of thousands of words is cut to max_len pieces (with a warning naming it), and
+  decoding stays within max_len: one output line per input, no out-of-memory."""
+  sentences = ['the dog', 'the man sees a dog ' * 800, 'the house']
+  with caplog.at_level('WARNING', logger='jaxformer.evaluate'):
+    outputs = translator.translate(sentences)
+  assert len(outputs) == 3 and outputs[0] == translator.translate(['the dog'])[0]
+  assert "1 source(s) longer than the model's 64 tokens were cut to that length (indices 1)" \
+      in caplog.text
+  limit = translator.config.max_len - 1
+  cut = translator.tokenizer.decode([translator.tokenizer.encode([sentences[1]])[0][:limit]])
+  assert outputs[1] == translator.translate(cut)[0]  # the same as translating the cut source
+
+
+def test_learned_positions_translate_sources_longer_than_the_table(tmp_path):
+  """Table 3 row E: the width bucket plus 50 used to pass max_len and break init_cache."""
+  cfg = config.tiny(vocab_size=400).replace(learned_positions=True)  # max_len 64 = row_len
+  settings = config.TrainConfig(num_steps=1, tokens_per_batch=1024, row_len=64,
+                                checkpoint_every_secs=None, average_last=0)
+  trainer.train(cfg, settings, tmp_path, synthetic_text(200))
+  row_e = translation.Translator.from_checkpoint(str(tmp_path), batch_size=2)
+  outputs = row_e.translate(['the dog', 'a small red house with a big cat ' * 5, 'the man ' * 40])
+  assert len(outputs) == 3 and all(len(row_e.tokenizer.encode([o])[0]) <= 64 for o in outputs)
+
+
+def test_cross_attention_rows_are_distributions_over_real_source_pieces(translator):
+  from jaxformer import plots
+  src, tgt, layers = plots.cross_attention(translator, SENTENCES[0])
+  assert len(layers) == translator.config.num_layers
+  for weights in layers:
+    assert weights.shape == (translator.config.num_heads, len(tgt), len(src))
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+  assert src[-1] == '</s>' and tgt[-1] == '</s>'
