@@ -1,6 +1,7 @@
 """jaxformer.cli: the commands, their flags and their one-line errors."""
 
 import argparse
+import ast
 import os
 import pathlib
 import subprocess
@@ -285,3 +286,11 @@ def test_train_entry_point_reports_bad_input_in_one_line(tmp_path):
   assert result.stderr.strip().splitlines()[-1] == (
       f'error: {tmp_path / "a.src"} has 2 lines but {tmp_path / "a.tgt"} has 1: the files must '
       'be line-aligned.')
+
+
+def test_cli_imports_at_the_top_only():
+  """cli.py imports what it uses at module level: no command imports inside a function."""
+  tree = ast.parse((ROOT / 'jaxformer' / 'cli.py').read_text())
+  inner = [node.lineno for function in ast.walk(tree) if isinstance(function, ast.FunctionDef)
+           for node in ast.walk(function) if isinstance(node, (ast.Import, ast.ImportFrom))]
+  assert inner == []

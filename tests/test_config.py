@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import pytest
 
-from jaxformer import checkpoint, config
+from jaxformer import checkpoint, config, errors
 from jaxformer import config as config_lib
 
 
@@ -44,3 +44,25 @@ def test_configs_round_trip_and_old_flat_checkpoint_configs_load():
     config.config_from_dict({**fields, 'colour': 'red'})
   with pytest.raises(checkpoint.CheckpointError, match=r"does not know: \['colour'\]"):
     checkpoint.meta_config({'config': {**fields, 'colour': 'red'}})
+
+
+@pytest.mark.parametrize('changes,message', [
+    ({'num_steps': 0}, r'^num_steps must be >= 1, got 0\.$'),
+    ({'keep_train_state': 0}, r'^keep_train_state must be >= 1, got 0\.$'),
+    ({'average_last': -1}, r'^average_last must be >= 0, got -1\.$'),
+    ({'checkpoint_every_secs': 0.0}, r'^checkpoint_every_secs must be > 0 \(or unset\), got 0'),
+])
+def test_train_settings_check_themselves(changes, message):
+  with pytest.raises(config.SettingError, match=message):
+    config.TrainConfig(**changes)
+  with pytest.raises(config.SettingError, match="data.source must be 'wmt14', 'text' or"):
+    config.DataConfig(source='web')
+  assert issubclass(config.SettingError, errors.JaxformerError)  # the CLI's one-line errors
+  assert config.TrainConfig(checkpoint_every_secs=None).checkpoint_every_secs is None
+
+
+def test_the_steps_compute_on_the_fast_path_when_asked_or_on_gpu():
+  base = config.base()
+  assert config.TrainConfig().computed(base) == base  # the tests' backend is the CPU
+  assert config.TrainConfig(fast_path=True).computed(base) == config.fast_path(base, 'gpu')
+  assert config.TrainConfig(fast_path=False).computed(base) == base

@@ -136,7 +136,6 @@ _THP = pathlib.Path('/sys/kernel/mm/transparent_hugepage/enabled')
 _MALLOC_64_MIB = """
 import ctypes, resource
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -1,6 +1,5 @@
 """jaxformer.parallel: prefetching, and pmap over 8 devices or 2 processes equal to one."""
 
-import pathlib
 import socket
 import subprocess
 import threading
@@ -11,9 +10,6 @@ import pytest
 from helpers import assert_trees_equal, start_worker
 
 from jaxformer import parallel
-
-TESTS = pathlib.Path(__file__).resolve().parent
-ROOT = TESTS.parent
 
 
 class _Counter:

@@ -2,7 +2,6 @@
 
 import json
 import os
-import pathlib
 import shutil
 import signal
 import socket
@@ -25,9 +24,6 @@ from helpers import poison_third_batch as _poison_third_batch
 from helpers import train_settings as _tc
 
 from jaxformer import checkpoint, data, optim, trainer, translation
-
-TESTS = pathlib.Path(__file__).resolve().parent
-ROOT = TESTS.parent
 
 
 def _due(step, tc, *, evaluating, save_signal=False) -> set[str]:
