@@ -5,6 +5,8 @@ import dataclasses
 import logging
 import os
 import pathlib
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +18,17 @@ from jaxformer import data, recipes, trainer
 from jaxformer.data import embedded
 from jaxformer.model import Transformer
 from jaxformer.translation import Translator
+
+# One persistent XLA compilation cache for the whole run: the pytest workers and the processes
+# the tests start (through the environment) compile the same small programs many times. It
+# halves the trainer tests' time; the process that started the run removes it.
+_XLA_CACHE = pathlib.Path(tempfile.gettempdir()) / (
+    'jaxformer-tests-xla-' + os.environ.get('PYTEST_XDIST_TESTRUNUID', str(os.getpid())))
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', str(_XLA_CACHE))
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
+jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
+jax.config.update('jax_persistent_cache_min_compile_time_secs',
+                  float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
 
 
 @pytest.fixture(autouse=True)
@@ -105,3 +118,9 @@ def tokenizer(tmp_path_factory) -> data.Tokenizer:
 @pytest.fixture(scope='session')
 def corpus(tokenizer) -> data.TokenizedCorpus:
   return data.tokenize_corpus(synthetic_text(600, seed=1), tokenizer, max_len=64)
+
+
+def pytest_sessionfinish(session):
+  """The process that started the run removes the compilation cache (its workers share it)."""
+  if not os.environ.get('PYTEST_XDIST_WORKER'):
+    shutil.rmtree(_XLA_CACHE, ignore_errors=True)

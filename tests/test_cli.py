@@ -265,7 +265,7 @@ def test_translate_answers_each_line_typed_at_a_terminal(workdir, translator):
 
 
 def test_average_command_saves_a_loadable_checkpoint(trained, capsys):
-  from jaxformer import cli
+
   assert cli.main(['average', '--workdir', str(trained), '--last', '2']) == 0
   assert 'average-last2' in capsys.readouterr().out
   params, _, _, _ = checkpoint.load(trained / 'average-last2')
