@@ -62,8 +62,8 @@ def check_fused_attention() -> str:
   params = Transformer(cfg).init(jax.random.key(0), src[:1], tgt[:1])['params']
   projection = rng.normal(size=(8, 20, CFG.vocab_size)) * (tgt > 0)[..., None]
   logits, grads = {}, {}
-  variants = {'fused': cfg, 'einsum': cfg.run_as(attention='einsum'),
-              'float32': cfg.run_as(attention='einsum', dtype=jnp.float32)}  # the reference
+  variants = {'fused': cfg, 'einsum': cfg.with_execution(attention='einsum'),
+              'float32': cfg.with_execution(attention='einsum', dtype=jnp.float32)}  # the reference
   for attention, variant in variants.items():
     model = Transformer(variant)
     forward = jax.jit(model.apply)

@@ -94,7 +94,7 @@ class TransformerConfig:
     """A copy with some fields changed."""
     return dataclasses.replace(self, **changes)
 
-  def run_as(self, **changes: Any) -> 'TransformerConfig':
+  def with_execution(self, **changes: Any) -> 'TransformerConfig':
     """A copy computed differently: some fields of `execution` changed."""
     return self.replace(execution=dataclasses.replace(self.execution, **changes))
 
@@ -106,7 +106,7 @@ def fast_path(config: TransformerConfig, backend: str | None = None) -> Transfor
   if (backend or jax.default_backend()) != 'gpu':
     return config
   fused = not config.attention_dropout_rate and config.key_dim == config.value_dim
-  return config.run_as(dtype=jnp.bfloat16, attention='fused' if fused else 'einsum')
+  return config.with_execution(dtype=jnp.bfloat16, attention='fused' if fused else 'einsum')
 
 
 def base(vocab_size: int = 37000) -> TransformerConfig:

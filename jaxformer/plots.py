@@ -23,7 +23,7 @@ def cross_attention(translator: Translator, sentence: str, translation: str | No
     translation = translator.translate([sentence])[0]
   src = tokenizer.encode([sentence])[0] + [EOS_ID]
   tgt = tokenizer.encode([translation])[0] + [EOS_ID]
-  _, state = Transformer(translator.config.run_as(attention='einsum')).apply(
+  _, state = Transformer(translator.config.with_execution(attention='einsum')).apply(
       {'params': translator.params}, jnp.array([src]), jnp.array([[0] + tgt[:-1]]),
       mutable=['intermediates'])
   decoder = state['intermediates']['decoder']

@@ -36,10 +36,10 @@ class TrainingError(JaxformerError, RuntimeError):
   """Training cannot go on (e.g. a non-finite loss); the message says where and what to do."""
 
 
-def check_backend(tc: TrainConfig, backend: str | None = None) -> None:
+def check_backend(train_cfg: TrainConfig, backend: str | None = None) -> None:
   """Stops a run that requires an accelerator (the paper's recipes) on a CPU backend."""
   backend = backend or jax.default_backend()
-  if tc.require_accelerator and backend == 'cpu':
+  if train_cfg.require_accelerator and backend == 'cpu':
     raise TrainingError(
         "this recipe needs a GPU, but jax's backend is cpu (no GPU here, or jax's CPU build): on "
         'a GPU host run `make install` (it installs jaxformer[cuda12] or [cuda13]; or pip install '
@@ -60,15 +60,15 @@ class Action:
   on_save_signal: bool = False
 
 
-def periodic_actions(tc: TrainConfig, *, log_metrics: Callable[[int], Any],
+def periodic_actions(train_cfg: TrainConfig, *, log_metrics: Callable[[int], Any],
                      evaluate: Callable[[int], Any] | None,
                      save: Callable[[int], Any]) -> list[Action]:
   """The loop's actions in the order they run: log, evaluate (when there is a validation set),
   save. Add one here to give the loop more periodic work."""
-  actions = [Action('log', tc.log_every_steps, log_metrics)]
+  actions = [Action('log', train_cfg.log_every_steps, log_metrics)]
   if evaluate is not None:
-    actions.append(Action('eval', tc.eval_every_steps, evaluate))
-  return actions + [Action('save', tc.checkpoint_every_steps, save, on_save_signal=True)]
+    actions.append(Action('eval', train_cfg.eval_every_steps, evaluate))
+  return actions + [Action('save', train_cfg.checkpoint_every_steps, save, on_save_signal=True)]
 
 
 def due(actions: list[Action], step: int, num_steps: int, *, save_signal: bool = False
@@ -79,32 +79,34 @@ def due(actions: list[Action], step: int, num_steps: int, *, save_signal: bool =
           or (action.on_save_signal and save_signal)]
 
 
-def host_sync_due(step: int, tc: TrainConfig, process_count: int) -> bool:
+def host_sync_due(step: int, train_cfg: TrainConfig, process_count: int) -> bool:
   """Whether the hosts agree on preemption and timed saves after `step`: always with one host
   (no communication), every host_sync_every_steps steps and at the last with several."""
-  return process_count == 1 or step % tc.host_sync_every_steps == 0 or step == tc.num_steps
+  return (process_count == 1 or step % train_cfg.host_sync_every_steps == 0
+          or step == train_cfg.num_steps)
 
 
-def _agree(guard: monitor.PreemptionGuard, last_save: float, tc: TrainConfig
+def _agree(guard: monitor.PreemptionGuard, last_save: float, train_cfg: TrainConfig
            ) -> tuple[bool, bool]:
   """(preempted, timed save due) as all hosts agree: one all-gather."""
-  local = [guard.signal is not None, monitor.clock_ran_out(last_save, tc.checkpoint_every_secs)]
+  local = [guard.signal is not None,
+           monitor.clock_ran_out(last_save, train_cfg.checkpoint_every_secs)]
   return tuple(bool(x) for x in parallel.all_hosts(np.array(local)).any(0))
 
 
 # --- what a run records -------------------------------------------------------------------------
 
 
-def run_facts(config: TransformerConfig, tc: TrainConfig, *, src_len: int, tgt_len: int,
-              rows: int) -> dict[str, Any]:
+def execution_facts(config: TransformerConfig, train_cfg: TrainConfig, *, src_len: int,
+                    tgt_len: int, rows: int) -> dict[str, Any]:
   """Where and how a run computes: devices, processes, dtype, attention and the batch."""
-  slots = rows * tc.accum_steps * jax.device_count()  # rows per update, all devices
+  slots = rows * train_cfg.accum_steps * jax.device_count()  # rows per update, all devices
   return {'devices': parallel.devices_line(), 'backend': jax.default_backend(),
           'device_count': jax.device_count(), 'process_count': jax.process_count(),
           'dtype': jnp.dtype(config.execution.dtype).name,
           'attention': config.execution.attention, 'remat': config.execution.remat,
           'source_tokens_per_update': slots * src_len,
-          'target_tokens_per_update': slots * tgt_len, 'accum_steps': tc.accum_steps,
+          'target_tokens_per_update': slots * tgt_len, 'accum_steps': train_cfg.accum_steps,
           'rows_per_device': rows, 'row_lengths': [src_len, tgt_len]}
 
 
@@ -118,10 +120,10 @@ def describe_run(facts: dict[str, Any]) -> str:
           f'{facts["row_lengths"][1]} tokens)')
 
 
-def _hparams(config: TransformerConfig, tc: TrainConfig, facts: dict[str, Any]
+def _hparams(config: TransformerConfig, train_cfg: TrainConfig, facts: dict[str, Any]
              ) -> dict[str, Any]:
   """The run's settings as TensorBoard hparams (numbers, booleans and strings only)."""
-  settings = {'model': config_to_dict(config), 'train': dataclasses.asdict(tc), 'run': facts}
+  settings = {'model': config_to_dict(config), 'train': dataclasses.asdict(train_cfg), 'run': facts}
   return jax.tree.map(lambda v: v if isinstance(v, (bool, int, float, str)) else str(v),
                       settings, is_leaf=lambda v: v is None or isinstance(v, list))
 
@@ -142,10 +144,10 @@ def _data_state(local: dict[str, Any]) -> dict[str, Any]:
 
 
 def resume_data(batches: data_lib.PackedBatches, hosts: list[dict[str, int]],
-                tc: TrainConfig) -> None:
+                train_cfg: TrainConfig) -> None:
   """Moves `batches` to this host's saved position; a fresh stream with reset_data or after a
   change of host count (with a warning); a one-line error when the data changed."""
-  if tc.reset_data:
+  if train_cfg.reset_data:
     log.warning('--reset-data: the checkpoint\'s params, optimiser state and step continue on a '
                 'fresh data stream.')
     return
@@ -171,12 +173,12 @@ def resume_data(batches: data_lib.PackedBatches, hosts: list[dict[str, int]],
   batches.set_state(saved)
 
 
-def init_or_restore(config: TransformerConfig, tc: TrainConfig,
+def init_or_restore(config: TransformerConfig, train_cfg: TrainConfig,
                     pipeline: pipeline_lib.Pipeline, manager: Any) -> tuple[TrainState, Array]:
   """A fresh state and rng, or the newest compatible checkpoint's (the data stream moved to its
-  position). The state computes with tc.computed(config); checkpoints record `config`."""
-  init_rng, rng = jax.random.split(jax.random.key(tc.seed))
-  state = create_train_state(tc.computed(config), init_rng)
+  position). The state computes with train_cfg.computed(config); checkpoints record `config`."""
+  init_rng, rng = jax.random.split(jax.random.key(train_cfg.seed))
+  state = create_train_state(train_cfg.computed(config), init_rng)
   found = checkpoint.restore_latest(
       manager, params=state.params, train=_train_item(state, rng), with_data=True,
       check=functools.partial(checkpoint.check_compatible, config=config,
@@ -187,7 +189,7 @@ def init_or_restore(config: TransformerConfig, tc: TrainConfig,
   train_item = restored['train']
   state = state.replace(params=restored['params'], opt_state=train_item['opt_state'],
                         step=train_item['step'])
-  resume_data(pipeline.train, restored['data']['hosts'], tc)
+  resume_data(pipeline.train, restored['data']['hosts'], train_cfg)
   log.info('resumed from step %d (%s)', step, manager.directory / str(step))
   return state, jax.random.wrap_key_data(train_item['rng'])
 
@@ -202,12 +204,13 @@ def _save(manager: Any, step: int, state: TrainState, rng: Array, meta: dict[str
     checkpoint.drop_old_train_state(manager, keep_train_state, saving=step)
 
 
-def _average(workdir: pathlib.Path, manager: Any, tc: TrainConfig, summary: dict) -> None:
+def _average(workdir: pathlib.Path, manager: Any, train_cfg: TrainConfig, summary: dict) -> None:
   available = len(manager.all_steps())
-  if available >= tc.average_last:
-    summary['averaged'] = str(checkpoint.save_average(workdir, tc.average_last))
+  if available >= train_cfg.average_last:
+    summary['averaged'] = str(checkpoint.save_average(workdir, train_cfg.average_last))
   else:
-    log.warning('only %d checkpoints: not averaging the last %d.', available, tc.average_last)
+    log.warning('only %d checkpoints: not averaging the last %d.', available,
+                train_cfg.average_last)
 
 
 # --- evaluation ---------------------------------------------------------------------------------
@@ -229,32 +232,32 @@ def validation_metrics(p_eval_step: Any, p_state: TrainState,
 
 
 def _translate_validation(translator: Translator, params: Any, text: data_lib.ParallelText,
-                          tc: TrainConfig) -> tuple[float | None, str]:
+                          train_cfg: TrainConfig) -> tuple[float | None, str]:
   """(sacreBLEU of the first bleu_sentences validation sentences or None, a markdown table of
   the first sample_translations: source, hypothesis, reference), decoded as in §6.1 by the
   run's one translator (its searches compiled at the first evaluation only)."""
-  count = max(tc.bleu_sentences, tc.sample_translations)
+  count = max(train_cfg.bleu_sentences, train_cfg.sample_translations)
   translator.params = params
   hypotheses = translator.translate(text.src[:count])
-  bleu = scoring.sacre_bleu(hypotheses, text.tgt[:tc.bleu_sentences])[0] \
-      if tc.bleu_sentences else None
+  bleu = scoring.sacre_bleu(hypotheses, text.tgt[:train_cfg.bleu_sentences])[0] \
+      if train_cfg.bleu_sentences else None
   cell = lambda s: s.replace('|', '\\|')  # noqa: E731
   rows = [f'| {cell(src)} | {cell(hyp)} | {cell(ref)} |' for src, hyp, ref in
-          list(zip(text.src, hypotheses, text.tgt))[:tc.sample_translations]]
+          list(zip(text.src, hypotheses, text.tgt))[:train_cfg.sample_translations]]
   return bleu, '\n'.join(['| source | hypothesis | reference |', '|---|---|---|', *rows])
 
 
 # --- the loop -----------------------------------------------------------------------------------
 
 
-def train(config: TransformerConfig, tc: TrainConfig, workdir: str | pathlib.Path,
+def train(config: TransformerConfig, train_cfg: TrainConfig, workdir: str | pathlib.Path,
           train_pairs: data_lib.PairSource, validation: data_lib.ParallelText | None = None
           ) -> dict[str, Any]:
   """Trains `config` on `train_pairs` in `workdir` (resuming from its checkpoints), evaluating
   on `validation` if given: the backend check, data.pipeline.build, train_and_evaluate."""
-  check_backend(tc)
-  pipeline = pipeline_lib.build(workdir, config, tc, train_pairs, validation)
-  return train_and_evaluate(config, tc, workdir, pipeline)
+  check_backend(train_cfg)
+  pipeline = pipeline_lib.build(workdir, config, train_cfg, train_pairs, validation)
+  return train_and_evaluate(config, train_cfg, workdir, pipeline)
 
 
 def train_recipe(recipe: Recipe, workdir: str | pathlib.Path) -> dict[str, Any]:
@@ -266,11 +269,12 @@ def train_recipe(recipe: Recipe, workdir: str | pathlib.Path) -> dict[str, Any]:
   return train_and_evaluate(recipe.model, recipe.train, workdir, pipeline)
 
 
-def _pmapped_steps(tc: TrainConfig) -> tuple[Any, Any]:
+def _pmapped_steps(train_cfg: TrainConfig) -> tuple[Any, Any]:
   """The train step (donating its state) and the eval step, pmapped over the local devices."""
   p_train_step = jax.pmap(
-      functools.partial(train_step, axis_name='batch', accum_steps=tc.accum_steps,
-                        skip_nonfinite=tc.skip_nonfinite), axis_name='batch', donate_argnums=0)
+      functools.partial(train_step, axis_name='batch', accum_steps=train_cfg.accum_steps,
+                        skip_nonfinite=train_cfg.skip_nonfinite),
+      axis_name='batch', donate_argnums=0)
   return p_train_step, jax.pmap(eval_step, axis_name='batch')
 
 
@@ -278,7 +282,8 @@ def _on_skip(step: int, skipped: int) -> None:
   log.warning('step %d: non-finite loss, update skipped (%d so far)', step, skipped)
 
 
-def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, workdir: str | pathlib.Path,
+def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
+                       workdir: str | pathlib.Path,
                        pipeline: pipeline_lib.Pipeline) -> dict[str, Any]:
   """Trains `config` on the pipeline's batches, resuming from the workdir.
 
@@ -287,19 +292,20 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, workdir: str 
   """
   workdir = pathlib.Path(workdir)
   manager = checkpoint.make_manager(workdir / 'checkpoints',
-                                    max_to_keep=max(tc.keep_checkpoints, tc.average_last, 1))
-  state, rng = init_or_restore(config, tc, pipeline, manager)
+                                    max_to_keep=max(train_cfg.keep_checkpoints,
+                                                    train_cfg.average_last, 1))
+  state, rng = init_or_restore(config, train_cfg, pipeline, manager)
   start_step = int(state.step)
   meta = checkpoint.make_meta(config, pipeline.tokenizer.model_proto)
-  facts = run_facts(state.config, tc, src_len=pipeline.src_len, tgt_len=pipeline.tgt_len,
-                    rows=pipeline.rows)
+  facts = execution_facts(state.config, train_cfg, src_len=pipeline.src_len,
+                          tgt_len=pipeline.tgt_len, rows=pipeline.rows)
   log.info('training on %s', describe_run(facts))
   p_state, p_rng = parallel.replicate(state), parallel.replicate(rng)
-  p_train_step, p_eval_step = _pmapped_steps(tc)
-  reader = monitor.MetricReader(skip_nonfinite=tc.skip_nonfinite, on_skip=_on_skip)
+  p_train_step, p_eval_step = _pmapped_steps(train_cfg)
+  reader = monitor.MetricReader(skip_nonfinite=train_cfg.skip_nonfinite, on_skip=_on_skip)
   summary: dict[str, Any] = {'preempted': False, 'train': {}}
   sink = monitor.MetricsSink(workdir, enabled=jax.process_index() == 0, start_step=start_step,
-                             total_steps=tc.num_steps)
+                             total_steps=train_cfg.num_steps)
   translator = None  # the run's one, made at the first evaluation that translates
   last_save, data_state = time.monotonic(), None
 
@@ -314,36 +320,36 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, workdir: str 
     sample translations, as configured."""
     nonlocal translator
     result = summary['eval'] = validation_metrics(p_eval_step, p_state, pipeline)
-    if (tc.bleu_sentences or tc.sample_translations) and sink.enabled:
+    if (train_cfg.bleu_sentences or train_cfg.sample_translations) and sink.enabled:
       translator = translator or Translator(None, config, pipeline.tokenizer)
       bleu, samples = _translate_validation(translator, parallel.unreplicate(p_state.params),
-                                            pipeline.validation_text, tc)
+                                            pipeline.validation_text, train_cfg)
       if bleu is not None:
         result['bleu'] = bleu
-      if tc.sample_translations:
+      if train_cfg.sample_translations:
         sink.text(step, 'samples', samples)
     sink.scalars(step, 'eval', result)
 
   def save(step: int) -> None:
     nonlocal last_save
     _save(manager, step, parallel.unreplicate(p_state), rng, meta, data_state,
-          tc.keep_train_state)
+          train_cfg.keep_train_state)
     last_save = time.monotonic()
 
-  actions = periodic_actions(tc, log_metrics=log_metrics, save=save,
+  actions = periodic_actions(train_cfg, log_metrics=log_metrics, save=save,
                              evaluate=evaluate if pipeline.validation is not None else None)
   device_batches = pipeline.device_batches()
   try:
     with sink, monitor.PreemptionGuard() as guard:
-      sink.start(start_step, facts, describe_run(facts), _hparams(config, tc, facts))
-      for step in range(start_step + 1, tc.num_steps + 1):
+      sink.start(start_step, facts, describe_run(facts), _hparams(config, train_cfg, facts))
+      for step in range(start_step + 1, train_cfg.num_steps + 1):
         batch, data_state = next(device_batches)
         p_state, metrics = p_train_step(p_state, batch, p_rng)
         sink.progress.update(reader.read())  # the previous step's: the device has this one
         reader.push(step, metrics)
-        preempted, timed_save = _agree(guard, last_save, tc) if host_sync_due(
-            step, tc, jax.process_count()) else (False, False)
-        now = due(actions, step, tc.num_steps, save_signal=preempted or timed_save)
+        preempted, timed_save = _agree(guard, last_save, train_cfg) if host_sync_due(
+            step, train_cfg, jax.process_count()) else (False, False)
+        now = due(actions, step, train_cfg.num_steps, save_signal=preempted or timed_save)
         if now:  # never report or save past an unchecked update
           sink.progress.update(reader.read())
         for action in now:
@@ -365,6 +371,6 @@ def train_and_evaluate(config: TransformerConfig, tc: TrainConfig, workdir: str 
     manager.wait_until_finished()
   summary.update(step=int(parallel.unreplicate(p_state.step)), skipped_updates=reader.skipped,
                  checkpoint=str(manager.directory / str(manager.latest_step())))
-  if tc.average_last and not summary['preempted'] and summary['step'] == tc.num_steps:
-    _average(workdir, manager, tc, summary)
+  if train_cfg.average_last and not summary['preempted'] and summary['step'] == train_cfg.num_steps:
+    _average(workdir, manager, train_cfg, summary)
   return summary

@@ -16,7 +16,7 @@ from jaxformer.model import Transformer
 
 def test_checkpoints_accept_other_execution_fields_only():
   meta = checkpoint.make_meta(config_lib.base(), b'spm')
-  fast = config_lib.base().run_as(remat=True, loss_chunk=4096, dtype=jnp.bfloat16)
+  fast = config_lib.base().with_execution(remat=True, loss_chunk=4096, dtype=jnp.bfloat16)
   checkpoint.check_compatible(meta, 'ckpt', config=fast, spm_model=b'spm')  # no error
   with pytest.raises(checkpoint.IncompatibleCheckpointError, match='d_ff'):
     checkpoint.check_compatible(meta, 'ckpt', config=fast.replace(d_ff=1024), spm_model=b'spm')

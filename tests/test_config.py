@@ -23,13 +23,13 @@ def test_fast_path_is_bfloat16_and_fused_attention_on_gpu_only():
                               'gpu').execution.attention == 'einsum'
   assert config_lib.fast_path(base.replace(qk_dim=16), 'gpu').execution.attention == 'einsum'
   with pytest.raises(ValueError, match='no attention dropout'):
-    base.run_as(attention='fused').replace(attention_dropout_rate=0.1)
+    base.with_execution(attention='fused').replace(attention_dropout_rate=0.1)
   with pytest.raises(ValueError, match="attention must be 'einsum' or 'fused'"):
-    base.run_as(attention='flash')
+    base.with_execution(attention='flash')
 
 
 def test_configs_round_trip_and_old_flat_checkpoint_configs_load():
-  cfg = config_lib.tiny().run_as(dtype=jnp.bfloat16, remat=True)
+  cfg = config_lib.tiny().with_execution(dtype=jnp.bfloat16, remat=True)
   fields = config.config_to_dict(cfg)
   assert fields['execution'] == {'dtype': 'bfloat16', 'attention': 'einsum', 'remat': True,
                                  'loss_chunk': 1024}

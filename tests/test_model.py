@@ -140,7 +140,7 @@ def test_dropout_is_active_only_in_training(tiny_model):
 
 def test_bfloat16_compute_keeps_float32_params_and_logits(tiny_config, tiny_model):
   _, params = tiny_model
-  model = Transformer(tiny_config.run_as(dtype=jnp.bfloat16))
+  model = Transformer(tiny_config.with_execution(dtype=jnp.bfloat16))
   logits = model.apply({'params': params}, SRC, TGT)
   assert logits.dtype == jnp.float32
   full = Transformer(tiny_config).apply({'params': params}, SRC, TGT)
@@ -165,7 +165,7 @@ def test_fused_attention_agrees_with_einsum_attention(tiny_model, tiny_config):
   real = np.asarray(inputs['tgt_segments'] > 0)
   outputs = {}
   for attention in ('einsum', 'fused'):
-    cfg = tiny_config.run_as(attention=attention)
+    cfg = tiny_config.with_execution(attention=attention)
     logits = Transformer(cfg).apply({'params': params}, **inputs)
     greedy = translation.decode_batch(params, inputs['src'][1:], jnp.array([9]), config=cfg,
                                       max_len=10, beam_size=1, alpha=0.6)
@@ -180,7 +180,7 @@ def test_fused_attention_names_cudnn_on_gpu_with_full_masks(tiny_model, tiny_con
   lengths are even, with each mask broadcast to the [B, 1, T, L] bias cuDNN needs; odd lengths
   keep XLA's lowering. The fake runs XLA's lowering, so the answers must equal the CPU path's."""
   _, params = tiny_model
-  cfg = tiny_config.run_as(attention='fused', dtype=jnp.bfloat16)
+  cfg = tiny_config.with_execution(attention='fused', dtype=jnp.bfloat16)
   xla, calls = jax.nn.dot_product_attention, []
 
   def fake(q, k, v, *, mask, scale, implementation=None):
@@ -199,14 +199,14 @@ def test_fused_attention_names_cudnn_on_gpu_with_full_masks(tiny_model, tiny_con
   Transformer(cfg).apply({'params': params}, **_packed_inputs())  # targets of 7
   assert [kernel for kernel, _, _ in calls] == ['cudnn'] * 2 + [None] * 4
   calls.clear()
-  Transformer(cfg.run_as(dtype=jnp.float32)).apply({'params': params}, **even)
+  Transformer(cfg.with_execution(dtype=jnp.float32)).apply({'params': params}, **even)
   assert {kernel for kernel, _, _ in calls} == {None}  # cuDNN's kernel is bf16/fp16 only
 
 
 def test_bfloat16_keeps_layer_norm_softmax_and_logits_in_float32(tiny_model, tiny_config):
   _, params = tiny_model
   inputs = _packed_inputs()
-  cfg = tiny_config.run_as(dtype=jnp.bfloat16)
+  cfg = tiny_config.with_execution(dtype=jnp.bfloat16)
   logits, state = Transformer(cfg).apply({'params': params}, **inputs,
                                          mutable=['intermediates'])
   hidden = Transformer(cfg).apply({'params': params}, **inputs,

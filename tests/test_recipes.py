@@ -107,7 +107,7 @@ def test_every_setting_can_be_set_from_the_command_line():
                    '--set', 'train.checkpoint_every_secs=none', '--set', 'data.train_pairs=10',
                    '--spm-sample-size', '77', '--fast-path', '--train_src', 'a.en')
   assert changed.model == recipes.load('demo').model.replace(
-      dropout_rate=0.2, vocab_size=8000, pre_ln=True).run_as(dtype=jnp.bfloat16)
+      dropout_rate=0.2, vocab_size=8000, pre_ln=True).with_execution(dtype=jnp.bfloat16)
   assert changed.train == dataclasses.replace(
       recipes.load('demo').train, num_steps=5000, checkpoint_every_secs=None,
       spm_sample_size=77, fast_path=True)

@@ -106,7 +106,7 @@ def test_remat_changes_neither_params_nor_loss_nor_gradients():
   params = train.create_train_state(cfg, jax.random.key(0)).params
   results = []
   for remat in (False, True):
-    model = Transformer(cfg.run_as(remat=remat))  # the same params fit both: names unchanged
+    model = Transformer(cfg.with_execution(remat=remat))  # the same params fit both
 
     def loss(p, model=model):
       logits = model.apply({'params': p}, batch['src'], batch['tgt_in'], deterministic=False,
@@ -125,7 +125,7 @@ def test_bfloat16_trains_and_stays_close_to_float32():
   batch = reverse_batch(np.random.default_rng(0), batch=16, length=8, vocab=32)
   curves = {}
   for dtype in (jnp.float32, jnp.bfloat16):
-    state = train.create_train_state(cfg.run_as(dtype=dtype), jax.random.key(0))
+    state = train.create_train_state(cfg.with_execution(dtype=dtype), jax.random.key(0))
     step = jax.jit(train.train_step)
     curve = []
     for i in range(60):

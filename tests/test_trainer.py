@@ -163,11 +163,11 @@ def test_resumes_with_the_fast_path_and_remat(trained, tmp_path):
   """Execution fields (bf16, fused attention, remat) may differ from the checkpoint's run."""
   workdir = tmp_path / 'w'
   shutil.copytree(trained, workdir)
-  summary = trainer.train(CFG.run_as(remat=True), _tc(num_steps=8, fast_path=True), workdir,
+  summary = trainer.train(CFG.with_execution(remat=True), _tc(num_steps=8, fast_path=True), workdir,
                           TEXT)
   assert summary['step'] == 8 and np.isfinite(summary['train']['loss'])
   _, saved_config, _, step = checkpoint.load(workdir)
-  assert step == 8 and saved_config == CFG.run_as(remat=True)  # as given, not as run (bf16)
+  assert step == 8 and saved_config == CFG.with_execution(remat=True)  # as given, not as run (bf16)
 
 
 def _text_files(tmp_path):

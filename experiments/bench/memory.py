@@ -19,7 +19,7 @@ def run(preset: str = 'big', rows: int = 100, row_len: int = 256,
   results = {}
   for remat, accum in cases:  # (remat, micro-batches)
     cfg = getattr(config, preset)()
-    cfg = config.fast_path(cfg, 'gpu').run_as(remat=remat)
+    cfg = config.fast_path(cfg, 'gpu').with_execution(remat=remat)
     state = jax.eval_shape(lambda cfg=cfg: train.create_train_state(cfg, jax.random.key(0)))
     batch = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype)
              for k, v in random_batch(1, rows, row_len, cfg.vocab_size).items()}

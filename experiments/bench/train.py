@@ -101,7 +101,7 @@ def run(*, fast_path: bool | None = None, only: list[str] | None = None,
       cases, loss_chunks or [None]):
     cfg = getattr(config, preset)()
     cfg = config.fast_path(cfg, 'gpu') if use_fast else cfg
-    cfg = cfg.run_as(remat=remat, **({'loss_chunk': chunk} if chunk else {}))
+    cfg = cfg.with_execution(remat=remat, **({'loss_chunk': chunk} if chunk else {}))
     result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'])
     result['loss_chunk'] = cfg.execution.loss_chunk
     if preset in PAPER_RECIPES:  # at this speed, the paper's recipe would take this long
