@@ -88,3 +88,22 @@ def test_scores_put_chrf_beside_bleu():
       round(sacrebleu.metrics.CHRF().corpus_score([_HYP], [[_REF]]).score, 2))
   assert 'nc:6' in result['chrf_signature'] and 'tok:13a' in result['signature']
   assert 0 < result['chrf'] < 100 and result['tokenized_bleu'] == pytest.approx(85.31)
+
+
+def test_lowercased_tokenized_bleu_is_the_multi30k_protocol():
+  """Multi30k's lc.norm.tok text (the first line of test_2016_flickr.lc.norm.tok.de, as the
+  dataset ships it), then unsmoothed BLEU of those tokens; case no longer counts."""
+  assert scoring.lowercase_tokenize('Ein Mann mit einem orangefarbenen Hut, der etwas '
+                                    'anstarrt.') == ('ein mann mit einem orangefarbenen hut , '
+                                                     'der etwas anstarrt .')
+  expected = _hand_bleu(scoring.lowercase_tokenize(_HYP).split(),
+                        scoring.lowercase_tokenize(_REF).split())
+  assert scoring.lowercase_tokenized_bleu([_HYP], [_REF]) == pytest.approx(expected, rel=1e-9)
+  cased = ['Ein Hund läuft über die Wiese im Park.']
+  lower = ['ein hund läuft über die wiese im park.']
+  assert scoring.lowercase_tokenized_bleu(cased, lower) == pytest.approx(100.0)
+  assert scoring.sacre_bleu(cased, lower)[0] < 100.0
+  result = scoring.scores(cased, lower)
+  assert result['lowercase_tokenized_bleu'] == 100.0 and result['sacrebleu'] < 100.0
+  report = scoring.report(result, lang='de', origin='x', segments=1, decoding='beam 4')
+  assert report[2].startswith('lowercased tokenized BLEU 100.00  (Moses normalize + tokenize')
