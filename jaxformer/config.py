@@ -168,6 +168,9 @@ class TrainConfig:
                              'on a fresh data stream (after changing the corpus or the seed)')
   host_sync_every_steps: int = setting(10, 'several hosts agree on preemption and timed saves '
                                        '(one all-gather) every this many steps')
+  patience: int | None = setting(None, 'stop early, saving, when the validation loss has not '
+                                 "improved for this many evaluations in a row (fairseq's "
+                                 '--patience; none: train all num_steps)')
 
   def __post_init__(self):
     for name in ('num_steps', 'tokens_per_batch', 'accum_steps', 'row_len', 'log_every_steps',
@@ -178,6 +181,8 @@ class TrainConfig:
     for name in ('average_last', 'bleu_sentences', 'sample_translations'):
       if getattr(self, name) < 0:
         raise SettingError(f'{name} must be >= 0, got {getattr(self, name)}.')
+    if self.patience is not None and self.patience < 1:
+      raise SettingError(f'patience must be >= 1 (or unset), got {self.patience}.')
     for name in ('checkpoint_every_steps', 'checkpoint_every_secs'):
       if getattr(self, name) is not None and getattr(self, name) <= 0:
         raise SettingError(f'{name} must be > 0 (or unset), got {getattr(self, name)}.')

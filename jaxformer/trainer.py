@@ -79,6 +79,23 @@ def due(actions: list[Action], step: int, num_steps: int, *, save_signal: bool =
           or (action.on_save_signal and save_signal)]
 
 
+class Patience:
+  """Early stopping as fairseq's --patience: counts the evaluations since the validation loss
+  last improved; `update` says when `limit` of them passed (never with limit None). The count
+  starts afresh when a run resumes."""
+
+  def __init__(self, limit: int | None):
+    self.limit, self.best, self.since = limit, float('inf'), 0
+
+  def update(self, loss: float) -> bool:
+    """Records an evaluation's loss; True when training should stop."""
+    if loss < self.best:
+      self.best, self.since = loss, 0
+    else:
+      self.since += 1
+    return self.limit is not None and self.since >= self.limit
+
+
 def host_sync_due(step: int, train_cfg: TrainConfig, process_count: int) -> bool:
   """Whether the hosts agree on preemption and timed saves after `step`: always with one host
   (no communication), every host_sync_every_steps steps and at the last with several."""
@@ -288,7 +305,8 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
   """Trains `config` on the pipeline's batches, resuming from the workdir.
 
   Returns a summary: final step, last train metrics, last evaluation, the newest checkpoint,
-  the averaged checkpoint (if any), and whether training stopped early on SIGTERM/SIGINT.
+  the averaged checkpoint (if any), whether training stopped on SIGTERM/SIGINT ('preempted'),
+  and 'stopped_early' when the patience ran out (the average is made then too).
   """
   workdir = pathlib.Path(workdir)
   manager = checkpoint.make_manager(workdir / 'checkpoints',
@@ -308,6 +326,7 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
                              total_steps=train_cfg.num_steps)
   translator = None  # the run's one, made at the first evaluation that translates
   last_save, data_state = time.monotonic(), None
+  patience, stop_early = Patience(train_cfg.patience), False
 
   def log_metrics(step: int) -> None:
     values = summary['train'] = reader.interval()
@@ -318,8 +337,9 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
   def evaluate(step: int) -> None:
     """Validation loss, perplexity and accuracy (all hosts); on process 0 also sacreBLEU and
     sample translations, as configured."""
-    nonlocal translator
+    nonlocal translator, stop_early
     result = summary['eval'] = validation_metrics(p_eval_step, p_state, pipeline)
+    stop_early = patience.update(result['loss'])  # the same on every host: an all-host sum
     if (train_cfg.bleu_sentences or train_cfg.sample_translations) and sink.enabled:
       translator = translator or Translator(None, config, pipeline.tokenizer)
       bleu, samples = _translate_validation(translator, parallel.unreplicate(p_state.params),
@@ -354,6 +374,13 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
           sink.progress.update(reader.read())
         for action in now:
           action.run(step)
+        if stop_early:
+          if 'save' not in {action.name for action in now}:
+            save(step)
+          summary['stopped_early'] = True
+          log.info('step %d: no better validation loss in %d evaluations (best %.4f): stopped '
+                   'early.', step, patience.since, patience.best)
+          break
         if preempted:
           manager.wait_until_finished()
           summary['preempted'] = True
@@ -371,6 +398,7 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
     manager.wait_until_finished()
   summary.update(step=int(parallel.unreplicate(p_state.step)), skipped_updates=reader.skipped,
                  checkpoint=str(manager.directory / str(manager.latest_step())))
-  if train_cfg.average_last and not summary['preempted'] and summary['step'] == train_cfg.num_steps:
+  finished = summary['step'] == train_cfg.num_steps or summary.get('stopped_early')
+  if train_cfg.average_last and finished and not summary['preempted']:
     _average(workdir, manager, train_cfg, summary)
   return summary

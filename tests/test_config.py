@@ -51,6 +51,7 @@ def test_configs_round_trip_and_old_flat_checkpoint_configs_load():
     ({'keep_train_state': 0}, r'^keep_train_state must be >= 1, got 0\.$'),
     ({'average_last': -1}, r'^average_last must be >= 0, got -1\.$'),
     ({'checkpoint_every_secs': 0.0}, r'^checkpoint_every_secs must be > 0 \(or unset\), got 0'),
+    ({'patience': 0}, r'^patience must be >= 1 \(or unset\), got 0\.$'),
 ])
 def test_train_settings_check_themselves(changes, message):
   with pytest.raises(config.SettingError, match=message):

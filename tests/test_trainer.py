@@ -325,3 +325,27 @@ def test_hosts_agree_every_n_steps_and_at_the_end():
   settings = _tc(num_steps=25, host_sync_every_steps=10)
   assert [s for s in range(1, 26) if trainer.host_sync_due(s, settings, 2)] == [10, 20, 25]
   assert all(trainer.host_sync_due(s, settings, 1) for s in range(1, 26))  # one host: free
+
+
+def test_patience_counts_evaluations_without_a_better_loss():
+  patience = trainer.Patience(2)
+  assert [patience.update(loss) for loss in (3.0, 2.5, 2.6, 2.4, 2.4, 2.5)] == [
+      False, False, False, False, False, True]
+  assert patience.best == 2.4 and patience.since == 2
+  assert not any(trainer.Patience(None).update(9.0) for _ in range(5))  # off
+
+
+def test_patience_stops_early_saves_and_averages(tmp_path, monkeypatch):
+  """Validation losses 3.0, 2.5, 2.6, 2.7: with patience 2 the run stops after the 4th
+  evaluation (step 4 of 10), saves that step though no save was due, and averages."""
+  losses = iter([3.0, 2.5, 2.6, 2.7, 2.8])
+  monkeypatch.setattr(trainer, 'validation_metrics', lambda *a: {'loss': next(losses)})
+  summary = trainer.train(CFG, _tc(num_steps=10, eval_every_steps=1, checkpoint_every_steps=3,
+                                   patience=2, average_last=2), tmp_path, TEXT,
+                          synthetic_text(20, seed=9))
+  assert summary['stopped_early'] and summary['step'] == 4 and summary['eval'] == {'loss': 2.7}
+  assert sorted(int(p.name) for p in (tmp_path / 'checkpoints').iterdir()) == [3, 4]
+  assert summary['averaged'].endswith('average-last2')
+  evals = [json.loads(line)['step'] for line in (tmp_path / 'metrics.jsonl').open()
+           if json.loads(line)['split'] == 'eval']
+  assert evals == [1, 2, 3, 4]
