@@ -22,6 +22,9 @@ def test_cli_help_lists_subcommands(capsys):
     cli.main(['--help'])
   assert exit_info.value.code == 0
   assert 'params' in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    cli.main(['train', '--help'])
+  assert 'GLIBC_TUNABLES=glibc.malloc.hugetlb=1 jaxformer train' in capsys.readouterr().out
 
 
 def test_console_script_is_installed():
