@@ -64,10 +64,10 @@ def self_attention_mask(cache: Cache, window: int | None) -> tuple[Array, Cache]
   return own.reshape(hypotheses // n, 1, n, max_len * n), {**cache, 'slots': slots}
 
 
-def write(layer: dict[str, Any], new: dict[str, Array], index: Array, n: int
-          ) -> dict[str, Any]:
+def write(layer: dict[str, Any], new: dict[str, Array], index: Array) -> dict[str, Any]:
   """A layer's cache with the new self-attention keys/values of position `index` (from N = B * n
   hypotheses) written in place: hypothesis b * n + s into slot s of sentence b."""
+  n = new['v'].shape[0] // layer['cross']['v'].shape[0]
   def put(cache: Array, x: Array, axis: int) -> Array:
     axis = cache.ndim + axis
     x = jnp.moveaxis(x.reshape(-1, n, *x.shape[1:]), 1, axis + 1)  # [..., 1, n, ...]

@@ -189,7 +189,7 @@ class DecoderLayer(nn.Module):
     h = r1.normed(y)
     kv = self_attn.project_kv(h)
     if cache is not None:  # this position joins each hypothesis's slot of the cache
-      cache = cache_lib.write(cache, kv, index, y.shape[0] // cache['cross']['k'].shape[0])
+      cache = cache_lib.write(cache, kv, index)
       kv = cache['self']
     y = r1(y, self_attn(h, kv, self_mask, deterministic=det), deterministic=det)
     cross_kv = cross_attn.project_kv(encoded) if cache is None else cache['cross']
