@@ -1,6 +1,6 @@
 """Data: sources (tfds WMT14, text files, the generated embedded corpus, any in-memory pairs),
 the shared sentencepiece vocabulary, the token cache, packed resumable batches, and the one
-entry point that prepares them for training (pipeline.prepare)."""
+entry point that turns a run's pairs into its batches (pipeline.sources, pipeline.build)."""
 
 from jaxformer.data import embedded, pipeline, tokenizer
 from jaxformer.data.cache import TokenizedCorpus, tokenize_corpus
