@@ -6,7 +6,9 @@ A training workdir holds `checkpoints/<step>/` with four items:
           averaging does not);
   data    the data iterators' positions, one per host;
   meta    the config, and the sentencepiece model (base64) with its sha256.
-An averaged checkpoint (`average-last<N>/<step>/`) holds params and meta, and loads like any other.
+A checkpoint saved at an evaluation also records its validation metrics (orbax's `metrics`
+item) when the run keeps its best checkpoints. An averaged checkpoint (`average-last<N>/<step>/`
+or `average-best<N>/<step>/`) holds params and meta, and loads like any other.
 """
 
 import base64
@@ -21,7 +23,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxformer.config import SettingError, TransformerConfig, config_from_dict, config_to_dict
+from jaxformer.config import (BEST_METRICS, SettingError, TransformerConfig, config_from_dict,
+                              config_to_dict)
 from jaxformer.errors import JaxformerError
 
 log = logging.getLogger(__name__)
@@ -89,14 +92,28 @@ def checkpoint_dir(path: str | pathlib.Path) -> pathlib.Path:
 
 
 def make_manager(directory: str | pathlib.Path, *, max_to_keep: int | None = None,
+                 keep_best: tuple[int, str] | None = None,
                  items: tuple[str, ...] = TRAIN_ITEMS,
                  read_only: bool = False) -> ocp.CheckpointManager:
   """An async orbax manager; it commits each step atomically and ignores unfinished ones.
-  A read-only one creates, saves and deletes nothing."""
+  It keeps the newest `max_to_keep` checkpoints, and with keep_best=(n, metric) also the n best
+  by the validation metric saved with them (`save(..., metrics=...)`). A read-only one creates,
+  saves and deletes nothing."""
   directory = pathlib.Path(directory).absolute()
   if not read_only:
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                           enable_async_checkpointing=True)
+    retention = {'max_to_keep': max_to_keep}
+    if keep_best:
+      n, metric = keep_best
+      rank = lambda metrics: metrics[metric]  # noqa: E731
+      mode = BEST_METRICS[metric]
+      policies = ocp.checkpoint_managers
+      retention = {'best_fn': rank, 'best_mode': mode, 'keep_checkpoints_without_metrics': False,
+                   'preservation_policy': policies.AnyPreservationPolicy([
+                       policies.LatestN(n=max_to_keep),
+                       policies.BestN(get_metric_fn=rank, reverse=mode == 'min', n=n,
+                                      keep_checkpoints_without_metrics=False)])}
+    options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True,
+                                           **retention)
     return ocp.CheckpointManager(directory, options=options, item_names=items)
   options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
   absl = logging.getLogger('absl')
@@ -118,14 +135,16 @@ def open_checkpoints(path: str | pathlib.Path) -> ocp.CheckpointManager:
 
 
 def save(manager: ocp.CheckpointManager, step: int, *, params: PyTree, meta: dict[str, Any],
-         train: PyTree | None = None, data: dict[str, Any] | None = None) -> None:
-  """Starts an async save of host (unreplicated) trees; `manager.wait_until_finished()` waits."""
+         train: PyTree | None = None, data: dict[str, Any] | None = None,
+         metrics: dict[str, float] | None = None) -> None:
+  """Starts an async save of host (unreplicated) trees; `manager.wait_until_finished()` waits.
+  `metrics` (validation loss, BLEU) rank the checkpoint for a manager made with keep_best."""
   items = {'params': ocp.args.StandardSave(params), 'meta': ocp.args.JsonSave(meta)}
   if train is not None:
     items['train'] = ocp.args.StandardSave(train)
   if data is not None:
     items['data'] = ocp.args.JsonSave(data)
-  manager.save(step, args=ocp.args.Composite(**items), force=True)
+  manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
 
 
 def drop_old_train_state(manager: ocp.CheckpointManager, keep: int, saving: int) -> list[int]:
@@ -220,19 +239,41 @@ def load(path: str | pathlib.Path, average_last: int | None = None
   return params, meta_config(meta), spm_model_bytes(meta), step
 
 
-def average_checkpoints(workdir: str | pathlib.Path, last_n: int) -> PyTree:
-  """The element-wise mean of the params of the last `last_n` checkpoints (§6.1).
+def last_steps(path: str | pathlib.Path, n: int) -> list[int]:
+  """The newest `n` checkpoint steps under `path`, oldest first."""
+  if n < 1:
+    raise CheckpointError(f'the number of checkpoints to average must be >= 1, got {n}.')
+  steps = sorted(open_checkpoints(path).all_steps())
+  if len(steps) < n:
+    raise CheckpointError(f'{path}: asked to average the last {n} checkpoints, but there are '
+                          f'only {len(steps)} ({steps}).')
+  return steps[-n:]
+
+
+def best_steps(path: str | pathlib.Path, n: int, metric: str = 'loss') -> list[int]:
+  """The `n` checkpoint steps under `path` with the best validation `metric` (BEST_METRICS)
+  saved with them, oldest first. Ties go to the newer checkpoint."""
+  if n < 1:
+    raise CheckpointError(f'the number of checkpoints to average must be >= 1, got {n}.')
+  manager = open_checkpoints(path)
+  scored = [(metrics[metric], step) for step in manager.all_steps()
+            if (metrics := manager.metrics(step)) and metric in metrics]
+  if len(scored) < n:
+    raise CheckpointError(
+        f'{path}: asked to average the {n} best checkpoints by validation {metric}, but only '
+        f'{len(scored)} recorded it: train with --set train.average_best={n} (it saves the '
+        'validation metrics with each evaluation\'s checkpoint and keeps the best).')
+  sign = 1 if BEST_METRICS[metric] == 'min' else -1
+  return sorted(step for _, step in sorted(scored, key=lambda s: (sign * s[0], -s[1]))[:n])
+
+
+def mean_params(path: str | pathlib.Path, steps: list[int]) -> PyTree:
+  """The element-wise mean of the params of checkpoints `steps` under `path` (§6.1).
 
   Checkpoints are read one at a time into a running float32 sum, so memory stays at about two
-  copies of the params however large last_n is.
+  copies of the params however many are averaged.
   """
-  if last_n < 1:
-    raise CheckpointError(f'the number of checkpoints to average must be >= 1, got {last_n}.')
-  manager = open_checkpoints(workdir)
-  steps = sorted(manager.all_steps())[-last_n:]
-  if len(steps) < last_n:
-    raise CheckpointError(f'{workdir}: asked to average the last {last_n} checkpoints, but '
-                          f'there are only {len(steps)} ({steps}).')
+  manager = open_checkpoints(path)
   total = None
   for step in steps:
     params = restore(manager, step)['params']
@@ -244,17 +285,23 @@ def average_checkpoints(workdir: str | pathlib.Path, last_n: int) -> PyTree:
   return jax.tree.map(lambda t: t / len(steps), total)
 
 
-def save_average(workdir: str | pathlib.Path, last_n: int) -> pathlib.Path:
-  """Averages the last `last_n` checkpoints into `<workdir>/average-last<N>/<last step>/`."""
-  steps = sorted(open_checkpoints(workdir).all_steps())
-  if not steps:
-    raise CheckpointError(f'{workdir}: no checkpoint to average.')
+def average_checkpoints(workdir: str | pathlib.Path, last_n: int) -> PyTree:
+  """The element-wise mean of the params of the last `last_n` checkpoints (§6.1)."""
+  return mean_params(workdir, last_steps(workdir, last_n))
+
+
+def save_average(workdir: str | pathlib.Path, last_n: int | None = None, *,
+                 best: int | None = None, metric: str = 'loss') -> pathlib.Path:
+  """Averages the last `last_n` checkpoints into `<workdir>/average-last<N>/<last step>/`, or
+  with `best`, the best N by validation `metric` into `<workdir>/average-best<N>/<newest of
+  them>/`."""
+  steps = best_steps(workdir, best, metric) if best else last_steps(workdir, last_n)
   meta = newest_meta(workdir)[1]
-  params = average_checkpoints(workdir, last_n)
-  out = pathlib.Path(workdir) / f'average-last{last_n}'
+  out = pathlib.Path(workdir) / (f'average-best{best}' if best else f'average-last{last_n}')
   target = make_manager(out, items=('params', 'meta'))
   if steps[-1] in target.all_steps():
     target.delete(steps[-1])
-  save(target, steps[-1], params=params, meta={**meta, 'averaged_steps': steps[-last_n:]})
+  save(target, steps[-1], params=mean_params(workdir, steps),
+       meta={**meta, 'averaged_steps': steps})
   target.wait_until_finished()
   return out

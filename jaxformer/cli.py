@@ -288,8 +288,13 @@ def _export(args: argparse.Namespace) -> int:
 
 @_one_line_errors
 def _average(args: argparse.Namespace) -> int:
-  out = checkpoint.save_average(args.workdir, args.last)
-  print(f'averaged the last {args.last} checkpoints of {args.workdir} into {out}')
+  if args.best:
+    out = checkpoint.save_average(args.workdir, best=args.best, metric=args.metric)
+    print(f'averaged the {args.best} checkpoints with the best validation {args.metric} of '
+          f'{args.workdir} into {out}')
+  else:
+    out = checkpoint.save_average(args.workdir, args.last)
+    print(f'averaged the last {args.last} checkpoints of {args.workdir} into {out}')
   return 0
 
 
@@ -371,11 +376,17 @@ def build_parser() -> argparse.ArgumentParser:
                       'CTranslate2 model directory')
   _add_model_flags(export, beam=False)
 
-  average = command('average', _average,
-                    'average the last N checkpoints of a workdir into a new checkpoint')
+  average = command('average', _average, 'average the last N checkpoints of a workdir, or the N '
+                    'best by validation metric, into a new checkpoint')
   average.add_argument('--workdir', required=True, help='a training workdir')
-  average.add_argument('--last', type=positive_int, default=5,
-                       help='how many (paper: 5 base, 20 big)')
+  which = average.add_mutually_exclusive_group()
+  which.add_argument('--last', type=positive_int, default=5,
+                     help='how many of the newest (paper: 5 base, 20 big)')
+  which.add_argument('--best', type=positive_int,
+                     help='how many of the best by --metric instead (a run trained with '
+                     '--set train.average_best=N recorded the metrics and kept them)')
+  average.add_argument('--metric', choices=sorted(config_lib.BEST_METRICS), default='loss',
+                       help='validation metric that ranks checkpoints for --best')
 
   params = command('params', _params, 'count the parameters of a preset')
   params.add_argument('--preset', choices=_PRESETS, default='base', help='the preset')

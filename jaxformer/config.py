@@ -127,6 +127,10 @@ def tiny(vocab_size: int = 64) -> TransformerConfig:
       max_len=64, warmup_steps=100)
 
 
+# Validation metrics that can rank checkpoints (average_best), and which way is better.
+BEST_METRICS = {'loss': 'min', 'bleu': 'max'}
+
+
 # --- the training run -----------------------------------------------------------------------------
 
 
@@ -152,6 +156,11 @@ class TrainConfig:
   keep_train_state: int = setting(2, 'the newest checkpoints that keep the optimiser state '
                                   'for resuming (the others keep params only, for averaging)')
   average_last: int = setting(5, 'average this many checkpoints at the end (0: none)')
+  average_best: int = setting(0, 'also average this many checkpoints with the best '
+                              'validation best_metric at the end, saving one at every '
+                              'evaluation and keeping the best beside the newest (0: none)')
+  best_metric: str = setting('loss', "what average_best ranks by: 'loss' (validation loss, "
+                             "lower is better) or 'bleu' (needs bleu_sentences)")
   eval_every_steps: int = setting(1000, 'steps between evaluations on the validation set')
   log_every_steps: int = setting(100, 'steps between logged training metrics')
   skip_nonfinite: bool = setting(False, 'skip and count updates with a non-finite loss instead '
@@ -178,9 +187,15 @@ class TrainConfig:
                  'keep_train_state'):
       if getattr(self, name) < 1:
         raise SettingError(f'{name} must be >= 1, got {getattr(self, name)}.')
-    for name in ('average_last', 'bleu_sentences', 'sample_translations'):
+    for name in ('average_last', 'average_best', 'bleu_sentences', 'sample_translations'):
       if getattr(self, name) < 0:
         raise SettingError(f'{name} must be >= 0, got {getattr(self, name)}.')
+    if self.best_metric not in BEST_METRICS:
+      raise SettingError(f'best_metric must be one of {sorted(BEST_METRICS)}, got '
+                         f'{self.best_metric!r}.')
+    if self.best_metric == 'bleu' and self.average_best and not self.bleu_sentences:
+      raise SettingError('best_metric=bleu needs validation BLEU: set bleu_sentences (e.g. '
+                         '--set train.bleu_sentences=1000).')
     if self.patience is not None and self.patience < 1:
       raise SettingError(f'patience must be >= 1 (or unset), got {self.patience}.')
     for name in ('checkpoint_every_steps', 'checkpoint_every_secs'):

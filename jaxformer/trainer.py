@@ -212,22 +212,34 @@ def init_or_restore(config: TransformerConfig, train_cfg: TrainConfig,
 
 
 def _save(manager: Any, step: int, state: TrainState, rng: Array, meta: dict[str, Any],
-          data_state: dict[str, Any], keep_train_state: int) -> None:
-  """Starts an async save of an unreplicated state, with every host's data position; older
-  checkpoints than the newest keep_train_state lose their optimiser state (process 0)."""
+          data_state: dict[str, Any], keep_train_state: int,
+          metrics: dict[str, float] | None = None) -> None:
+  """Starts an async save of an unreplicated state, with every host's data position (and the
+  validation metrics that rank it, if any); older checkpoints than the newest keep_train_state
+  lose their optimiser state (process 0)."""
   checkpoint.save(manager, step, params=state.params, meta=meta,
-                  train=_train_item(state, rng), data=_data_state(data_state))
+                  train=_train_item(state, rng), data=_data_state(data_state), metrics=metrics)
   if jax.process_index() == 0:
     checkpoint.drop_old_train_state(manager, keep_train_state, saving=step)
 
 
 def _average(workdir: pathlib.Path, manager: Any, train_cfg: TrainConfig, summary: dict) -> None:
+  """The end-of-run averages: the last average_last checkpoints ('averaged') and the best
+  average_best by validation best_metric ('averaged_best'), each when there are enough."""
   available = len(manager.all_steps())
-  if available >= train_cfg.average_last:
+  if train_cfg.average_last and available >= train_cfg.average_last:
     summary['averaged'] = str(checkpoint.save_average(workdir, train_cfg.average_last))
-  else:
+  elif train_cfg.average_last:
     log.warning('only %d checkpoints: not averaging the last %d.', available,
                 train_cfg.average_last)
+  if train_cfg.average_best:
+    ranked = sum(manager.metrics(step) is not None for step in manager.all_steps())
+    if ranked >= train_cfg.average_best:
+      summary['averaged_best'] = str(checkpoint.save_average(
+          workdir, best=train_cfg.average_best, metric=train_cfg.best_metric))
+    else:
+      log.warning('only %d evaluated checkpoints: not averaging the best %d.', ranked,
+                  train_cfg.average_best)
 
 
 # --- evaluation ---------------------------------------------------------------------------------
@@ -309,9 +321,13 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
   and 'stopped_early' when the patience ran out (the average is made then too).
   """
   workdir = pathlib.Path(workdir)
-  manager = checkpoint.make_manager(workdir / 'checkpoints',
-                                    max_to_keep=max(train_cfg.keep_checkpoints,
-                                                    train_cfg.average_last, 1))
+  if train_cfg.average_best and pipeline.validation is None:
+    raise TrainingError('average_best ranks checkpoints by validation metrics: give a '
+                        'validation set (--eval-src/--eval-tgt), or set average_best=0.')
+  manager = checkpoint.make_manager(
+      workdir / 'checkpoints',
+      max_to_keep=max(train_cfg.keep_checkpoints, train_cfg.average_last, 1),
+      keep_best=(train_cfg.average_best, train_cfg.best_metric) if train_cfg.average_best else None)
   state, rng = init_or_restore(config, train_cfg, pipeline, manager)
   start_step = int(state.step)
   meta = checkpoint.make_meta(config, pipeline.tokenizer.model_proto)
@@ -349,11 +365,16 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
       if train_cfg.sample_translations:
         sink.text(step, 'samples', samples)
     sink.scalars(step, 'eval', result)
+    if train_cfg.average_best:  # a checkpoint at every evaluation, ranked by its metric
+      save(step, {'loss': result['loss']} if train_cfg.best_metric == 'loss' else
+           {'bleu': float(parallel.all_hosts(np.array(result.get('bleu', 0.0))).sum())})
 
-  def save(step: int) -> None:
+  def save(step: int, metrics: dict[str, float] | None = None) -> None:
     nonlocal last_save
+    if manager.latest_step() == step:  # saved already at this step's evaluation
+      return
     _save(manager, step, parallel.unreplicate(p_state), rng, meta, data_state,
-          train_cfg.keep_train_state)
+          train_cfg.keep_train_state, metrics)
     last_save = time.monotonic()
 
   actions = periodic_actions(train_cfg, log_metrics=log_metrics, save=save,
@@ -375,8 +396,7 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
         for action in now:
           action.run(step)
         if stop_early:
-          if 'save' not in {action.name for action in now}:
-            save(step)
+          save(step)  # (a no-op if this step saved already)
           summary['stopped_early'] = True
           log.info('step %d: no better validation loss in %d evaluations (best %.4f): stopped '
                    'early.', step, patience.since, patience.best)
@@ -399,6 +419,6 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
   summary.update(step=int(parallel.unreplicate(p_state.step)), skipped_updates=reader.skipped,
                  checkpoint=str(manager.directory / str(manager.latest_step())))
   finished = summary['step'] == train_cfg.num_steps or summary.get('stopped_early')
-  if train_cfg.average_last and finished and not summary['preempted']:
+  if finished and not summary['preempted']:
     _average(workdir, manager, train_cfg, summary)
   return summary

@@ -75,3 +75,40 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(trained, tmp_path, 
     shutil.rmtree(workdir / 'checkpoints' / step_dir / 'params')
   with pytest.raises(checkpoint.CheckpointError, match='none of the checkpoints'):
     checkpoint.restore_latest(checkpoint.make_manager(workdir / 'checkpoints'))
+
+
+def _ranked_workdir(path, bleus):
+  """Checkpoints 1..len(bleus) of params {'w': [step, step]} saved with validation BLEU `bleus`
+  (None: saved without metrics, as a preemption save is), keeping the newest one and the best 2."""
+  manager = checkpoint.make_manager(path / 'checkpoints', max_to_keep=1, keep_best=(2, 'bleu'))
+  for step, bleu in enumerate(bleus, 1):
+    checkpoint.save(manager, step, params={'w': np.full(2, step, np.float32)}, meta={'m': step},
+                    metrics=None if bleu is None else {'bleu': bleu})
+  manager.wait_until_finished()
+  return path
+
+
+def test_best_checkpoints_by_a_metric_are_kept_and_averaged(tmp_path):
+  workdir = _ranked_workdir(tmp_path, [10.0, 30.0, 20.0, 30.0, None])
+  assert sorted(int(p.name) for p in (workdir / 'checkpoints').iterdir()) == [2, 4, 5]
+  assert checkpoint.best_steps(workdir, 2, 'bleu') == [2, 4]
+  assert checkpoint.best_steps(workdir, 1, 'bleu') == [4]  # a tie goes to the newer
+  assert checkpoint.last_steps(workdir, 2) == [4, 5]
+  out = checkpoint.save_average(workdir, best=2, metric='bleu')
+  assert out.name == 'average-best2'
+  restored = checkpoint.restore(checkpoint.open_checkpoints(out), 4)
+  np.testing.assert_array_equal(restored['params']['w'], [3.0, 3.0])  # (2 + 4) / 2
+  assert restored['meta'] == {'m': 5, 'averaged_steps': [2, 4]}
+  with pytest.raises(checkpoint.CheckpointError, match='only 2 recorded it.*average_best=3'):
+    checkpoint.best_steps(workdir, 3, 'bleu')
+  with pytest.raises(checkpoint.CheckpointError, match='validation loss, but only 0'):
+    checkpoint.best_steps(workdir, 1, 'loss')
+
+
+def test_best_metric_settings_are_checked():
+  with pytest.raises(config_lib.SettingError, match="best_metric must be one of.*'bleu', 'loss'"):
+    _tc(best_metric='accuracy')
+  with pytest.raises(config_lib.SettingError, match='needs validation BLEU'):
+    _tc(average_best=3, best_metric='bleu')
+  with pytest.raises(config_lib.SettingError, match='average_best must be >= 0'):
+    _tc(average_best=-1)

@@ -278,6 +278,8 @@ def test_average_command_saves_a_loadable_checkpoint(trained, capsys):
   assert_trees_equal(params, expected, rtol=1e-6)
   assert cli.main(['average', '--workdir', str(trained / 'nowhere'), '--last', '2']) == 1
   assert capsys.readouterr().err.startswith('error: ')
+  assert cli.main(['average', '--workdir', str(trained), '--best', '2']) == 1
+  assert 'but only 0 recorded it' in capsys.readouterr().err  # trained without average_best
 
 
 def test_train_entry_point_reports_bad_input_in_one_line(tmp_path):

@@ -349,3 +349,31 @@ def test_patience_stops_early_saves_and_averages(tmp_path, monkeypatch):
   evals = [json.loads(line)['step'] for line in (tmp_path / 'metrics.jsonl').open()
            if json.loads(line)['split'] == 'eval']
   assert evals == [1, 2, 3, 4]
+
+
+def test_average_best_keeps_and_averages_the_best_beside_the_newest(tmp_path, monkeypatch):
+  """Validation losses 3.0, 1.0, 2.0, 1.5, 2.5, 2.8 at steps 2..12: every evaluation saves with
+  its loss; the best two (steps 4 and 8) stay beside the newest two (10 and 12), and their mean
+  is average-best2 (the last-2 average is made as before)."""
+  losses = iter([3.0, 1.0, 2.0, 1.5, 2.5, 2.8])
+  monkeypatch.setattr(trainer, 'validation_metrics', lambda *a: {'loss': next(losses)})
+  summary = trainer.train(CFG, _tc(num_steps=12, eval_every_steps=2, checkpoint_every_steps=4,
+                                   keep_checkpoints=2, average_last=2, average_best=2),
+                          tmp_path, TEXT, synthetic_text(20, seed=9))
+  assert sorted(int(p.name) for p in (tmp_path / 'checkpoints').iterdir()) == [4, 8, 10, 12]
+  manager = checkpoint.open_checkpoints(tmp_path)
+  assert [manager.metrics(step) for step in (4, 8, 10, 12)] == [
+      {'loss': 1.0}, {'loss': 1.5}, {'loss': 2.5}, {'loss': 2.8}]
+  assert checkpoint.best_steps(tmp_path, 2) == [4, 8]
+  assert summary['averaged_best'].endswith('average-best2')
+  params, _, _, step = checkpoint.load(summary['averaged_best'])
+  assert step == 8
+  assert_trees_equal(params, checkpoint.mean_params(tmp_path, [4, 8]), rtol=1e-6)
+  assert summary['averaged'].endswith('average-last2')
+  assert_trees_equal(checkpoint.load(summary['averaged'])[0],
+                     checkpoint.mean_params(tmp_path, [10, 12]), rtol=1e-6)
+
+
+def test_average_best_needs_a_validation_set(tmp_path):
+  with pytest.raises(trainer.TrainingError, match='--eval-src'):
+    trainer.train(CFG, _tc(average_best=2), tmp_path, TEXT)
