@@ -5,10 +5,12 @@
   'jaxformer[bench]', and prints the ratio jaxformer / torch per case)
 
 The same model and recipe as jaxformer's: PyTorch's nn.Transformer (post-LN, ReLU) at the
-preset's dimensions, one embedding shared by source, target and the softmax (scaled by
-sqrt(d_model), plus sinusoids), dropout P_drop, label smoothing 0.1, Adam(0.9, 0.98, 1e-9) on
-the paper's lrate. nn.Transformer also puts a LayerNorm after each stack (jaxformer's post-LN
-stacks have none): 2 x d_model extra work per token, negligible. bfloat16 autocast on GPU,
+case's dimensions (a preset's or a recipe's), one embedding shared by source, target and the
+softmax (scaled by sqrt(d_model), plus sinusoids), dropout P_drop, and on attention weights and
+after the ReLU the config's own rates (nn.Transformer's one rate would drop them at P_drop),
+label smoothing 0.1, Adam(0.9, 0.98, 1e-9) on the paper's lrate. nn.Transformer also puts a
+LayerNorm after each stack (jaxformer's post-LN stacks have none): 2 x d_model extra work per
+token, negligible. bfloat16 autocast on GPU,
 float32 on CPU; torch.compile by default on GPU (--compile to try it elsewhere; a compile that
 fails falls back to eager and says so). Timed as the bench times jaxformer: the same rows of
 random tokens, two warm-up steps (and compilation) excluded, then the median of the timed steps.
@@ -28,7 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench.train import TRAIN_CASES  # noqa: E402  (the cases: one table for both frameworks)
+from bench.train import TRAIN_CASES, case_config  # noqa: E402  (one table for both frameworks)
 from jaxformer import config  # noqa: E402
 
 
@@ -42,6 +44,12 @@ class PaperTransformer(nn.Module):
     nn.init.normal_(self.embed.weight, std=cfg.d_model ** -0.5)
     self.core = nn.Transformer(cfg.d_model, cfg.num_heads, cfg.num_layers, cfg.num_layers,
                                cfg.d_ff, cfg.dropout_rate, batch_first=True)
+    for layer in [*self.core.encoder.layers, *self.core.decoder.layers]:
+      # nn.Transformer's one rate also drops attention weights and ReLU outputs: these take the
+      # config's own rates, so both frameworks drop the same activations.
+      for attention in (layer.self_attn, getattr(layer, 'multihead_attn', layer.self_attn)):
+        attention.dropout = cfg.attention_dropout_rate
+      layer.dropout.p = cfg.relu_dropout_rate
     position = torch.arange(cfg.max_len, dtype=torch.float32)[:, None]
     timescale = torch.exp(torch.arange(0, cfg.d_model, 2) * (-math.log(10000.0) / cfg.d_model))
     table = torch.zeros(cfg.max_len, cfg.d_model)
@@ -138,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
   for name, preset, rows, length, accum, remat, timed in cases:
     if (args.case and name not in args.case) or remat:  # remat: a jaxformer memory option
       continue
-    result = time_case(getattr(config, preset)(), rows, length, accum, timed, device,
-                       compile_model)
+    result = time_case(case_config(preset), rows, length, accum, timed, device, compile_model)
     results['cases'][name] = result
     print(f'torch {name}: {result["target_tokens_per_s"]} tokens/s', file=sys.stderr, flush=True)
   print(json.dumps(results, indent=2))

@@ -130,8 +130,8 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
       _flag(group, field.name, action=argparse.BooleanOptionalAction, default=None,
             help=help_text)
     else:
-      _flag(group, field.name, type=_setting_type(hints[field.name]), metavar='N',
-            default=None, help=help_text)
+      _flag(group, field.name, type=_setting_type(hints[field.name]),
+            metavar='NAME' if hints[field.name] is str else 'N', default=None, help=help_text)
   _flag(group, 'allow_cpu', action='store_true',
         help="train the paper's recipes even on a CPU backend (= --no-require-accelerator)")
   group.add_argument('--remat', action='store_true',

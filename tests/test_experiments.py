@@ -111,7 +111,8 @@ def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):
 
 def test_torch_peer_matches_jaxformer():
   """Where torch is installed (jaxformer[bench]): the peer has jaxformer's parameters plus the
-  two stack LayerNorms nn.Transformer adds, the paper's lrate, and times the tiny case."""
+  two stack LayerNorms nn.Transformer adds, the paper's lrate, the config's dropout rates, and
+  times the tiny case."""
   pytest.importorskip('torch')
   from jaxformer import optim  # pylint: disable=g-import-not-at-top
   from jaxformer.model import parameter_count  # pylint: disable=g-import-not-at-top
@@ -125,6 +126,12 @@ def test_torch_peer_matches_jaxformer():
     for count in (0, 99, 3999, 50_000):
       peer_lr = bench_torch._lrate(cfg)(count)  # pylint: disable=protected-access
       assert peer_lr == pytest.approx(float(schedule(count)), rel=1e-5)
+  cfg = config.tiny().replace(dropout_rate=0.3, attention_dropout_rate=0.1, relu_dropout_rate=0)
+  core = bench_torch.PaperTransformer(cfg).core  # drops what jaxformer drops, at its rates
+  decoder = core.decoder.layers[0]
+  assert (decoder.dropout1.p, decoder.self_attn.dropout, decoder.multihead_attn.dropout,
+          decoder.dropout.p) == (0.3, 0.1, 0.1, 0.0)
+  assert core.encoder.layers[0].self_attn.dropout == 0.1
   result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench_torch.py'),
                            '--case', 'tiny'], capture_output=True, text=True, check=True,
                           timeout=300)
