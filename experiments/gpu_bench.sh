@@ -6,13 +6,14 @@
 # Steps (default: all, in this order), each bounded by `timeout` so that a slow one cannot take
 # the rest with it. Together they need more than one 10-minute command (on an H100, `train`
 # alone took over 270 s and one bench process 70-90 s), so on a machine lent for 10-minute
-# commands name a few per call (e.g. `train profile`, then `decode multi30k check`):
+# commands name a few per call (e.g. `train profile sweep`, then `multi30k`):
 #   check      gpu_check.py: fused attention (cuDNN), bf16 training, decoding, checkpoints
-#   train      the train step at the paper's ~25k target tokens, base and big, with PyTorch
-#              beside it when installed (ratio_to_torch)
+#   train      the train step at the paper's ~25k target tokens, base and big, on the fast path
+#              and on the fast path before 2026-11-24 (loss_chunk 1024, threefry dropout bits,
+#              float32 LayerNorm output), with PyTorch beside them when installed (ratio_to_torch)
 #   profile    where the base step's time goes (experiments/profile_step.py, slowest ops)
-#   chunks     the base step with larger loss_chunk sizes
-#   rbg        the base step with jax's rbg PRNG (dropout bits)
+#   sweep      the base step with one of the fast path's settings undone at a time, and with
+#              larger loss chunks
 #   decode     greedy and beam 4 at base dims, bf16, batches of 128 on newstest2014 sources
 #   multi30k   the multi30k_gpu recipe (train, then BLEU on test_2016_flickr)
 # BEFORE=DIR also times the train and decode steps with the jaxformer package in DIR (e.g. an
@@ -21,7 +22,7 @@ set -u
 out=${1:?usage: gpu_bench.sh OUT_DIR [DATA_DIR] [STEP...]}
 data=${2:-../shared/data}
 shift $(( $# < 2 ? $# : 2 ))
-steps=${*:-check train profile chunks rbg decode multi30k}
+steps=${*:-check train profile sweep decode multi30k}
 py=${PYTHON:-python3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 path=$root${PYTHONPATH:+:$PYTHONPATH}
@@ -35,22 +36,22 @@ run() {  # run SECONDS NAME COMMAND...: stdout to OUT/NAME, stderr to the log
   timeout "$seconds" "$@" > "$out/$name" || echo "== $name: exit $?" >&2
 }
 bench=("$py" experiments/bench --data-dir "$data")
+before_fast_path=loss_chunk=1024,dropout_rng=threefry,norm_dtype=float32
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >&2
 "$py" -c 'import jax, flax, optax; print("jax", jax.__version__, "flax", flax.__version__,
   "optax", optax.__version__, jax.devices())' >&2
 for step in $steps; do
   case $step in
     check) PYTHONPATH=$path run 150 gpu_check.txt "$py" experiments/gpu_check.py ;;
-    train) PYTHONPATH=$path run 420 train.json "${bench[@]}" --only train --train-case base \
-             --train-case big
+    train) PYTHONPATH=$path run 480 train.json "${bench[@]}" --only train --train-case base \
+             --train-case big --execution default --execution "$before_fast_path"
            [ -n "${BEFORE:-}" ] && PYTHONPATH=$before run 120 train_before.json "${bench[@]}" \
              --only train --train-case base --no-torch ;;
     profile) PYTHONPATH=$path run 120 profile_base.json "$py" experiments/profile_step.py \
                --preset base --rows 100 --row-len 256 --top 25 ;;
-    chunks) PYTHONPATH=$path run 120 loss_chunk.json "${bench[@]}" --only train --train-case base \
-              --loss-chunk 4096 ;;
-    rbg) JAX_DEFAULT_PRNG_IMPL=rbg PYTHONPATH=$path run 100 train_rbg.json "${bench[@]}" --only train \
-           --train-case base --no-torch ;;
+    sweep) PYTHONPATH=$path run 200 sweep.json "${bench[@]}" --only train --train-case base \
+             --no-torch --execution loss_chunk=1024 --execution dropout_rng=threefry \
+             --execution norm_dtype=float32 --execution loss_chunk=8192 ;;
     decode) PYTHONPATH=$path run 120 decode.json "${bench[@]}" --only decode
             [ -n "${BEFORE:-}" ] && PYTHONPATH=$before run 120 decode_before.json "${bench[@]}" \
               --only decode ;;

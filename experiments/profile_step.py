@@ -59,13 +59,29 @@ SEARCH_PARTS = [('reorder beams (cache and sequences)', r'_take|take_along_axis'
 
 
 def _op_scopes(hlo_text: str) -> dict[str, str]:
-  return dict(re.findall(r'%?([\w.\-]+) = \S+ .*?op_name="([^"]*)"', hlo_text))
+  """Each compiled instruction's name scope, by its name and by the name its GPU kernel gets
+  (XLA names a fusion's kernel after the fusion, '.' written '_')."""
+  scopes = dict(re.findall(r'%?([\w.\-]+) = \S+ .*?op_name="([^"]*)"', hlo_text))
+  return {**{name.replace('.', '_'): scope for name, scope in scopes.items()}, **scopes}
+
+
+def _event_op(event, scopes: dict[str, str]) -> str | None:
+  """The compiled instruction an event ran: its 'hlo_op' stat (a GPU kernel's event is named
+  after the kernel, a cuBLAS or cuDNN one too), else its name (on CPU the two are the same)."""
+  stats = {name: value for name, value in event.stats}
+  for op in (stats.get('hlo_op'), event.name):
+    if isinstance(op, bytes):
+      op = op.decode()
+    if isinstance(op, str) and op in scopes:
+      return op
+  return None
 
 
 def _profile(compiled, run, parts: list[tuple[str, str]]) -> tuple[float, collections.Counter,
                                                                     collections.Counter]:
   """(wall seconds of one traced run after a warm-up, op seconds summed by part, op seconds
-  by op name). On a GPU only the device's own op events count (not their host launches)."""
+  by op name). On a GPU only the device's own op events count (not their host launches); GPU
+  time matched to no instruction is summed by kernel name as 'unmatched: KERNEL'."""
   scopes = _op_scopes(compiled.as_text())
   jax.block_until_ready(run())  # warm-up
   with tempfile.TemporaryDirectory() as tmp:
@@ -83,11 +99,12 @@ def _profile(compiled, run, parts: list[tuple[str, str]]) -> tuple[float, collec
       continue
     for line in plane.lines:
       for event in line.events:
-        # A GPU kernel's event is named after the kernel (a cuBLAS or cuDNN one too); the
-        # HLO instruction it runs is its 'hlo_op' stat. On CPU the two are the same.
-        op = dict(event.stats).get('hlo_op', event.name)
-        if op not in scopes:  # runtime bookkeeping, not a compiled op
-          continue
+        op = _event_op(event, scopes)
+        if op is None:
+          if on_gpu:  # a kernel all the same: keep its time visible
+            by_op[f'unmatched ({line.name}): {event.name[:100]}'] += event.duration_ns / 1e9
+            seconds['unmatched'] += event.duration_ns / 1e9
+          continue  # on CPU: runtime bookkeeping, not a compiled op
         scope = scopes[op]
         part = next((name for name, pattern in parts if re.search(pattern, scope)), 'other')
         seconds[part] += event.duration_ns / 1e9

@@ -19,6 +19,10 @@ class SettingError(JaxformerError, ValueError):
   """A setting that is unknown, of the wrong type, or refused with the others."""
 
 
+DROPOUT_RNGS = ('threefry', 'rbg')
+_DTYPE_FIELDS = ('dtype', 'norm_dtype')  # Execution's dtypes, written by name
+
+
 @dataclasses.dataclass(frozen=True)
 class Execution:
   """How the model is computed, not what it computes: it may differ between the run that saved
@@ -30,12 +34,19 @@ class Execution:
                               # fused kernel on GPU; no attention dropout)
   remat: bool = False         # recompute each layer's activations in the backward pass
   loss_chunk: int = 1024      # positions per chunk of the training softmax and loss
+  norm_dtype: Any = jnp.float32  # LayerNorm's output, so the residual stream (its statistics
+                                 # and params are float32 either way)
+  dropout_rng: str = 'threefry'  # the dropout bits' PRNG: jax's default, or 'rbg' (XLA's
+                                 # RngBitGenerator, derived from the step's key: cheaper on GPU)
 
   def __post_init__(self):
     if self.attention not in ('einsum', 'fused'):
       raise SettingError(f"attention must be 'einsum' or 'fused', got {self.attention!r}.")
-    if jnp.dtype(self.dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-      raise SettingError(f'dtype must be float32 or bfloat16, got {self.dtype}.')
+    for name in _DTYPE_FIELDS:
+      if jnp.dtype(getattr(self, name)) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise SettingError(f'{name} must be float32 or bfloat16, got {getattr(self, name)}.')
+    if self.dropout_rng not in DROPOUT_RNGS:
+      raise SettingError(f'dropout_rng must be one of {DROPOUT_RNGS}, got {self.dropout_rng!r}.')
     if self.loss_chunk < 1:
       raise SettingError(f'loss_chunk must be >= 1, got {self.loss_chunk}.')
 
@@ -101,12 +112,15 @@ class TransformerConfig:
 
 def fast_path(config: TransformerConfig, backend: str | None = None) -> TransformerConfig:
   """`config` computed the fastest way on `backend` (default: jax's): on GPU, bfloat16 compute
-  (float32 params, LayerNorm, softmax and loss) and fused attention when attention dropout is
-  off; elsewhere unchanged (on CPU, float32 einsum attention is the faster path)."""
+  and residual stream (float32 params, LayerNorm statistics, softmax and loss), fused attention
+  when attention dropout is off, the loss in chunks of 4096 positions and dropout bits from
+  XLA's RngBitGenerator (docs/BENCHMARKS.md, "GPU"); elsewhere unchanged (on CPU, float32
+  einsum attention is the faster path)."""
   if (backend or jax.default_backend()) != 'gpu':
     return config
   fused = not config.attention_dropout_rate and config.key_dim == config.value_dim
-  return config.with_execution(dtype=jnp.bfloat16, attention='fused' if fused else 'einsum')
+  return config.with_execution(dtype=jnp.bfloat16, attention='fused' if fused else 'einsum',
+                               norm_dtype=jnp.bfloat16, loss_chunk=4096, dropout_rng='rbg')
 
 
 def base(vocab_size: int = 37000) -> TransformerConfig:
@@ -236,9 +250,10 @@ class DataConfig:
 
 
 def config_to_dict(config: TransformerConfig) -> dict[str, Any]:
-  """The config as JSON-able fields ('execution' a nested dict, its dtype by name)."""
+  """The config as JSON-able fields ('execution' a nested dict, its dtypes by name)."""
   fields = dataclasses.asdict(config)
-  fields['execution']['dtype'] = jnp.dtype(config.execution.dtype).name
+  for name in _DTYPE_FIELDS:
+    fields['execution'][name] = jnp.dtype(fields['execution'][name]).name
   return fields
 
 
@@ -255,6 +270,6 @@ def config_from_dict(fields: dict[str, Any]) -> TransformerConfig:
       set(execution) - {f.name for f in dataclasses.fields(Execution)})
   if unknown:
     raise SettingError(f'config has fields this jaxformer does not know: {unknown}')
-  if 'dtype' in execution:
-    execution['dtype'] = jnp.dtype(execution['dtype'])
+  for name in set(_DTYPE_FIELDS) & set(execution):
+    execution[name] = jnp.dtype(execution[name])
   return TransformerConfig(**fields, execution=Execution(**execution))

@@ -23,7 +23,11 @@ Array = jax.Array
 Cache = cache_lib.Cache
 
 _dense_init = nn.initializers.xavier_uniform()  # tensor2tensor's uniform_unit_scaling(1.0)
-_layer_norm = functools.partial(nn.LayerNorm, epsilon=1e-6, dtype=jnp.float32)
+
+
+def _layer_norm(config: TransformerConfig) -> nn.LayerNorm:
+  """LayerNorm (statistics and params in float32) whose output is in execution.norm_dtype."""
+  return nn.LayerNorm(epsilon=1e-6, dtype=config.execution.norm_dtype)
 
 
 def sinusoidal_positions(positions: Array, d_model: int) -> Array:
@@ -141,7 +145,7 @@ class Residual(nn.Module):
   config: TransformerConfig
 
   def setup(self):
-    self.norm = _layer_norm()
+    self.norm = _layer_norm(self.config)
     self.dropout = nn.Dropout(self.config.dropout_rate)
 
   def normed(self, x: Array) -> Array:
@@ -237,7 +241,7 @@ class Encoder(nn.Module):
     self.embedding = InputEmbedding(self.config, self.embed)
     layer = _maybe_remat(EncoderLayer, self.config)
     self.layers = [layer(self.config) for _ in range(self.config.num_layers)]
-    self.final_norm = _layer_norm() if self.config.pre_ln else None
+    self.final_norm = _layer_norm(self.config) if self.config.pre_ln else None
 
   def __call__(self, src: Array, segments: Array, positions: Array, *,
                deterministic: bool) -> Array:
@@ -258,7 +262,7 @@ class Decoder(nn.Module):
     self.embedding = InputEmbedding(self.config, self.embed)
     layer = _maybe_remat(DecoderLayer, self.config)
     self.layers = [layer(self.config) for _ in range(self.config.num_layers)]
-    self.final_norm = _layer_norm() if self.config.pre_ln else None
+    self.final_norm = _layer_norm(self.config) if self.config.pre_ln else None
 
   def __call__(self, tgt_in: Array, encoded: Array | None, self_mask: Array, cross_mask: Array,
                positions: Array, *, deterministic: bool, cache: Cache | None = None

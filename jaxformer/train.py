@@ -70,6 +70,8 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
   rng = jax.random.fold_in(rng, state.step)
   if axis_name is not None:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
+  if state.config.execution.dropout_rng == 'rbg':  # this step's key, as an RngBitGenerator key
+    rng = jax.random.wrap_key_data(jax.random.bits(rng, (4,), jnp.uint32), impl='rbg')
 
   def sums(params, micro_batch, micro_rng):
     """Gradient of the loss sum, and the sums behind the metrics, for one micro-batch."""

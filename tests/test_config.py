@@ -32,7 +32,8 @@ def test_configs_round_trip_and_old_flat_checkpoint_configs_load():
   cfg = config_lib.tiny().with_execution(dtype=jnp.bfloat16, remat=True)
   fields = config.config_to_dict(cfg)
   assert fields['execution'] == {'dtype': 'bfloat16', 'attention': 'einsum', 'remat': True,
-                                 'loss_chunk': 1024}
+                                 'loss_chunk': 1024, 'norm_dtype': 'float32',
+                                 'dropout_rng': 'threefry'}
   assert config.config_from_dict(fields) == cfg
   # jaxformer 0.1 wrote the execution fields at the top level.
   old = {k: v for k, v in fields.items() if k != 'execution'}

@@ -59,10 +59,10 @@ def test_bench_answers_help():
                           capture_output=True, text=True, check=True)
   assert '--only' in result.stdout and 'data' in result.stdout and '--fast-path' in result.stdout
   bad = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench'), '--only', 'train',
-                        '--loss-chunk', '0'], capture_output=True, text=True)
+                        '--execution', 'loss_chunk=0'], capture_output=True, text=True)
   assert bad.returncode == 2 and 'Traceback' not in bad.stderr
   assert bad.stderr.strip().splitlines()[-1].endswith(
-      "--loss-chunk: must be an integer >= 1, got '0'")
+      "--execution: 'loss_chunk=0': loss_chunk must be >= 1, got 0.")
 
 
 def test_bench_train_reports_mfu_against_its_measured_peak():
@@ -79,7 +79,7 @@ def test_bench_train_reports_mfu_against_its_measured_peak():
   assert tiny['target_tokens_per_step'] == 2048
   assert tiny['mfu'] == pytest.approx(flops / tiny['step_s_median'] / 1e9 / peak, rel=1e-2)
   assert tiny['step_s_range'][0] <= tiny['step_s_median'] <= tiny['step_s_range'][1]
-  assert tiny['step_buffers_gb'] >= 0 and not tiny['remat'] and tiny['loss_chunk'] == 1024
+  assert tiny['step_buffers_gb'] >= 0 and not tiny['remat'] and tiny['execution']['loss_chunk'] == 1024
   assert tiny['target_tokens_per_s_pipelined'] == pytest.approx(
       2048 / tiny['step_s_pipelined'], rel=1e-2)  # steps queued back to back, as in training
 

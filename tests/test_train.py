@@ -137,3 +137,24 @@ def test_bfloat16_trains_and_stays_close_to_float32():
   assert bf16[0] == pytest.approx(f32[0], rel=1e-3)  # the same function, in less precision
   assert bf16[-1] < 0.1 * bf16[0]  # it learns (3.31 -> 0.07 here)
   np.testing.assert_allclose(bf16, f32, rtol=0.15, atol=0.03)  # and follows float32 throughout
+
+
+def test_rbg_dropout_bits_and_bfloat16_norms_train():
+  """execution.dropout_rng='rbg' draws other dropout masks from the same step key (the same
+  ones again for that key), and with LayerNorm's output in bfloat16 as well the model learns."""
+  cfg = config_lib.tiny(vocab_size=32)
+  batch = reverse_batch(np.random.default_rng(0), batch=16, length=8, vocab=32)
+  fast = cfg.with_execution(dtype=jnp.bfloat16, norm_dtype=jnp.bfloat16, dropout_rng='rbg')
+  first = {}
+  for name, c in (('threefry', cfg.with_execution(dtype=jnp.bfloat16)), ('rbg', fast)):
+    state = train.create_train_state(c, jax.random.key(0))
+    first[name] = [float(jax.jit(train.train_step)(state, batch, jax.random.key(k))[1]['loss'])
+                   for k in (1, 1, 2)]
+  assert first['rbg'][0] == first['rbg'][1] != first['rbg'][2]  # a function of the key
+  assert first['rbg'][0] != first['threefry'][0]  # other bits than threefry's
+  state, step = train.create_train_state(fast, jax.random.key(0)), jax.jit(train.train_step)
+  curve = []
+  for i in range(80):
+    state, metrics = step(state, batch, jax.random.key(i))
+    curve.append(float(metrics['loss']))
+  assert curve[-1] < 0.2 * curve[0], curve[::10]

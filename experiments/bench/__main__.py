@@ -7,6 +7,7 @@ common.py holds the timing, matmul-peak, RSS and batch helpers.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -24,13 +25,14 @@ import numpy as np  # noqa: E402
 
 from bench import checkpoint, data, decode, memory, scale, train  # noqa: E402
 from bench.common import ROOT  # noqa: E402
+from jaxformer import config  # noqa: E402
 from jaxformer.cli import positive_int  # noqa: E402
 
 # Each section, and the options of this command it takes.
 SECTIONS = {
     'data': (data.run, lambda args: {'data_dir': args.data_dir}),
     'train': (train.run, lambda args: {'fast_path': args.fast_path, 'only': args.train_case,
-                                       'loss_chunks': args.loss_chunk,
+                                       'executions': args.execution,
                                        'peer': args.peer}),
     'checkpoint': (checkpoint.run, lambda args: {}),
     'decode': (decode.run, lambda args: {'data_dir': args.data_dir,
@@ -40,6 +42,20 @@ SECTIONS = {
                                        'src': args.scale_src, 'tgt': args.scale_tgt,
                                        'with_train': args.scale_train}),
 }
+
+
+def execution_changes(text: str) -> dict:
+  """'loss_chunk=4096,dropout_rng=rbg' -> {'loss_chunk': 4096, 'dropout_rng': 'rbg'}, checked
+  by jaxformer.config.Execution; 'default' -> {} (the case as it is)."""
+  if text == 'default':
+    return {}
+  try:
+    changes = dict(item.split('=', 1) for item in text.split(','))
+    changes = {k: int(v) if v.isdigit() else v for k, v in changes.items()}
+    dataclasses.replace(config.Execution(), **changes)
+  except (ValueError, TypeError) as error:
+    raise argparse.ArgumentTypeError(f'{text!r}: {error}') from None
+  return changes
 
 
 def main() -> int:
@@ -54,9 +70,9 @@ def main() -> int:
                       '(default: on GPU only)')
   parser.add_argument('--train-case', action='append',
                       help='train section: only these cases (repeatable), e.g. base big')
-  parser.add_argument('--loss-chunk', type=positive_int, action='append',
-                      help='train section: time each case with these loss_chunk sizes '
-                      '(repeatable; no PyTorch peer then)')
+  parser.add_argument('--execution', type=execution_changes, action='append',
+                      help='train section: time each case with this change to its Execution, '
+                      "e.g. loss_chunk=4096,dropout_rng=rbg, or 'default' (repeatable)")
   parser.add_argument('--torch', action=argparse.BooleanOptionalAction, default=True,
                       help='train section: time PyTorch beside jaxformer when it is installed')
   parser.add_argument('--demo-model', help='decode section: also time this trained model '
@@ -77,7 +93,7 @@ def main() -> int:
     return 2
   # PyTorch's peer first, in a process of its own, before jax starts and takes the GPU.
   args.peer = (train.torch_peer(args.train_case)
-               if 'train' in sections and args.torch and not args.loss_chunk else None)
+               if 'train' in sections and args.torch else None)
   results = {'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
              'machine': {'platform': platform.platform(), 'cpus': os.cpu_count(),
                          'backend': jax.default_backend(),

@@ -97,10 +97,11 @@ def case_config(preset: str) -> config.TransformerConfig:
 
 
 def run(*, fast_path: bool | None = None, only: list[str] | None = None,
-        loss_chunks: list[int] | None = None, peer: dict | None = None) -> dict:
+        executions: list[dict] | None = None, peer: dict | None = None) -> dict:
   """Train-step throughput and MFU of the cases for this backend (TRAIN_CASES); with
-  loss_chunks, each case once per chunk size (named CASE_chunkN). `peer`: torch_peer's
-  results on the same cases, added with jaxformer / torch per case (`ratio_to_torch`)."""
+  `executions` (e.g. [{'loss_chunk': 4096}]), each case once per change to its Execution, named
+  CASE@loss_chunk=4096. `peer`: torch_peer's results on the same cases, added with jaxformer /
+  torch per case (`ratio_to_torch`)."""
   backend = jax.default_backend()
   use_fast = backend == 'gpu' if fast_path is None else fast_path
   cases = [c for c in TRAIN_CASES['gpu' if backend == 'gpu' else 'cpu']
@@ -108,17 +109,18 @@ def run(*, fast_path: bool | None = None, only: list[str] | None = None,
   dtype = config.fast_path(config.base(), 'gpu').execution.dtype if use_fast else jnp.float32
   peak = matmul_peak(dtype, (2048, 4096, 8192) if backend == 'gpu' else (1024, 2048, 4096))
   results = {'matmul_peak': peak, 'fast_path': use_fast}
-  for (name, preset, rows, length, accum, remat, timed), chunk in itertools.product(
-      cases, loss_chunks or [None]):
+  for (name, preset, rows, length, accum, remat, timed), changes in itertools.product(
+      cases, executions or [{}]):
     cfg = case_config(preset)
     cfg = config.fast_path(cfg, 'gpu') if use_fast else cfg
-    cfg = cfg.with_execution(remat=remat, **({'loss_chunk': chunk} if chunk else {}))
+    cfg = cfg.with_execution(remat=remat, **changes)
     result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'])
-    result['loss_chunk'] = cfg.execution.loss_chunk
+    result['execution'] = config.config_to_dict(cfg)['execution']
     if preset in PAPER_RECIPES:  # at this speed, the paper's recipe would take this long
       result['paper_recipe_hours'] = round(
           PAPER_RECIPES[preset] * 25_000 / result['target_tokens_per_s'] / 3600, 2)
-    name = f'{name}_chunk{chunk}' if chunk else name
+    if changes:
+      name += '@' + ','.join(f'{key}={value}' for key, value in changes.items())
     results[name] = result
     # Each case on stderr as it ends: a run cut short by a time limit keeps what it measured.
     print(f'train {name}: {result["target_tokens_per_s"]} tokens/s, MFU {result["mfu"]} '
@@ -129,12 +131,13 @@ def run(*, fast_path: bool | None = None, only: list[str] | None = None,
 
 
 def add_ratios(results: dict, peer: dict) -> dict:
-  """Adds jaxformer / torch (`ratio_to_torch`) to each case of `results` that the peer timed;
-  returns the peer."""
-  for name, case in peer.get('cases', {}).items():
-    if name in results:
-      ratio = results[name]['target_tokens_per_s'] / case['target_tokens_per_s']
-      results[name]['ratio_to_torch'] = round(ratio, 3)
+  """Adds jaxformer / torch (`ratio_to_torch`) to each case of `results` that the peer timed
+  (CASE@changes too); returns the peer."""
+  for name, result in results.items():
+    case = peer.get('cases', {}).get(name.split('@')[0])  # CASE@changes: the peer's CASE
+    if case:
+      ratio = result['target_tokens_per_s'] / case['target_tokens_per_s']
+      result['ratio_to_torch'] = round(ratio, 3)
       print(f'train {name}: jaxformer / torch = {ratio:.2f}', file=sys.stderr, flush=True)
   return peer
 
