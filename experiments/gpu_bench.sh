@@ -35,6 +35,22 @@ run() {  # run SECONDS NAME COMMAND...: stdout to OUT/NAME, stderr to the log
   echo "== $name ($(date -u +%T))" >&2
   timeout "$seconds" "$@" > "$out/$name" || echo "== $name: exit $?" >&2
 }
+multi30k_run() {  # multi30k_run NAME TRAIN_OPTION...: train, then eval the last 5 averaged
+  local name=$1 work m=$data/multi30k; shift
+  work=$(mktemp -d)
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=0.25  # three runs share the GPU
+  echo "== multi30k $name ($(date -u +%T))" >&2
+  PYTHONPATH=$path timeout 380 "$py" -m jaxformer.cli train "$@" --workdir "$work" \
+    --train-src "$m/train.en" --train-tgt "$m/train.de" --eval-src "$m/val.en" \
+    --eval-tgt "$m/val.de" ${MULTI30K_SET:-} > "$out/multi30k_$name.txt" 2>&1 \
+    || echo "== multi30k $name train: exit $?" >&2
+  for split in val test_2016_flickr; do
+    PYTHONPATH=$path timeout 90 "$py" -m jaxformer.cli eval --workdir "$work" --average-last 5 \
+      --src "$m/$split.en" --ref "$m/$split.de" --batch-size 128 --output "$work/$split.hyp" \
+      >> "$out/multi30k_$name.txt" 2>&1 || echo "== multi30k $name $split: exit $?" >&2
+  done
+  echo "== multi30k $name: done at ${SECONDS} s" >&2
+}
 bench=("$py" experiments/bench --data-dir "$data")
 before_fast_path=loss_chunk=1024,dropout_rng=threefry,norm_dtype=float32
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >&2
@@ -55,15 +71,14 @@ for step in $steps; do
     decode) PYTHONPATH=$path run 120 decode.json "${bench[@]}" --only decode
             [ -n "${BEFORE:-}" ] && PYTHONPATH=$before run 120 decode_before.json "${bench[@]}" \
               --only decode ;;
-    multi30k)
-      work=$(mktemp -d) m=$data/multi30k
+    multi30k)  # the recipe and its variants side by side on the one GPU, then BLEU on val
+      # (the variants are chosen by it) and test_2016_flickr; MULTI30K_SET: more --set options
       SECONDS=0
-      PYTHONPATH=$path run 480 multi30k_train.txt "$py" -m jaxformer.cli train \
-        --config multi30k_gpu --workdir "$work" --train-src "$m/train.en" \
-        --train-tgt "$m/train.de" --eval-src "$m/val.en" --eval-tgt "$m/val.de"
-      PYTHONPATH=$path run 120 multi30k_eval.txt "$py" -m jaxformer.cli eval \
-        --checkpoint "$work/average-last5" --src "$m/test_2016_flickr.en" \
-        --ref "$m/test_2016_flickr.de"
+      multi30k_run recipe --config multi30k_gpu &
+      multi30k_run narrow --config multi30k_gpu --set model.d_model=128 --set model.d_ff=256 \
+        --set model.dropout_rate=0.2 --set model.warmup_steps=400 &
+      multi30k_run cpu_recipe --config multi30k &
+      wait
       echo "== multi30k: ${SECONDS} s in all" >&2 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac

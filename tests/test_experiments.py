@@ -79,7 +79,8 @@ def test_bench_train_reports_mfu_against_its_measured_peak():
   assert tiny['target_tokens_per_step'] == 2048
   assert tiny['mfu'] == pytest.approx(flops / tiny['step_s_median'] / 1e9 / peak, rel=1e-2)
   assert tiny['step_s_range'][0] <= tiny['step_s_median'] <= tiny['step_s_range'][1]
-  assert tiny['step_buffers_gb'] >= 0 and not tiny['remat'] and tiny['execution']['loss_chunk'] == 1024
+  assert tiny['step_buffers_gb'] >= 0 and not tiny['remat']
+  assert tiny['execution']['loss_chunk'] == 1024
   assert tiny['target_tokens_per_s_pipelined'] == pytest.approx(
       2048 / tiny['step_s_pipelined'], rel=1e-2)  # steps queued back to back, as in training
 
