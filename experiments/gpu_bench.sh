@@ -9,11 +9,12 @@
 # commands name a few per call (e.g. `train profile sweep`, then `multi30k`):
 #   check      gpu_check.py: fused attention (cuDNN), bf16 training, decoding, checkpoints
 #   train      the train step at the paper's ~25k target tokens, base and big, on the fast path
-#              and on the fast path before 2026-11-24 (loss_chunk 1024, threefry dropout bits,
-#              float32 LayerNorm output), with PyTorch beside them when installed (ratio_to_torch)
+#              (bfloat16, einsum attention) and on the fastest settings timed on 2026-11-24
+#              (cuDNN attention, whose gradients were not finite on packed rows then, loss
+#              chunks of 4096, rbg dropout bits, bfloat16 LayerNorm output), with PyTorch beside
+#              them when installed (ratio_to_torch)
 #   profile    where the base step's time goes (experiments/profile_step.py, slowest ops)
-#   sweep      the base step with one of the fast path's settings undone at a time, and with
-#              larger loss chunks
+#   sweep      the base step on the fast path with one of those settings added at a time
 #   decode     greedy and beam 4 at base dims, bf16, batches of 128 on newstest2014 sources
 #   multi30k   the multi30k_gpu recipe (train, then BLEU on test_2016_flickr)
 # BEFORE=DIR also times the train and decode steps with the jaxformer package in DIR (e.g. an
@@ -52,7 +53,7 @@ multi30k_run() {  # multi30k_run NAME TRAIN_OPTION...: train, then eval the last
   echo "== multi30k $name: done at ${SECONDS} s" >&2
 }
 bench=("$py" experiments/bench --data-dir "$data")
-before_fast_path=loss_chunk=1024,dropout_rng=threefry,norm_dtype=float32
+fastest=attention=fused,loss_chunk=4096,dropout_rng=rbg,norm_dtype=bfloat16
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >&2
 "$py" -c 'import jax, flax, optax; print("jax", jax.__version__, "flax", flax.__version__,
   "optax", optax.__version__, jax.devices())' >&2
@@ -60,14 +61,14 @@ for step in $steps; do
   case $step in
     check) PYTHONPATH=$path run 150 gpu_check.txt "$py" experiments/gpu_check.py ;;
     train) PYTHONPATH=$path run 480 train.json "${bench[@]}" --only train --train-case base \
-             --train-case big --execution default --execution "$before_fast_path"
+             --train-case big --execution default --execution "$fastest"
            [ -n "${BEFORE:-}" ] && PYTHONPATH=$before run 120 train_before.json "${bench[@]}" \
              --only train --train-case base --no-torch ;;
     profile) PYTHONPATH=$path run 120 profile_base.json "$py" experiments/profile_step.py \
                --preset base --rows 100 --row-len 256 --top 25 ;;
     sweep) PYTHONPATH=$path run 200 sweep.json "${bench[@]}" --only train --train-case base \
-             --no-torch --execution loss_chunk=1024 --execution dropout_rng=threefry \
-             --execution norm_dtype=float32 --execution loss_chunk=8192 ;;
+             --no-torch --execution attention=fused --execution loss_chunk=4096 \
+             --execution dropout_rng=rbg --execution norm_dtype=bfloat16 ;;
     decode) PYTHONPATH=$path run 120 decode.json "${bench[@]}" --only decode
             [ -n "${BEFORE:-}" ] && PYTHONPATH=$before run 120 decode_before.json "${bench[@]}" \
               --only decode ;;

@@ -111,16 +111,17 @@ class TransformerConfig:
 
 
 def fast_path(config: TransformerConfig, backend: str | None = None) -> TransformerConfig:
-  """`config` computed the fastest way on `backend` (default: jax's): on GPU, bfloat16 compute
-  and residual stream (float32 params, LayerNorm statistics, softmax and loss), fused attention
-  when attention dropout is off, the loss in chunks of 4096 positions and dropout bits from
-  XLA's RngBitGenerator (docs/BENCHMARKS.md, "GPU"); elsewhere unchanged (on CPU, float32
-  einsum attention is the faster path)."""
+  """`config` computed the fastest way on `backend` (default: jax's) that has trained on real
+  data there: on GPU, bfloat16 compute (float32 params, LayerNorm, softmax and loss) with einsum
+  attention; elsewhere unchanged (on CPU, float32 einsum attention is the faster path).
+
+  Not on it yet, though faster on full rows of random tokens (docs/BENCHMARKS.md, "GPU, part
+  3"): attention='fused' (cuDNN) gave non-finite gradients from the first step on packed
+  Multi30k rows on an H100 (2026-11-24), and loss_chunk=4096, dropout_rng='rbg' and
+  norm_dtype=bfloat16 were timed only beside it, not trained on real data on a GPU."""
   if (backend or jax.default_backend()) != 'gpu':
     return config
-  fused = not config.attention_dropout_rate and config.key_dim == config.value_dim
-  return config.with_execution(dtype=jnp.bfloat16, attention='fused' if fused else 'einsum',
-                               norm_dtype=jnp.bfloat16, loss_chunk=4096, dropout_rng='rbg')
+  return config.with_execution(dtype=jnp.bfloat16)
 
 
 def base(vocab_size: int = 37000) -> TransformerConfig:

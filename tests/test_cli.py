@@ -58,7 +58,8 @@ def test_params_command_prints_the_readme_counts(capsys, preset, count):
                                      'learned_positions, attention_window, warmup_steps, '
                                      'adam_b1, adam_b2, adam_eps, grad_clip_norm, weight_decay, '
                                      'execution.dtype, execution.attention, execution.remat, '
-                                     'execution.loss_chunk.'),
+                                     'execution.loss_chunk, execution.norm_dtype, '
+                                     'execution.dropout_rng.'),
     (['--set', 'train.num_steps=many'], "error: --set train.num_steps: expected int, got 'many'."),
     (['--set', 'model.qk_dim=x'], "error: --set model.qk_dim: expected int or None, got 'x'."),
     (['--set', 'model.pre_ln=maybe'], "error: --set model.pre_ln: expected bool, got 'maybe'."),

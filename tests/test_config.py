@@ -12,16 +12,15 @@ def test_config_rejects_indivisible_heads():
     config_lib.base().replace(num_heads=7)
 
 
-def test_fast_path_is_bfloat16_and_fused_attention_on_gpu_only():
+def test_fast_path_is_bfloat16_on_gpu_only():
+  """bfloat16 with einsum attention: what trained on packed rows on a GPU (fused attention's
+  cuDNN kernel gave non-finite gradients there, docs/BENCHMARKS.md)."""
   base = config_lib.base()
   gpu = config_lib.fast_path(base, 'gpu')
-  assert gpu.execution == config_lib.Execution(dtype=jnp.bfloat16, attention='fused')
+  assert gpu.execution == config_lib.Execution(dtype=jnp.bfloat16, attention='einsum')
   assert gpu == base.replace(execution=gpu.execution)  # nothing else changes
   assert config_lib.fast_path(base, 'cpu') == base and base.execution == config_lib.Execution()
-  # Fused attention has no attention dropout and needs d_k == d_v: einsum then.
-  assert config_lib.fast_path(base.replace(attention_dropout_rate=0.1),
-                              'gpu').execution.attention == 'einsum'
-  assert config_lib.fast_path(base.replace(qk_dim=16), 'gpu').execution.attention == 'einsum'
+  # Fused attention has no attention dropout.
   with pytest.raises(ValueError, match='no attention dropout'):
     base.with_execution(attention='fused').replace(attention_dropout_rate=0.1)
   with pytest.raises(ValueError, match="attention must be 'einsum' or 'fused'"):

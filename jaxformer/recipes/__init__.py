@@ -104,7 +104,7 @@ def _replace(obj: Any, changes: dict[str, Any]) -> Any:
 
 
 def parse_value(hint: Any, text: str) -> Any:
-  """`text` as a value of type `hint` (int, float, bool, str, X | None; the compute dtype);
+  """`text` as a value of type `hint` (int, float, bool, str, X | None; Execution's dtypes);
   ValueError naming the expected type."""
   options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, type(int | None)) \
       else (hint,)
@@ -120,7 +120,7 @@ def parse_value(hint: Any, text: str) -> Any:
         continue
     if kind is str:
       return text
-    if kind is Any:  # the compute dtype
+    if kind is Any:  # Execution's dtype and norm_dtype
       try:
         return jnp.dtype(text)
       except TypeError:
