@@ -8,10 +8,13 @@ Run:      jaxformer train --config multi30k_gpu --workdir workdirs/multi30k_gpu 
             --src DIR/test_2016_flickr.en --ref DIR/test_2016_flickr.de --batch-size 128
           (DIR: ../shared/data/multi30k)
 Recipe:   N=4, d_model 256, d_ff 1024, h 4, P_drop 0.3, eps_ls 0.1, an 8k shared vocabulary,
-          8192 token slots per step in rows of 64, warmup 800, 4000 steps (about 70 epochs),
-          bfloat16 and fused attention (the GPU fast path), a checkpoint every 100 steps and
-          the last 5 averaged.
-Expected: docs/BENCHMARKS.md, "GPU", gives the measured BLEU on test_2016_flickr and wall time.
+          8192 token slots per step in rows of 64, warmup 800, 4000 steps (about 65 epochs),
+          bfloat16 (the GPU fast path), a checkpoint every 100 steps and the last 5 averaged.
+          The `multi30k` recipe's findings on val (a narrow model, rows of 64, its dropout and
+          averaging) with twice its width, a dropout rate raised to match, and twice its steps.
+Expected: not yet measured to the end. Its first H100 runs (2026-11-24) stopped at step 1 with
+          non-finite gradients from cuDNN's attention, the fast path then; with einsum attention
+          (the fast path now) a 30-step run did 61.5 steps/s (docs/BENCHMARKS.md, "GPU, part 3").
 """
 
 from jaxformer import config as config_lib
