@@ -117,7 +117,8 @@ def fast_path(config: TransformerConfig, backend: str | None = None) -> Transfor
 
   Not on it yet, though faster on full rows of random tokens (docs/BENCHMARKS.md, "GPU, part
   3"): attention='fused' (cuDNN) gave non-finite gradients from the first step on packed
-  Multi30k rows on an H100 (2026-11-24), and loss_chunk=4096, dropout_rng='rbg' and
+  Multi30k rows of 64 on an H100 (2026-11-24; cuDNN is no longer used at such lengths, but its
+  training is not yet re-measured), and loss_chunk=4096, dropout_rng='rbg' and
   norm_dtype=bfloat16 were timed only beside it, not trained on real data on a GPU."""
   if (backend or jax.default_backend()) != 'gpu':
     return config

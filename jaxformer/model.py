@@ -59,11 +59,16 @@ def window_mask(q_positions: Array, k_positions: Array, window: int | None) -> A
 
 def _cudnn_applies(q: Array, k: Array) -> bool:
   """Whether cuDNN's flash attention takes q [B, T, H, K] and k [B, L, H, K]: on a GPU, in
-  bfloat16 or float16, and with even T and L (its masked kernel's training pass needs them).
+  bfloat16 or float16, with even T and L (its masked kernel's training pass needs them) and
+  neither of them 64 more than a multiple of 128. At those lengths cuDNN's Hopper backward
+  kernel returns non-finite query gradients for rows whose log-sum-exp is below -88.7 (NVIDIA
+  cudnn-frontend PR 628, PyTorch issue 196678), as every fully masked padding row's is: it
+  stopped rows of 64 at the first step on an H100 (docs/BENCHMARKS.md, "GPU, part 3").
   jax.nn.dot_product_attention's default is XLA's own lowering even on a GPU: it must be asked
   for cuDNN by name."""
+  lengths = (q.shape[1], k.shape[1])
   return (jax.default_backend() == 'gpu' and q.dtype in (jnp.bfloat16, jnp.float16)
-          and q.shape[1] % 2 == 0 and k.shape[1] % 2 == 0)
+          and all(n % 2 == 0 and n % 128 != 64 for n in lengths))
 
 
 class MultiHeadAttention(nn.Module):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import pytest
 from helpers import synthetic_text
 from matplotlib import image
@@ -252,8 +253,23 @@ def test_gpu_check_fails_what_is_broken(monkeypatch, capsys):
   monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, **k: 1.5 * fused(*a, **k))
   assert gpu_check.main(['--steps', '10']) == 1
   out = capsys.readouterr().out
-  assert re.search(r'^fused attention == einsum\s+FAIL\s+AssertionError: relative error', out,
+  assert re.search(r'^fused attention == einsum\s+FAIL\s+AssertionError: rows of 64: relative', out,
                    flags=re.M)
   assert re.search(r'^training, bfloat16 fast path\s+FAIL\s+AssertionError: loss', out, flags=re.M)
   assert re.search(r'^cached == uncached decoding\s+FAIL\s+not run', out, flags=re.M)
   assert '1 passed, 4 failed' in out
+
+
+def test_gpu_check_fails_non_finite_attention_gradients(monkeypatch):
+  """Fused attention whose outputs are right but whose gradients are NaN, as cuDNN's on packed
+  rows of 64 were on an H100: the fused check fails."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  import gpu_check  # pylint: disable=g-import-not-at-top
+  fused = jax.nn.dot_product_attention
+
+  def nan_gradients(q, *args, **kwargs):  # d/dq sqrt(0 * q) = inf * 0 = NaN; its value is 0
+    return fused(q, *args, **kwargs) + jnp.sqrt(0 * q)
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', nan_gradients)
+  with pytest.raises(AssertionError, match=r'rows of 64: relative error to float32: logits '
+                     r'\S+ \(einsum .*gradients nan'):
+    gpu_check.check_fused_attention()

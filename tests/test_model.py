@@ -201,6 +201,12 @@ def test_fused_attention_names_cudnn_on_gpu_with_full_masks(tiny_model, tiny_con
   calls.clear()
   Transformer(cfg.with_execution(dtype=jnp.float32)).apply({'params': params}, **even)
   assert {kernel for kernel, _, _ in calls} == {None}  # cuDNN's kernel is bf16/fp16 only
+  for length, kernels in ((64, {None}), (192, {None}), (128, {'cudnn'}), (248, {'cudnn'})):
+    calls.clear()  # lengths 64 more than a multiple of 128: cuDNN's backward fails there
+    padded = {name: jnp.pad(x, ((0, 0), (0, length - x.shape[1])))
+              for name, x in _packed_inputs().items()}
+    jax.eval_shape(Transformer(cfg).apply, {'params': params}, **padded)
+    assert {kernel for kernel, _, _ in calls} == kernels, length
 
 
 def test_bfloat16_keeps_layer_norm_softmax_and_logits_in_float32(tiny_model, tiny_config):
