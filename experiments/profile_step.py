@@ -113,7 +113,7 @@ def _profile(compiled, run, parts: list[tuple[str, str]]) -> tuple[float, collec
 
 
 def _config(args: argparse.Namespace) -> config.TransformerConfig:
-  """The preset in the fast path's execution (bfloat16 and fused attention on GPU)."""
+  """The preset in the fast path's execution (bfloat16 on GPU)."""
   cfg = recipes.load('demo').model if args.preset == 'demo' else getattr(config, args.preset)()
   cfg = cfg.replace(vocab_size=args.vocab_size) if args.vocab_size else cfg
   return config.fast_path(cfg)

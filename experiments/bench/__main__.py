@@ -66,7 +66,7 @@ def main() -> int:
   parser.add_argument('--devices', type=int,
                       help='simulate this many CPU devices (XLA_FLAGS; set before jax starts)')
   parser.add_argument('--fast-path', action=argparse.BooleanOptionalAction,
-                      help='train section: bfloat16 compute and fused attention '
+                      help='train section: the GPU fast path (bfloat16 compute) '
                       '(default: on GPU only)')
   parser.add_argument('--train-case', action='append',
                       help='train section: only these cases (repeatable), e.g. base big')

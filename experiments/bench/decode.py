@@ -106,7 +106,7 @@ def _newstest(data_dir: pathlib.Path, tmp: str) -> tuple[data.ParallelText, data
 def base_fast_path(data_dir: pathlib.Path, *, batch_size: int = 128,
                    sentences: int = 1024, preset: str = 'base') -> dict:
   """Greedy and beam-4 target tokens/s of `preset`'s dimensions with random weights, in the fast
-  path's execution (bfloat16 and fused attention on GPU), through the Translator: batches of
+  path's execution (bfloat16 on GPU), through the Translator: batches of
   `batch_size` newstest2014 sources of 17-31 pieces (one 32-wide bucket: one compiled program
   per search, compiled on the first batch before timing), outputs to source length + 50 (random
   weights almost never emit EOS)."""

@@ -13,7 +13,7 @@ from jaxformer import config, train
 def run(preset: str = 'big', rows: int = 100, row_len: int = 256,
                  cases: tuple = ((False, 1), (True, 1), (False, 4), (True, 4))) -> dict:
   """XLA's buffer sizes for one train step of big at the paper's batch (100 rows x 256 tokens
-  per side on one device, the GPU fast path's bfloat16 and fused attention), with and without
+  per side on one device, the GPU fast path's settings), with and without
   remat and 4-way accumulation: compiled for this backend, not run. On a CPU host these are
   XLA:CPU's buffer assignments, a guide to (not a measurement of) GPU memory."""
   results = {}

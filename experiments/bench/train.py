@@ -1,10 +1,10 @@
 """The train section: the pmap'd train step on random full rows (TRAIN_CASES: tiny, base, big;
 CPU: 2k-4k target tokens per step, GPU: the paper's ~25k): compile time apart, then the median
 of timed steps, tokens/s, steps/s, and MFU: analytic model FLOPs (jaxformer.flops) / step time /
-the peak of a square jnp.dot in the compute dtype measured in the same run. bf16 + fused
-attention on GPU (--fast-path to choose). When torch is installed (jaxformer[bench]),
-bench_torch.py times PyTorch's nn.Transformer on the same cases in the same run:
-`ratio_to_torch` per case (PyTorch first, before jax takes the GPU)."""
+the peak of a square jnp.dot in the compute dtype measured in the same run. The GPU fast path
+on GPU (--fast-path to choose; --execution for other settings). When torch is installed
+(jaxformer[bench]), bench_torch.py times PyTorch's nn.Transformer on the same cases in the same
+run: `ratio_to_torch` per case (PyTorch first, before jax takes the GPU)."""
 
 import functools
 import importlib.util
