@@ -5,8 +5,9 @@
 #
 # Steps (default: all, in this order), each bounded by `timeout` so that a slow one cannot take
 # the rest with it. Together they need more than one 10-minute command (on an H100, `train`
-# alone took over 270 s and one bench process 70-90 s), so on a machine lent for 10-minute
-# commands name a few per call (e.g. `train profile sweep`, then `multi30k`):
+# alone took 468 s with PyTorch beside it on 2026-11-24, and one bench process 70-90 s), so on
+# a machine lent for 10-minute commands name a few per call (e.g. `train`, then `check profile
+# sweep`, then `multi30k`):
 #   check      gpu_check.py: fused attention (cuDNN), bf16 training, decoding, checkpoints
 #   train      the train step at the paper's ~25k target tokens, base and big, on the fast path
 #              (bfloat16, einsum attention) and on the fastest settings timed on 2026-11-24

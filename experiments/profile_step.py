@@ -34,7 +34,8 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench.common import random_batch  # noqa: E402
-from jaxformer import checkpoint, config, parallel, recipes, train, translation  # noqa: E402
+from bench.train import case_config  # noqa: E402
+from jaxformer import checkpoint, config, parallel, train, translation  # noqa: E402
 
 # (part, pattern on the op's name scope), first match wins.
 PARTS = [('softmax projection + loss', r'chunked|_projected|/while/|closed_call|log_softmax'
@@ -81,7 +82,7 @@ def _profile(compiled, run, parts: list[tuple[str, str]]) -> tuple[float, collec
                                                                     collections.Counter]:
   """(wall seconds of one traced run after a warm-up, op seconds summed by part, op seconds
   by op name). On a GPU only the device's own op events count (not their host launches); GPU
-  time matched to no instruction is summed by kernel name as 'unmatched: KERNEL'."""
+  time matched to no instruction is summed by kernel as 'unmatched (STREAM): KERNEL'."""
   scopes = _op_scopes(compiled.as_text())
   jax.block_until_ready(run())  # warm-up
   with tempfile.TemporaryDirectory() as tmp:
@@ -114,7 +115,7 @@ def _profile(compiled, run, parts: list[tuple[str, str]]) -> tuple[float, collec
 
 def _config(args: argparse.Namespace) -> config.TransformerConfig:
   """The preset in the fast path's execution (bfloat16 on GPU)."""
-  cfg = recipes.load('demo').model if args.preset == 'demo' else getattr(config, args.preset)()
+  cfg = case_config(args.preset)
   cfg = cfg.replace(vocab_size=args.vocab_size) if args.vocab_size else cfg
   return config.fast_path(cfg)
 

@@ -50,6 +50,8 @@ def execution_changes(text: str) -> dict:
   if text == 'default':
     return {}
   try:
+    if any('=' not in item for item in text.split(',')):
+      raise ValueError('expected NAME=VALUE[,NAME=VALUE...] or default')
     changes = dict(item.split('=', 1) for item in text.split(','))
     changes = {k: int(v) if v.isdigit() else v for k, v in changes.items()}
     dataclasses.replace(config.Execution(), **changes)
