@@ -1,5 +1,6 @@
 """experiments/: the demo, benchmarks, profiler, eval.py, plot_attention.py and gpu_check.py."""
 
+import argparse
 import json
 import pathlib
 import re
@@ -88,6 +89,20 @@ def test_bench_train_reports_mfu_against_its_measured_peak():
   assert tiny['execution']['loss_chunk'] == 1024
   assert tiny['target_tokens_per_s_pipelined'] == pytest.approx(
       2048 / tiny['step_s_pipelined'], rel=1e-2)  # steps queued back to back, as in training
+
+
+def test_bench_execution_values_are_parsed_as_set_parses_them():
+  """--execution's values get Execution's types (a bool, a dtype), not strings that pass for
+  true; an unknown name or a bad value is a usage error naming it."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  from bench import train as bench_train  # pylint: disable=g-import-not-at-top
+  assert bench_train.execution_changes('remat=false,norm_dtype=bfloat16,loss_chunk=4096') == {
+      'remat': False, 'norm_dtype': jnp.dtype(jnp.bfloat16), 'loss_chunk': 4096}
+  assert bench_train.execution_changes('default') == {}
+  with pytest.raises(argparse.ArgumentTypeError, match="'remat=maybe': expected bool"):
+    bench_train.execution_changes('remat=maybe')
+  with pytest.raises(argparse.ArgumentTypeError, match="'chunk=1': unknown chunk; Execution has"):
+    bench_train.execution_changes('chunk=1')
 
 
 def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):

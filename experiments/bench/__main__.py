@@ -7,7 +7,6 @@ common.py holds the timing, matmul-peak, RSS and batch helpers.
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import pathlib
@@ -25,7 +24,6 @@ import numpy as np  # noqa: E402
 
 from bench import checkpoint, data, decode, memory, scale, train  # noqa: E402
 from bench.common import ROOT  # noqa: E402
-from jaxformer import config  # noqa: E402
 from jaxformer.cli import positive_int  # noqa: E402
 
 # Each section, and the options of this command it takes.
@@ -44,22 +42,6 @@ SECTIONS = {
 }
 
 
-def execution_changes(text: str) -> dict:
-  """'loss_chunk=4096,dropout_rng=rbg' -> {'loss_chunk': 4096, 'dropout_rng': 'rbg'}, checked
-  by jaxformer.config.Execution; 'default' -> {} (the case as it is)."""
-  if text == 'default':
-    return {}
-  try:
-    if any('=' not in item for item in text.split(',')):
-      raise ValueError('expected NAME=VALUE[,NAME=VALUE...] or default')
-    changes = dict(item.split('=', 1) for item in text.split(','))
-    changes = {k: int(v) if v.isdigit() else v for k, v in changes.items()}
-    dataclasses.replace(config.Execution(), **changes)
-  except (ValueError, TypeError) as error:
-    raise argparse.ArgumentTypeError(f'{text!r}: {error}') from None
-  return changes
-
-
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,7 +54,7 @@ def main() -> int:
                       '(default: on GPU only)')
   parser.add_argument('--train-case', action='append',
                       help='train section: only these cases (repeatable), e.g. base big')
-  parser.add_argument('--execution', type=execution_changes, action='append',
+  parser.add_argument('--execution', type=train.execution_changes, action='append',
                       help='train section: time each case with this change to its Execution, '
                       "e.g. loss_chunk=4096,dropout_rng=rbg, or 'default' (repeatable)")
   parser.add_argument('--torch', action=argparse.BooleanOptionalAction, default=True,

@@ -6,6 +6,8 @@ on GPU (--fast-path to choose; --execution for other settings). When torch is in
 (jaxformer[bench]), bench_torch.py times PyTorch's nn.Transformer on the same cases in the same
 run: `ratio_to_torch` per case (PyTorch first, before jax takes the GPU)."""
 
+import argparse
+import dataclasses
 import functools
 import importlib.util
 import itertools
@@ -14,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +99,27 @@ def case_config(preset: str) -> config.TransformerConfig:
   return recipes.load(preset).model
 
 
+def execution_changes(text: str) -> dict:
+  """--execution's value: 'loss_chunk=4096,dropout_rng=rbg' -> {'loss_chunk': 4096,
+  'dropout_rng': 'rbg'}, each value parsed as --set parses it and checked by Execution;
+  'default' -> {} (the case as it is)."""
+  if text == 'default':
+    return {}
+  hints = typing.get_type_hints(config.Execution)
+  try:
+    if any('=' not in item for item in text.split(',')):
+      raise ValueError('expected NAME=VALUE[,NAME=VALUE...] or default')
+    changes = dict(item.split('=', 1) for item in text.split(','))
+    unknown = sorted(set(changes) - set(hints))
+    if unknown:
+      raise ValueError(f'unknown {", ".join(unknown)}; Execution has {", ".join(hints)}')
+    changes = {key: recipes.parse_value(hints[key], value) for key, value in changes.items()}
+    dataclasses.replace(config.Execution(), **changes)
+  except ValueError as error:
+    raise argparse.ArgumentTypeError(f'{text!r}: {error}') from None
+  return changes
+
+
 def run(*, fast_path: bool | None = None, only: list[str] | None = None,
         executions: list[dict] | None = None, peer: dict | None = None) -> dict:
   """Train-step throughput and MFU of the cases for this backend (TRAIN_CASES); with
@@ -113,7 +137,7 @@ def run(*, fast_path: bool | None = None, only: list[str] | None = None,
       cases, executions or [{}]):
     cfg = case_config(preset)
     cfg = config.fast_path(cfg, 'gpu') if use_fast else cfg
-    cfg = cfg.with_execution(remat=remat, **changes)
+    cfg = cfg.with_execution(**{'remat': remat, **changes})  # changes win
     result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'])
     result['execution'] = config.config_to_dict(cfg)['execution']
     if preset in PAPER_RECIPES:  # at this speed, the paper's recipe would take this long
