@@ -5,19 +5,19 @@
 #
 # Steps (default: all, in this order), each bounded by `timeout` so that a slow one cannot take
 # the rest with it. Together they need more than one 10-minute command (on an H100, `train`
-# alone took 468 s with PyTorch beside it on 2026-11-24, and one bench process 70-90 s), so on
-# a machine lent for 10-minute commands name a few per call (e.g. `train`, then `check profile
-# sweep`, then `multi30k`):
-#   check      gpu_check.py: fused attention (cuDNN), bf16 training, decoding, checkpoints
+# took 468 s with PyTorch beside it and four cases on 2026-11-24, and `multi30k` 304 s), so on a
+# machine lent for 10-minute commands name a few per call:
+#   check      gpu_check.py: fused attention (cuDNN), its training on packed rows, the fast
+#              path's training, decoding, checkpoints
 #   train      the train step at the paper's ~25k target tokens, base and big, on the fast path
-#              (bfloat16, einsum attention) and on the fastest settings timed on 2026-11-24
-#              (cuDNN attention, whose gradients were not finite on packed rows then, loss
-#              chunks of 4096, rbg dropout bits, bfloat16 LayerNorm output), with PyTorch beside
-#              them when installed (ratio_to_torch)
+#              and on the fast path before 2026-11-24 (einsum attention, loss chunks of 1024,
+#              threefry dropout bits, float32 LayerNorm output), with PyTorch beside them when
+#              installed (ratio_to_torch)
 #   profile    where the base step's time goes (experiments/profile_step.py, slowest ops)
-#   sweep      the base step on the fast path with one of those settings added at a time
+#   sweep      the base step on the fast path with one of its settings taken back at a time
 #   decode     greedy and beam 4 at base dims, bf16, batches of 128 on newstest2014 sources
-#   multi30k   the multi30k_gpu recipe (train, then BLEU on test_2016_flickr)
+#   multi30k   the multi30k_gpu recipe and a narrow variant side by side (train, then BLEU on
+#              val, which chooses, and on test_2016_flickr)
 # BEFORE=DIR also times the train and decode steps with the jaxformer package in DIR (e.g. an
 # older commit's: git archive REV jaxformer | tar -x -C DIR). PYTHON: the interpreter (python3).
 set -u
@@ -40,12 +40,13 @@ run() {  # run SECONDS NAME COMMAND...: stdout to OUT/NAME, stderr to the log
 multi30k_run() {  # multi30k_run NAME TRAIN_OPTION...: train, then eval the last 5 averaged
   local name=$1 work m=$data/multi30k; shift
   work=$(mktemp -d)
-  export XLA_PYTHON_CLIENT_MEM_FRACTION=0.25  # three runs share the GPU
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=0.4  # two runs share the GPU
   echo "== multi30k $name ($(date -u +%T))" >&2
-  PYTHONPATH=$path timeout 380 "$py" -m jaxformer.cli train "$@" --workdir "$work" \
+  PYTHONPATH=$path timeout 400 "$py" -m jaxformer.cli train "$@" --workdir "$work" \
     --train-src "$m/train.en" --train-tgt "$m/train.de" --eval-src "$m/val.en" \
     --eval-tgt "$m/val.de" ${MULTI30K_SET:-} > "$out/multi30k_$name.txt" 2>&1 \
     || echo "== multi30k $name train: exit $?" >&2
+  echo "== multi30k $name: trained at ${SECONDS} s" >&2
   for split in val test_2016_flickr; do
     PYTHONPATH=$path timeout 90 "$py" -m jaxformer.cli eval --workdir "$work" --average-last 5 \
       --src "$m/$split.en" --ref "$m/$split.de" --batch-size 128 --output "$work/$split.hyp" \
@@ -54,22 +55,23 @@ multi30k_run() {  # multi30k_run NAME TRAIN_OPTION...: train, then eval the last
   echo "== multi30k $name: done at ${SECONDS} s" >&2
 }
 bench=("$py" experiments/bench --data-dir "$data")
-fastest=attention=fused,loss_chunk=4096,dropout_rng=rbg,norm_dtype=bfloat16
+previous=attention=einsum,loss_chunk=1024,dropout_rng=threefry,norm_dtype=float32
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >&2
 "$py" -c 'import jax, flax, optax; print("jax", jax.__version__, "flax", flax.__version__,
   "optax", optax.__version__, jax.devices())' >&2
 for step in $steps; do
   case $step in
-    check) PYTHONPATH=$path run 150 gpu_check.txt "$py" experiments/gpu_check.py ;;
+    check) PYTHONPATH=$path run 300 gpu_check.txt "$py" experiments/gpu_check.py ;;
     train) PYTHONPATH=$path run 480 train.json "${bench[@]}" --only train --train-case base \
-             --train-case big --execution default --execution "$fastest"
+             --train-case big --execution default --execution "$previous"
            [ -n "${BEFORE:-}" ] && PYTHONPATH=$before run 120 train_before.json "${bench[@]}" \
              --only train --train-case base --no-torch ;;
     profile) PYTHONPATH=$path run 120 profile_base.json "$py" experiments/profile_step.py \
                --preset base --rows 100 --row-len 256 --top 25 ;;
     sweep) PYTHONPATH=$path run 200 sweep.json "${bench[@]}" --only train --train-case base \
-             --no-torch --execution attention=fused --execution loss_chunk=4096 \
-             --execution dropout_rng=rbg --execution norm_dtype=bfloat16 ;;
+             --no-torch --execution default --execution attention=einsum \
+             --execution loss_chunk=1024 --execution dropout_rng=threefry \
+             --execution norm_dtype=float32 ;;
     decode) PYTHONPATH=$path run 120 decode.json "${bench[@]}" --only decode
             [ -n "${BEFORE:-}" ] && PYTHONPATH=$before run 120 decode_before.json "${bench[@]}" \
               --only decode ;;
@@ -79,7 +81,6 @@ for step in $steps; do
       multi30k_run recipe --config multi30k_gpu &
       multi30k_run narrow --config multi30k_gpu --set model.d_model=128 --set model.d_ff=256 \
         --set model.dropout_rate=0.2 --set model.warmup_steps=400 &
-      multi30k_run cpu_recipe --config multi30k &
       wait
       echo "== multi30k: ${SECONDS} s in all" >&2 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

@@ -111,18 +111,16 @@ class TransformerConfig:
 
 
 def fast_path(config: TransformerConfig, backend: str | None = None) -> TransformerConfig:
-  """`config` computed the fastest way on `backend` (default: jax's) that has trained on real
-  data there: on GPU, bfloat16 compute (float32 params, LayerNorm, softmax and loss) with einsum
-  attention; elsewhere unchanged (on CPU, float32 einsum attention is the faster path).
-
-  Not on it yet, though faster on full rows of random tokens (docs/BENCHMARKS.md, "GPU, part
-  3"): attention='fused' (cuDNN) gave non-finite gradients from the first step on packed
-  Multi30k rows of 64 on an H100 (2026-11-24; cuDNN is no longer used at such lengths, but its
-  training is not yet re-measured), and loss_chunk=4096, dropout_rng='rbg' and
-  norm_dtype=bfloat16 were timed only beside it, not trained on real data on a GPU."""
+  """`config` computed the fastest way on `backend` (default: jax's): on GPU, bfloat16 compute
+  and residual stream (float32 params, LayerNorm statistics, softmax and loss), cuDNN's fused
+  attention when attention dropout is off and d_k == d_v, the loss in chunks of 4096 positions
+  and dropout bits from XLA's RngBitGenerator; elsewhere unchanged (on CPU, float32 einsum
+  attention is the faster path). docs/BENCHMARKS.md ("GPU") has the measurements behind each."""
   if (backend or jax.default_backend()) != 'gpu':
     return config
-  return config.with_execution(dtype=jnp.bfloat16)
+  fused = not config.attention_dropout_rate and config.key_dim == config.value_dim
+  return config.with_execution(dtype=jnp.bfloat16, attention='fused' if fused else 'einsum',
+                               norm_dtype=jnp.bfloat16, loss_chunk=4096, dropout_rng='rbg')
 
 
 def base(vocab_size: int = 37000) -> TransformerConfig:
@@ -186,8 +184,9 @@ class TrainConfig:
   sample_translations: int = setting(3, 'at each evaluation, this many validation sentences '
                                      'translated into TensorBoard (0: none)')
   spm_sample_size: int = setting(2_000_000, 'sentences sampled to train the vocabulary')
-  fast_path: bool | None = setting(None, 'bfloat16 compute and fused attention (none: on GPU '
-                                   'only)')
+  fast_path: bool | None = setting(None, 'the GPU fast path: bfloat16 compute, cuDNN '
+                                   'attention, loss chunks of 4096, rbg dropout bits '
+                                   '(none: on GPU only)')
   require_accelerator: bool = setting(False, "refuse a CPU backend (the paper's recipes set it)")
   reset_data: bool = setting(False, "resume the checkpoint's params, optimiser state and step "
                              'on a fresh data stream (after changing the corpus or the seed)')

@@ -57,18 +57,41 @@ def window_mask(q_positions: Array, k_positions: Array, window: int | None) -> A
   return (jnp.abs(distance) <= window)[:, None]
 
 
+def attend_somewhere(mask: Array) -> Array:
+  """`mask` [B, 1, T, L] with every query row that allows no key opened to its row's first key.
+
+  Such rows are padding queries (segment 0): their outputs are never read (no real query attends
+  to a padding key, and the loss gives padding weight 0), so logits, loss and gradients at real
+  positions are unchanged. What changes is that no row of the softmax is empty: the log-sum-exp
+  of every row is finite, as fused kernels' backward passes need (cuDNN's Hopper kernel gave
+  NaN query gradients for fully masked rows at key lengths 64 more than a multiple of 128)."""
+  first = jnp.arange(mask.shape[-1]) == 0  # [L]
+  return mask | (first & ~jnp.any(mask, axis=-1, keepdims=True))
+
+
+def encoder_mask(segments: Array, positions: Array, window: int | None) -> Array:
+  """The encoder's self-attention mask [B, 1, S, S] for source segments and positions [B, S]."""
+  return attend_somewhere(segment_mask(segments, segments)
+                          & window_mask(positions, positions, window))
+
+
+def decoder_masks(tgt_segments: Array, src_segments: Array, positions: Array,
+                  window: int | None) -> tuple[Array, Array]:
+  """The decoder's self-attention [B, 1, T, T] and cross-attention [B, 1, T, S] masks in
+  training, for target segments and positions [B, T] and source segments [B, S]."""
+  self_mask = (segment_mask(tgt_segments, tgt_segments) & causal_mask(tgt_segments.shape[1])
+               & window_mask(positions, positions, window))
+  return attend_somewhere(self_mask), attend_somewhere(segment_mask(tgt_segments, src_segments))
+
+
 def _cudnn_applies(q: Array, k: Array) -> bool:
   """Whether cuDNN's flash attention takes q [B, T, H, K] and k [B, L, H, K]: on a GPU, in
-  bfloat16 or float16, with even T and L (its masked kernel's training pass needs them) and
-  neither of them 64 more than a multiple of 128. At those lengths cuDNN's Hopper backward
-  kernel returns non-finite query gradients for rows whose log-sum-exp is below -88.7 (NVIDIA
-  cudnn-frontend PR 628, PyTorch issue 196678), as every fully masked padding row's is: it
-  stopped rows of 64 at the first step on an H100 (docs/BENCHMARKS.md, "GPU, part 3").
+  bfloat16 or float16, with even T and L (its masked kernel's training pass needs them).
   jax.nn.dot_product_attention's default is XLA's own lowering even on a GPU: it must be asked
   for cuDNN by name."""
   lengths = (q.shape[1], k.shape[1])
   return (jax.default_backend() == 'gpu' and q.dtype in (jnp.bfloat16, jnp.float16)
-          and all(n % 2 == 0 and n % 128 != 64 for n in lengths))
+          and all(n % 2 == 0 for n in lengths))
 
 
 class MultiHeadAttention(nn.Module):
@@ -251,8 +274,7 @@ class Encoder(nn.Module):
   def __call__(self, src: Array, segments: Array, positions: Array, *,
                deterministic: bool) -> Array:
     x = self.embedding(src, positions, deterministic=deterministic)  # [B, S, D]
-    mask = segment_mask(segments, segments) & window_mask(
-        positions, positions, self.config.attention_window)  # [B, 1, S, S]
+    mask = encoder_mask(segments, positions, self.config.attention_window)
     for layer in self.layers:
       x = layer(x, mask, deterministic)
     return x if self.final_norm is None else self.final_norm(x)
@@ -332,9 +354,8 @@ class Transformer(nn.Module):
     src_segments = _default_segments(src, src_segments)
     tgt_segments = jnp.ones_like(tgt_in) if tgt_segments is None else tgt_segments
     positions = _default_positions(tgt_in, tgt_positions)
-    self_mask = (segment_mask(tgt_segments, tgt_segments) & causal_mask(tgt_in.shape[1])
-                 & window_mask(positions, positions, self.config.attention_window))  # [B,1,T,T]
-    cross_mask = segment_mask(tgt_segments, src_segments)  # [B, 1, T, S]
+    self_mask, cross_mask = decoder_masks(tgt_segments, src_segments, positions,
+                                          self.config.attention_window)
     hidden, _ = self.decoder(tgt_in, encoded, self_mask, cross_mask, positions,
                              deterministic=deterministic)
     return hidden

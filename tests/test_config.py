@@ -12,12 +12,17 @@ def test_config_rejects_indivisible_heads():
     config_lib.base().replace(num_heads=7)
 
 
-def test_fast_path_is_bfloat16_on_gpu_only():
-  """bfloat16 with einsum attention: what trained on packed rows on a GPU (fused attention's
-  cuDNN kernel gave non-finite gradients there, docs/BENCHMARKS.md)."""
+def test_fast_path_on_gpu_only():
+  """bfloat16, cuDNN attention, loss chunks of 4096, rbg dropout bits, bfloat16 LayerNorm
+  output: what trained on packed rows on an H100 (docs/BENCHMARKS.md, "GPU, part 4")."""
   base = config_lib.base()
   gpu = config_lib.fast_path(base, 'gpu')
-  assert gpu.execution == config_lib.Execution(dtype=jnp.bfloat16, attention='einsum')
+  assert gpu.execution == config_lib.Execution(
+      dtype=jnp.bfloat16, attention='fused', loss_chunk=4096, dropout_rng='rbg',
+      norm_dtype=jnp.bfloat16)
+  # Fused attention has neither attention dropout nor d_k != d_v: those keep einsum.
+  for other in (base.replace(attention_dropout_rate=0.1), base.replace(qk_dim=32, v_dim=128)):
+    assert config_lib.fast_path(other, 'gpu').execution.attention == 'einsum'
   assert gpu == base.replace(execution=gpu.execution)  # nothing else changes
   assert config_lib.fast_path(base, 'cpu') == base and base.execution == config_lib.Execution()
   # Fused attention has no attention dropout.

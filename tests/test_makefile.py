@@ -67,7 +67,7 @@ def test_the_extras_pin_the_same_jax_as_the_package():
   assert EXTRAS['cpu'] == [pin]
   assert EXTRAS['cuda12'] == [pin.replace('jax', 'jax[cuda12]')]
   assert EXTRAS['cuda13'] == [pin.replace('jax', 'jax[cuda13]')]
-  assert jax.__version__ == '0.10.2' or re.fullmatch(r'0\.10\.\d+', jax.__version__)
+  assert re.fullmatch(r'0\.1[01]\.\d+', jax.__version__)  # the versions the suite ran on
 
 
 @pytest.mark.slow
@@ -80,7 +80,7 @@ def test_the_cuda_extras_resolve_to_a_plugin_of_the_same_version(tmp_path):
   versions = {item['metadata']['name']: item['metadata']['version']
               for item in json.loads(report.read_text())['install']}
   jax_version = versions['jax']
-  assert re.fullmatch(r'0\.10\.\d+', jax_version)
+  assert re.fullmatch(r'0\.1[01]\.\d+', jax_version)
   for name in ('jaxlib', 'jax-cuda12-plugin', 'jax-cuda13-plugin', 'jax-cuda12-pjrt',
                'jax-cuda13-pjrt'):
     assert versions[name] == jax_version, (name, versions)
@@ -88,17 +88,18 @@ def test_the_cuda_extras_resolve_to_a_plugin_of_the_same_version(tmp_path):
 
 @pytest.mark.slow
 def test_make_gpu_check_passes_on_cpu():
-  result = subprocess.run(['make', '-s', 'gpu-check'], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+  result = subprocess.run(['make', '-s', 'gpu-check', 'ARGS=--fused-steps 5'], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout + result.stderr
   out = result.stdout
   assert out.startswith('cpu: ') and 'no GPU: jax runs on cpu' in out
   rows = re.findall(r'^(.+?)\s{2,}(pass|FAIL)\s', out, flags=re.M)
   assert [name for name, _ in rows] == [
-      'devices', 'fused attention == einsum', 'training, bfloat16 fast path',
-      'cached == uncached decoding', 'checkpoint save/restore/average']
+      'devices', 'fused attention == einsum', 'fused attention trains, packed rows',
+      'training, bfloat16 fast path', 'cached == uncached decoding',
+      'checkpoint save/restore/average']
   assert {result for _, result in rows} == {'pass'}
-  assert '5 passed, 0 failed' in out
+  assert '6 passed, 0 failed' in out
 
 
 def test_make_train_base_refuses_a_cpu_backend_before_reading_data(tmp_path):

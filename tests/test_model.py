@@ -11,7 +11,7 @@ from helpers import init_params
 
 from jaxformer import config as config_lib
 from jaxformer import model as model_lib
-from jaxformer import train, translation
+from jaxformer import data, losses, train, translation
 from jaxformer.model import Transformer
 
 SRC = jnp.array([[5, 9, 3, 7, 2]])
@@ -51,6 +51,58 @@ def test_masks():
   np.testing.assert_array_equal(mask, expected)
   np.testing.assert_array_equal(model_lib.causal_mask(3)[0, 0],
                                 np.array([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=bool))
+
+
+def test_attend_somewhere_opens_only_empty_rows_to_their_first_key():
+  segments = jnp.array([[1, 1, 2, 2, 0]])
+  mask = model_lib.segment_mask(segments, segments)
+  opened = np.asarray(model_lib.attend_somewhere(mask)[0, 0])
+  np.testing.assert_array_equal(opened[:4], np.asarray(mask[0, 0, :4]))  # real rows unchanged
+  np.testing.assert_array_equal(opened[4], [1, 0, 0, 0, 0])  # the padding query: key 0 only
+
+
+def test_no_attention_row_is_empty_in_packed_batches(corpus):
+  """Every query, padding included, attends to at least one key in all three masks, for the
+  rows PackedBatches gives (pairs packed side by side, padding, whole empty rows at the end)."""
+  stream = data.PackedBatches(corpus, src_len=40, tgt_len=48, rows_per_device=8, num_epochs=1)
+  padding_queries = 0
+  for batch in stream:
+    flat = {key: jnp.asarray(value.reshape(-1, value.shape[-1])) for key, value in batch.items()}
+    masks = (model_lib.encoder_mask(flat['src_segments'], flat['src_positions'], None),
+             *model_lib.decoder_masks(flat['tgt_segments'], flat['src_segments'],
+                                      flat['tgt_positions'], None))
+    for mask in masks:
+      assert np.all(np.asarray(mask).any(-1))
+    padding_queries += int((batch['tgt_segments'] == 0).sum())
+  assert padding_queries > 0  # the batches had padding to test
+
+
+@pytest.mark.parametrize('attention', ['einsum', 'fused'])
+def test_opened_padding_rows_change_no_real_logit_and_no_gradient(tiny_config, attention,
+                                                                  monkeypatch):
+  """Logits at real positions and the gradients of the training loss w.r.t. every param are
+  those of masks that leave padding rows empty (attend_somewhere as the identity), on packed
+  rows with padding, with dropout."""
+  cfg = tiny_config.with_execution(attention=attention)
+  params = init_params(cfg)
+  inputs = _packed_inputs()
+  real = np.asarray(inputs['tgt_segments'] > 0)
+  targets = jnp.roll(inputs['tgt_in'], -1, axis=1) * real
+
+  def logits_and_grads():
+    def loss(p):
+      logits = Transformer(cfg).apply({'params': p}, **inputs, deterministic=False,
+                                      rngs={'dropout': jax.random.key(3)})
+      total, _ = losses.smoothed_cross_entropy(logits, targets, real, 0.1)
+      return total, logits
+    grads, logits = jax.grad(loss, has_aux=True)(params)
+    return np.asarray(logits)[real], grads
+  opened = logits_and_grads()
+  monkeypatch.setattr(model_lib, 'attend_somewhere', lambda mask: mask)
+  empty = logits_and_grads()
+  np.testing.assert_allclose(opened[0], empty[0], rtol=1e-6, atol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), *[
+      g for _, g in (opened, empty)])
 
 
 @pytest.mark.parametrize('preset,expected', [('base', 63_082_496), ('big', 214_245_376)])
@@ -201,12 +253,12 @@ def test_fused_attention_names_cudnn_on_gpu_with_full_masks(tiny_model, tiny_con
   calls.clear()
   Transformer(cfg.with_execution(dtype=jnp.float32)).apply({'params': params}, **even)
   assert {kernel for kernel, _, _ in calls} == {None}  # cuDNN's kernel is bf16/fp16 only
-  for length, kernels in ((64, {None}), (192, {None}), (128, {'cudnn'}), (248, {'cudnn'})):
-    calls.clear()  # lengths 64 more than a multiple of 128: cuDNN's backward fails there
+  for length in (64, 128, 192, 248):  # every even length, 64 more than a multiple of 128 too
+    calls.clear()
     padded = {name: jnp.pad(x, ((0, 0), (0, length - x.shape[1])))
               for name, x in _packed_inputs().items()}
     jax.eval_shape(Transformer(cfg).apply, {'params': params}, **padded)
-    assert {kernel for kernel, _, _ in calls} == kernels, length
+    assert {kernel for kernel, _, _ in calls} == {'cudnn'}, length
 
 
 def test_bfloat16_keeps_layer_norm_softmax_and_logits_in_float32(tiny_model, tiny_config):
