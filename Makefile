@@ -40,6 +40,8 @@ help:
 	@echo "make gpu-check   a new host's first command: device line, then fast path, training,"
 	@echo "                 decoding and checkpoints checked on it, as a pass/fail table"
 	@echo "make jax-extra   print the jax build make installs here (JAX_EXTRA=cpu|cuda12|cuda13)"
+	@echo "make install     set up $(VENV) with jaxformer, its tests' tools and that jax build"
+	@echo "make clean       remove $(VENV) and the build outputs"
 
 # The venv is (re)installed when pyproject.toml changes, and rebuilt from scratch when it holds
 # another jax build than JAX_EXTRA's.

@@ -165,3 +165,13 @@ def test_make_runs_its_commands_on_huge_pages_and_keeps_a_users_tunables(tmp_pat
   under_make, alone = faults()
   assert alone >= 16_000 and under_make < 2_000, (under_make, alone)
   assert min(faults(GLIBC_TUNABLES='glibc.malloc.check=0')) >= 16_000  # the user's setting
+
+
+def test_make_help_lists_every_target():
+  """Every target of .PHONY but help itself has its line in `make help` (install and clean,
+  which the CPU refusal and the README name, had none)."""
+  text = (ROOT / 'Makefile').read_text()
+  phony = re.search(r'^\.PHONY:(.*?)(?<!\\)\n', text, flags=re.M | re.S).group(1)
+  targets = set(phony.replace('\\', ' ').split()) - {'help'}
+  listed = set(re.findall(r'^make (\S+)', _make('help').stdout, flags=re.M))
+  assert targets <= listed, sorted(targets - listed)

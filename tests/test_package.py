@@ -63,3 +63,41 @@ def test_train_eval_export_translate_from_the_installed_package(installed, tmp_p
           '.splitlines())))')
   pretrained = _run(installed, tmp_path, sys.executable, '-c', code)
   assert pretrained.stdout == (tmp_path / 'hyps.de').read_text()  # the same model
+
+
+def test_import_jaxformer_reaches_every_submodule_and_loads_the_heavy_ones_on_first_use():
+  """`jaxformer.train.train_step` and the like work after a plain `import jaxformer` (they
+  raised AttributeError), and the import itself loads neither orbax, sentencepiece nor TF."""
+  code = ('import sys, jaxformer\n'
+          "heavy = [m for m in ('orbax', 'sentencepiece', 'tensorflow') if m in sys.modules]\n"
+          'jaxformer.train.train_step, jaxformer.translation.Translator\n'
+          'jaxformer.checkpoint.average_checkpoints, jaxformer.data.PackedBatches\n'
+          'jaxformer.recipes.load, jaxformer.trainer, jaxformer.decode.beam_search\n'
+          "assert set(jaxformer.__all__) <= set(dir(jaxformer))\n"
+          'print(heavy)\n')
+  result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.strip() == '[]'
+  missing = subprocess.run([sys.executable, '-c', 'import jaxformer; jaxformer.trian'],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert "module 'jaxformer' has no attribute 'trian'" in missing.stderr
+
+
+def test_licence_citation_and_changelog_match_the_package():
+  """The licence pyproject.toml names is the one shipped, and the citation names the paper and
+  this version."""
+  import tomllib  # pylint: disable=g-import-not-at-top
+
+  import yaml  # pylint: disable=g-import-not-at-top
+
+  import jaxformer  # pylint: disable=g-import-not-at-top
+  project = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']
+  licence = (ROOT / 'LICENSE').read_text()
+  assert project['license'] == 'Apache-2.0' and 'Apache License\n' in licence
+  assert 'Version 2.0, January 2004' in licence and 'END OF TERMS AND CONDITIONS' in licence
+  citation = yaml.safe_load((ROOT / 'CITATION.cff').read_text())
+  assert citation['version'] == jaxformer.__version__ == project['version']
+  assert citation['license'] == project['license']
+  assert citation['preferred-citation']['title'] == 'Attention Is All You Need'
+  assert (ROOT / 'CHANGELOG.md').read_text().startswith('# Changelog')

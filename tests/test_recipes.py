@@ -3,6 +3,8 @@
 import dataclasses
 import pathlib
 import re
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import pytest
@@ -50,6 +52,13 @@ def test_readme_table_is_the_generated_one():
   assert table3.markdown_table() in readme
   low, high = table3.matching_vocabulary()
   assert f'{low:,.0f} <= V <= {high:,.0f}' in readme
+
+
+def test_table3_module_prints_its_table_without_warnings():
+  result = subprocess.run([sys.executable, '-W', 'default', '-m', 'jaxformer.recipes.table3'],
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0 and result.stderr == ''  # runpy's RuntimeWarning was here
+  assert result.stdout.startswith('| row | changes from base | jaxformer params |')
 
 
 def _recipe(*argv: str):

@@ -17,7 +17,6 @@ from typing import Any
 import jax.numpy as jnp
 
 from jaxformer.config import DataConfig, SettingError, TrainConfig, TransformerConfig
-from jaxformer.recipes import table3
 
 NAMES = ('base', 'big', 'big_enfr', 'multi30k', 'multi30k_gpu', 'demo')
 
@@ -55,6 +54,9 @@ def load(name_or_path: str, variant: str | None = None) -> Recipe:
     _field(DataConfig, 'data', field)
   train = dict(settings['train'])
   if variant:
+    # Imported here, not at the top: `python -m jaxformer.recipes.table3` runs it as __main__,
+    # which a copy already imported by this package would make runpy warn about.
+    from jaxformer.recipes import table3  # pylint: disable=g-import-not-at-top
     try:
       model = table3.variant_config(variant, settings['model'].vocab_size)
     except ValueError as e:
