@@ -35,6 +35,26 @@ def shard(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
   return jax.tree.map(lambda x: jax.device_put(x, sharding), batch)
 
 
+def data_mesh(axis_name: str = 'data') -> jax.sharding.Mesh:
+  """A one-axis mesh over every device of every process: data parallelism under `jax.jit`, the
+  alternative to pmap (see `shard_rows`)."""
+  return jax.make_mesh((jax.device_count(),), (axis_name,),
+                       axis_types=(jax.sharding.AxisType.Auto,))  # XLA partitions the step
+
+
+def replicate_on(tree: Any, mesh: jax.sharding.Mesh) -> Any:
+  """`tree` (e.g. a TrainState) with every array copied to every device of `mesh`."""
+  return jax.device_put(tree, jax.NamedSharding(mesh, jax.P()))
+
+
+def shard_rows(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
+  """This process's rows of a batch ([rows, ...] arrays) as global arrays whose rows are split
+  over the mesh's first axis, for `jax.jit(train.train_step)`. The step then computes on the
+  global batch: the loss over every process's real tokens, as pmap's psum does."""
+  sharding = jax.NamedSharding(mesh, jax.P(mesh.axis_names[0]))
+  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), batch)
+
+
 def prefetch(batches: Iterator[dict[str, np.ndarray]], size: int = 2, workers: int = 3
              ) -> Generator[tuple[dict[str, jax.Array], Any], None, None]:
   """Makes and transfers the next `size` batches in background threads while steps run.

@@ -2,6 +2,7 @@
 and jax.distributed must be set before jax starts). Writes the final params to an .npz file.
 
   python distributed_worker.py devices N OUT    N local devices (simulated on CPU)
+  python distributed_worker.py jit N OUT        the same, the step under jax.jit over a mesh
   python distributed_worker.py host I PORT OUT  process I of 2 in a jax.distributed cluster
   python distributed_worker.py hosts2 OUT       one process, 2 devices, fed like the 2 hosts
   python distributed_worker.py train I PORT WORKDIR STEPS
@@ -12,7 +13,7 @@ import os
 import sys
 
 MODE = sys.argv[1]
-if MODE == 'devices':
+if MODE in ('devices', 'jit'):
   os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={sys.argv[2]}'
 elif MODE == 'hosts2':
   os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
@@ -50,14 +51,28 @@ def batches(num_devices: int, process_index: int = 0, process_count: int = 1):
     yield batch
 
 
-def run(batch_iter, devices=None) -> dict:
+def initial_state() -> train.TrainState:
   cfg = config.tiny(vocab_size=400).replace(dropout_rate=0.0)
   state = train.create_train_state(cfg, jax.random.key(0))
   # SGD with rate 1 makes each update the combined gradient itself. Adam's first steps are
   # ~sign(g), which turns float rounding in near-zero gradients into differences of 2 * lr.
   state = state.replace(tx=optax.sgd(1.0))
-  state = state.replace(opt_state=state.tx.init(state.params))
-  p_state = parallel.replicate(state, devices)
+  return state.replace(opt_state=state.tx.init(state.params))
+
+
+def run_jit(batch_iter) -> dict:
+  """The README's own loop: jax.jit over a data mesh, no axis name."""
+  mesh = parallel.data_mesh()
+  state = parallel.replicate_on(initial_state(), mesh)
+  step = jax.jit(train.train_step, donate_argnums=0)
+  for batch in batch_iter:
+    rows = {key: value.reshape(-1, value.shape[-1]) for key, value in batch.items()}
+    state, _ = step(state, parallel.shard_rows(rows, mesh), jax.random.key(1))
+  return jax.device_get(state.params)
+
+
+def run(batch_iter, devices=None) -> dict:
+  p_state = parallel.replicate(initial_state(), devices)
   p_rng = parallel.replicate(jax.random.key(1), devices)
   step = jax.pmap(functools.partial(train.train_step, axis_name='batch'), axis_name='batch',
                   devices=devices)
@@ -80,6 +95,10 @@ if MODE == 'devices':
   else:
     assert jax.local_device_count() == n
     save(run(batches(n)), out)
+elif MODE == 'jit':
+  n, out = int(sys.argv[2]), sys.argv[3]
+  assert jax.local_device_count() == n
+  save(run_jit(batches(n)), out)
 elif MODE == 'host':
   index, port, out = int(sys.argv[2]), sys.argv[3], sys.argv[4]
   parallel.initialize(f'localhost:{port}', 2, index)

@@ -38,6 +38,7 @@ def test_readme_python_snippets_run(tmp_path, monkeypatch, shared_data, capsys):
   assert len(capsys.readouterr().out.splitlines()) == 1  # its one translation
   assert namespace['logits'].shape == (1, 37000)  # decode_step: one position's logits
   assert float(namespace['peak']) == pytest.approx(6.988e-4, rel=1e-3)
+  assert int(namespace['train_state'].step) == 3 and float(namespace['metrics']['loss']) > 0
   assert namespace['batch']['src'].shape[:2] == (8, 12)
   assert namespace['state'] == {
       'epoch': 0, 'block': 0, 'row': 96, 'seed': 0, 'shard_size': 29000, 'src_len': 248,
