@@ -53,8 +53,9 @@ def run(workdir: pathlib.Path, *, num_steps: int | None = None, train_pairs: int
   translator = Translator.from_checkpoint(model_path)
   test = corpus['test']
   hypotheses = translator.translate(test.src, progress=True)
-  (workdir / 'test_hypotheses.de').write_text(''.join(h + '\n' for h in hypotheses),
-                                               encoding='utf-8')
+  for name, lines in (('test.en', test.src), ('test.de', test.tgt),
+                      ('test_hypotheses.de', hypotheses)):  # `jaxformer eval --src --ref` reads
+    (workdir / name).write_text(''.join(line + '\n' for line in lines), encoding='utf-8')
   bleu, signature = scoring.sacre_bleu(hypotheses, test.tgt)
 
   # 6-7. Samples and pictures.

@@ -170,6 +170,16 @@ def _train(args: argparse.Namespace) -> int:
 # --- loading a model ------------------------------------------------------------------------------
 
 
+def _add_model_path(parser: argparse.ArgumentParser, *aliases: str, required: bool = True
+                    ) -> None:
+  """--model PATH, the one name of "the model to load" in eval, translate and export; --workdir
+  (and eval's --checkpoint) are older spellings of it."""
+  parser.add_argument('--model', '--workdir', *aliases, dest='model', required=required,
+                      metavar='PATH', help='the model: a training workdir (its newest '
+                      'checkpoint), a checkpoint folder (e.g. WORKDIR/average-last5) or an '
+                      'exported folder')
+
+
 def _add_model_flags(parser: argparse.ArgumentParser, *, beam: bool = True) -> None:
   _flag(parser, 'average_last', type=positive_int,
         help="average a workdir's last N checkpoints first")
@@ -204,7 +214,7 @@ def _test_set(args: argparse.Namespace) -> tuple[data.ParallelText, str]:
 @_one_line_errors
 def _eval(args: argparse.Namespace) -> int:
   logging.getLogger('absl').setLevel(logging.WARNING)
-  path = args.workdir or args.checkpoint
+  path = args.model
   model = translator(path, args)
   text, name = _test_set(args)
   output = pathlib.Path(args.output or pathlib.Path(path) / f'hyps-{name}.txt')
@@ -249,7 +259,7 @@ def _write(model, chunk: list[str], first: int, nbest: int | None, out) -> None:
 def _translate(args: argparse.Namespace) -> int:
   if args.nbest and args.nbest > args.beam:
     return _fail(f'--nbest {args.nbest} needs --beam >= {args.nbest}.')
-  model = translator(args.workdir, args)
+  model = translator(args.model, args)
   sentences = data.read_lines(args.input) if args.input else None
   try:
     with open(args.output, 'w', encoding='utf-8') if args.output else \
@@ -277,12 +287,15 @@ def _translate(args: argparse.Namespace) -> int:
 
 @_one_line_errors
 def _export(args: argparse.Namespace) -> int:
-  params, config, spm_model, step = checkpoint.load(args.path, args.average_last)
+  if (args.model is None) == (args.path is None):
+    return _fail('give the model to export once: jaxformer export --model PATH OUT.')
+  path = args.model or args.path
+  params, config, spm_model, step = checkpoint.load(path, args.average_last)
   if args.format == 'ctranslate2':
     out = export.save_ctranslate2(args.out, params, config, spm_model)
   else:
     out = export.save(args.out, params, config, spm_model, step=step)
-  print(f'exported step {step} of {args.path} to {out} ({args.format})')
+  print(f'exported step {step} of {path} to {out} ({args.format})')
   return 0
 
 
@@ -323,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     return sub
 
   _add_train_flags(command(
-      'train', _train, 'train a recipe (base, big, big_enfr, multi30k, demo) or a config file',
+      'train', _train, f'train a recipe ({", ".join(recipes.NAMES)}) or a config file',
       'Trains a Transformer; rerunning the same command resumes from the workdir.\n\n'
       '  jaxformer train --config base --workdir workdirs/base --tfds-data-dir ~/tfds\n'
       '  jaxformer train --config demo --workdir W --set train.num_steps=20\n'
@@ -338,10 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
       'Translates a test set with the paper\'s decoding (beam 4, alpha 0.6, input + 50) and prints '
       'sacreBLEU (the headline, with its signature), the paper\'s tokenized BLEU and chrF; writes '
       'the hypotheses.')
-  where = evaluation.add_mutually_exclusive_group(required=True)
-  where.add_argument('--workdir', help='a training workdir (its newest checkpoint)')
-  where.add_argument('--checkpoint', help='a checkpoint folder (e.g. WORKDIR/average-last5) or '
-                     'an exported folder')
+  _add_model_path(evaluation, '--checkpoint')
   _add_model_flags(evaluation)
   _flag(evaluation, 'target_language', choices=('de', 'fr'), default='de',
         help='tfds newstest2014 direction, and the Moses rules of the tokenized BLEU')
@@ -356,8 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
       'files and pipes are translated in batches. With --nbest N each input line gives N lines '
       '"INDEX ||| TRANSLATION ||| SCORE" (Moses n-best format: INDEX counts input lines from 0, '
       'SCORE is log-probability / GNMT length penalty, best first; blank lines give none).')
-  translate.add_argument('--workdir', required=True,
-                         help='a workdir, checkpoint folder or exported folder')
+  _add_model_path(translate)
   _add_model_flags(translate)
   translate.add_argument('--input', help='a UTF-8 text file (default: stdin)')
   translate.add_argument('--output', help='where to write (default: stdout)')
@@ -369,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
       'Writes a model that Translator.from_pretrained(OUT) (and jaxformer eval/translate) load '
       'without orbax or the workdir; with --format ctranslate2, a CTranslate2 model of the same '
       "weights (pip install 'jaxformer[ctranslate2]'), with spm.model beside it.")
-  export.add_argument('path', help='a workdir, checkpoint folder or averaged checkpoint')
+  _add_model_path(export, required=False)
+  export.add_argument('path', nargs='?', help='the model, as --model (an older spelling)')
   export.add_argument('out', help='the folder to write')
   export.add_argument('--format', choices=('jaxformer', 'ctranslate2'), default='jaxformer',
                       help='jaxformer: config.json + spm.model + safetensors; ctranslate2: a '

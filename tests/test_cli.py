@@ -11,7 +11,7 @@ import jax
 import pytest
 from helpers import assert_trees_equal, train_command
 
-from jaxformer import checkpoint, cli, translation
+from jaxformer import checkpoint, cli, recipes, translation
 
 TESTS = pathlib.Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -21,7 +21,9 @@ def test_cli_help_lists_subcommands(capsys):
   with pytest.raises(SystemExit) as exit_info:
     cli.main(['--help'])
   assert exit_info.value.code == 0
-  assert 'params' in capsys.readouterr().out
+  listing = ' '.join(capsys.readouterr().out.split())  # argparse wraps the lines
+  assert 'params' in listing
+  assert f'train a recipe ({", ".join(recipes.NAMES)})' in listing  # multi30k_gpu was missing
   with pytest.raises(SystemExit):
     cli.main(['train', '--help'])
   assert 'GLIBC_TUNABLES=glibc.malloc.hugetlb=1 jaxformer train' in capsys.readouterr().out
@@ -300,3 +302,21 @@ def test_cli_imports_at_the_top_only():
   inner = [node.lineno for function in ast.walk(tree) if isinstance(function, ast.FunctionDef)
            for node in ast.walk(function) if isinstance(node, (ast.Import, ast.ImportFrom))]
   assert inner == []
+
+
+@pytest.mark.parametrize('argv', [
+    ['eval', '--model', 'M'], ['eval', '--workdir', 'M'], ['eval', '--checkpoint', 'M'],
+    ['translate', '--model', 'M'], ['translate', '--workdir', 'M'],
+    ['export', '--model', 'M', 'OUT'], ['export', 'M', 'OUT']])
+def test_eval_translate_and_export_name_the_model_alike(argv):
+  """--model PATH in all three (it was --workdir|--checkpoint, --workdir and a positional);
+  the older spellings still work."""
+  args = cli.build_parser().parse_args(argv)
+  assert (args.model or args.path if argv[0] == 'export' else args.model) == 'M'
+
+
+@pytest.mark.parametrize('argv', [['export', 'OUT'], ['export', '--model', 'M', 'M', 'OUT']])
+def test_export_needs_the_model_once(capsys, argv):
+  assert cli.main(argv) == 1
+  assert capsys.readouterr().err == (
+      'error: give the model to export once: jaxformer export --model PATH OUT.\n')

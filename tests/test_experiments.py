@@ -40,6 +40,13 @@ def test_short_demo_runs_end_to_end_and_reruns_cleanly(tmp_path):
   assert summary['model'] == str(workdir / 'average-last5')
   assert (workdir / 'average-last5' / '10').is_dir()
   assert len((workdir / 'test_hypotheses.de').read_text().splitlines()) == 12
+  # The README's quickstart: the demo's test split, scored again by `jaxformer eval`.
+  scored = subprocess.run(
+      [sys.executable, '-m', 'jaxformer.cli', 'eval', '--checkpoint', summary['model'],
+       '--src', str(workdir / 'test.en'), '--ref', str(workdir / 'test.de')],
+      capture_output=True, text=True, timeout=300)
+  assert scored.returncode == 0, scored.stderr[-3000:]
+  assert f'sacreBLEU {summary["sacrebleu"]:.2f}' in scored.stdout
   for picture in summary['pictures']:
     pixels = image.imread(picture)
     assert pixels.ndim == 3 and min(pixels.shape[:2]) > 100 and pixels.std() > 0.01
