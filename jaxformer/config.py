@@ -29,15 +29,21 @@ class Execution:
   a checkpoint and the one that loads it (the compatibility check ignores it). `fast_path`
   picks one per backend."""
 
-  dtype: Any = jnp.float32    # compute dtype; params, softmax, LayerNorm, loss: float32
-  attention: str = 'einsum'   # 'einsum', or 'fused': jax.nn.dot_product_attention (cuDNN's
-                              # fused kernel on GPU; no attention dropout)
-  remat: bool = False         # recompute each layer's activations in the backward pass
-  loss_chunk: int = 1024      # positions per chunk of the training softmax and loss
-  norm_dtype: Any = jnp.float32  # LayerNorm's output, so the residual stream (its statistics
-                                 # and params are float32 either way)
-  dropout_rng: str = 'threefry'  # the dropout bits' PRNG: jax's default, or 'rbg' (XLA's
-                                 # RngBitGenerator, derived from the step's key: cheaper on GPU)
+  dtype: Any = jnp.float32
+  """Compute dtype; params, softmax, LayerNorm, loss: float32."""
+  attention: str = 'einsum'
+  """'einsum', or 'fused': jax.nn.dot_product_attention (cuDNN's fused kernel on GPU; no
+  attention dropout)."""
+  remat: bool = False
+  """Recompute each layer's activations in the backward pass."""
+  loss_chunk: int = 1024
+  """Positions per chunk of the training softmax and loss."""
+  norm_dtype: Any = jnp.float32
+  """LayerNorm's output, so the residual stream (its statistics and params are float32 either
+  way)."""
+  dropout_rng: str = 'threefry'
+  """The dropout bits' PRNG: jax's default, or 'rbg' (XLA's RngBitGenerator, derived from the
+  step's key: cheaper on GPU)."""
 
   def __post_init__(self):
     if self.attention not in ('einsum', 'fused'):
@@ -55,28 +61,50 @@ class Execution:
 class TransformerConfig:
   """Hyperparameters of the encoder-decoder Transformer (Vaswani et al., 2017)."""
 
-  vocab_size: int = 37000            # shared source/target vocabulary (§5.1); id 0 is padding
-  num_layers: int = 6                # N: layers in each of the encoder and the decoder
-  d_model: int = 512                 # width of every sub-layer output and of the embeddings
-  d_ff: int = 2048                   # inner width of the position-wise feed-forward network
-  num_heads: int = 8                 # h: parallel attention heads
-  qk_dim: int | None = None          # d_k per head; None: d_model / h (Table 3 rows A, B)
-  v_dim: int | None = None           # d_v per head; None: d_model / h
-  dropout_rate: float = 0.1          # P_drop: on sub-layer outputs and embeddings + PE (§5.4)
-  attention_dropout_rate: float = 0.0  # on attention weights; 0.0 as in t2t at publication
-  relu_dropout_rate: float = 0.0     # after the FFN's ReLU; 0.0 as in t2t at publication
-  label_smoothing: float = 0.1       # epsilon_ls (§5.4)
-  pre_ln: bool = False               # False: the paper's LayerNorm(x + Dropout(Sublayer(x)))
-  max_len: int = 256                 # longest sentence (tokens) the data pipeline and decoder allow
-  learned_positions: bool = False    # a learned [max_len, D] table per stack (Table 3 row E)
-  attention_window: int | None = None  # restricted self-attention: keys within +-r only (§4)
-  warmup_steps: int = 4000           # warmup_steps of the lrate schedule (§5.3)
-  adam_b1: float = 0.9               # Adam beta_1 (§5.3)
-  adam_b2: float = 0.98              # Adam beta_2 (§5.3)
-  adam_eps: float = 1e-9             # Adam epsilon (§5.3)
-  grad_clip_norm: float | None = None  # global-norm clipping; the paper uses none
-  weight_decay: float = 0.0          # decoupled (AdamW) weight decay; the paper uses none
-  execution: Execution = Execution()  # how it is computed (dtype, attention kernel, remat)
+  vocab_size: int = 37000
+  """Shared source/target vocabulary (§5.1); id 0 is padding."""
+  num_layers: int = 6
+  """N: layers in each of the encoder and the decoder."""
+  d_model: int = 512
+  """Width of every sub-layer output and of the embeddings."""
+  d_ff: int = 2048
+  """Inner width of the position-wise feed-forward network."""
+  num_heads: int = 8
+  """h: parallel attention heads."""
+  qk_dim: int | None = None
+  """d_k per head; None: d_model / h (Table 3 rows A, B)."""
+  v_dim: int | None = None
+  """d_v per head; None: d_model / h."""
+  dropout_rate: float = 0.1
+  """P_drop: on sub-layer outputs and embeddings + PE (§5.4)."""
+  attention_dropout_rate: float = 0.0
+  """On attention weights; 0.0 as in t2t at publication."""
+  relu_dropout_rate: float = 0.0
+  """After the FFN's ReLU; 0.0 as in t2t at publication."""
+  label_smoothing: float = 0.1
+  """epsilon_ls: the label smoothing mass (§5.4)."""
+  pre_ln: bool = False
+  """False: the paper's LayerNorm(x + Dropout(Sublayer(x)))."""
+  max_len: int = 256
+  """Longest sentence (tokens) the data pipeline and decoder allow."""
+  learned_positions: bool = False
+  """A learned [max_len, D] table per stack (Table 3 row E)."""
+  attention_window: int | None = None
+  """Restricted self-attention: keys within +-r only (§4)."""
+  warmup_steps: int = 4000
+  """warmup_steps of the lrate schedule (§5.3)."""
+  adam_b1: float = 0.9
+  """Adam beta_1 (§5.3)."""
+  adam_b2: float = 0.98
+  """Adam beta_2 (§5.3)."""
+  adam_eps: float = 1e-9
+  """Adam epsilon (§5.3)."""
+  grad_clip_norm: float | None = None
+  """Global-norm clipping; the paper uses none."""
+  weight_decay: float = 0.0
+  """Decoupled (AdamW) weight decay; the paper uses none."""
+  execution: Execution = Execution()
+  """How it is computed (dtype, attention kernel, remat)."""
 
   def __post_init__(self):
     if self.d_model % self.num_heads and (self.qk_dim is None or self.v_dim is None):

@@ -324,7 +324,22 @@ def _check_length(config: TransformerConfig, length: int, what: str) -> None:
 
 
 class Transformer(nn.Module):
-  """The encoder-decoder Transformer with one embedding shared by both inputs and the softmax."""
+  """The encoder-decoder Transformer with one embedding shared by both inputs and the softmax.
+
+  Inputs are int32 token ids (0 is padding): the source [B, S] and the decoder's inputs
+  [B, T], which are the targets shifted right by one, starting with 0. Packed rows add segment
+  ids (0 padding, 1, 2, ... per pair) and positions that restart at 0 for each pair.
+
+  >>> import jax, jax.numpy as jnp, jaxformer
+  >>> model = jaxformer.Transformer(jaxformer.tiny(vocab_size=64))
+  >>> src, tgt_in = jnp.array([[5, 9, 3, 1]]), jnp.array([[0, 7, 8]])
+  >>> params = model.init(jax.random.key(0), src, tgt_in)['params']
+  >>> model.apply({'params': params}, src, tgt_in).shape  # logits [B, T, V], float32
+  (1, 3, 64)
+
+  `encode`, `init_cache` and `decode_step` decode incrementally (jaxformer.decode searches with
+  them); `forward_hidden` stops before the softmax projection (the training loss's input).
+  """
   config: TransformerConfig
 
   def setup(self):

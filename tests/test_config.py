@@ -1,5 +1,7 @@
 """jaxformer.config: settings check themselves, the fast path, (de)serialisation."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -72,3 +74,16 @@ def test_the_steps_compute_on_the_fast_path_when_asked_or_on_gpu():
   assert config.TrainConfig().computed(base) == base  # the tests' backend is the CPU
   assert config.TrainConfig(fast_path=True).computed(base) == config.fast_path(base, 'gpu')
   assert config.TrainConfig(fast_path=False).computed(base) == base
+
+
+@pytest.mark.parametrize('cls', [config_lib.TransformerConfig, config_lib.Execution])
+def test_every_model_field_has_an_attribute_docstring(cls):
+  """Attribute docstrings (which generated references read), not `#` comments."""
+  import ast  # pylint: disable=g-import-not-at-top
+  import inspect  # pylint: disable=g-import-not-at-top
+  import textwrap  # pylint: disable=g-import-not-at-top
+  body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+  documented = {node.target.id for node, after in zip(body, body[1:])
+                if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)}
+  assert documented == {field.name for field in dataclasses.fields(cls)}

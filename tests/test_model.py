@@ -361,3 +361,11 @@ def test_learned_table_refuses_longer_inputs_while_sinusoids_extend():
   assert logits.shape == (1, 80, 32) and bool(jnp.all(jnp.isfinite(logits)))
   pe = model_lib.sinusoidal_positions(jnp.arange(1000), 32)
   assert bool(jnp.all(jnp.isfinite(pe)))
+
+
+def test_transformer_docstring_example_runs():
+  import doctest  # pylint: disable=g-import-not-at-top
+  examples = doctest.DocTestFinder().find(Transformer, 'Transformer')[0]
+  assert examples.examples, 'the usage example is gone'
+  result = doctest.DocTestRunner().run(examples)
+  assert result.failed == 0
