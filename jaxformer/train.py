@@ -58,7 +58,8 @@ def _applied_updates(state: TrainState) -> Array:
 def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | None = None,
                accum_steps: int = 1,
                skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, Array]]:
-  """One update on `batch`; under pmap pass the axis name to combine devices.
+  """One update on `batch`; under pmap pass the axis name to combine devices (under `jax.jit`
+  over a mesh, `parallel.data_mesh` and `parallel.shard_rows`, pass none).
 
   The loss is the label-smoothed sum divided by the number of real target tokens across all
   devices, so devices holding fewer tokens do not weigh more. With accum_steps = k, the batch's
