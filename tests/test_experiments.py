@@ -277,11 +277,11 @@ def test_gpu_check_fails_what_is_broken(monkeypatch, capsys):
   import gpu_check  # pylint: disable=g-import-not-at-top
   fused = jax.nn.dot_product_attention
   monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, **k: 1.5 * fused(*a, **k))
-  assert gpu_check.main(['--steps', '10', '--fused-steps', '3']) == 1
+  assert gpu_check.main(['--steps', '10', '--fused-steps', '1']) == 1
   out = capsys.readouterr().out
   assert re.search(r'^fused attention == einsum\s+FAIL\s+AssertionError: rows of 64: relative', out,
                    flags=re.M)
-  # 3 steps from init are within the training row's 2% of einsum's loss even at 1.5x: that row
+  # A step from init is within the training row's 2% of einsum's loss even at 1.5x: that row
   # passes here (its failure: test_gpu_check_fails_non_finite_attention_gradients).
   assert re.search(r'^training, bfloat16 fast path\s+FAIL\s+AssertionError: loss', out, flags=re.M)
   assert re.search(r'^cached == uncached decoding\s+FAIL\s+not run', out, flags=re.M)
@@ -302,4 +302,4 @@ def test_gpu_check_fails_non_finite_attention_gradients(monkeypatch):
                      r'\S+ \(einsum .*gradients nan'):
     gpu_check.check_fused_attention()
   with pytest.raises(AssertionError, match=r'^rows of 64 \(XLA\): non-finite from step 1$'):
-    gpu_check.check_fused_training(2, (64,))  # and training through it stops at once
+    gpu_check.check_fused_training(1, (64,))  # and training through it stops at once
