@@ -58,7 +58,7 @@ install: $(STAMP)
 jax-extra:
 	@echo $(JAX_EXTRA)
 
-# Two pytest workers (pytest-xdist), each running whole test files: 7.5-9.5 min on 2 cores.
+# Two pytest workers (pytest-xdist), each running whole test files: 14.5 min on 2 cores.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10
 
