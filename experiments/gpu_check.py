@@ -2,7 +2,7 @@
 
   make gpu-check   (python experiments/gpu_check.py [--steps 300] [--fused-steps 50])
 
-Prints the device line, then runs four checks on jax's default backend and prints a pass/fail
+Prints the device line, then runs five checks on jax's default backend and prints a pass/fail
 table (exit status 1 if any check fails):
   fused attention   fused attention (cuDNN on GPU) in bfloat16 is as close to a float32
                     reference as the einsum path in bfloat16 (logits and gradients: within 2e-2
