@@ -6,6 +6,7 @@ importing the package does not import orbax, sentencepiece or TensorFlow.
 """
 
 import importlib
+import pkgutil
 from typing import Any
 
 from jaxformer import config, losses, model, optim
@@ -14,9 +15,8 @@ from jaxformer.model import Transformer
 
 __version__ = '0.1.0'
 
-_LAZY_SUBMODULES = ('cache', 'checkpoint', 'cli', 'data', 'decode', 'errors', 'export', 'flops',
-                    'monitor', 'parallel', 'plots', 'recipes', 'scoring', 'train', 'trainer',
-                    'translation')
+_LAZY_SUBMODULES = tuple(sorted(module.name for module in pkgutil.iter_modules(__path__)
+                                if module.name not in globals()))  # the rest of the package
 
 __all__ = ['TransformerConfig', 'Transformer', 'base', 'big', 'tiny', 'config', 'losses',
            'model', 'optim', *_LAZY_SUBMODULES]
