@@ -24,13 +24,14 @@ OTHER_BUILD := $(filter-out $(STAMP),$(wildcard $(VENV)/.installed-*))
 # kept. docs/BENCHMARKS.md has the measurements.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: help install jax-extra lint test test-fast demo train-base train-big train-multi30k eval bench \
+.PHONY: help install jax-extra lint docs test test-fast demo train-base train-big train-multi30k eval bench \
   gpu-check clean
 
 help:
 	@echo "make test        set up $(VENV) (if needed) and run the whole test suite"
 	@echo "make test-fast   the tests not marked slow"
 	@echo "make lint        ruff with the house rules (pyproject.toml): no finding allowed"
+	@echo "make docs        the documentation site (Sphinx, warnings as errors) in docs/_build/html"
 	@echo "make demo        offline end-to-end demo on the embedded corpus (WORKDIR=, DEMO_STEPS=)"
 	@echo "make train-base  the paper's base recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
 	@echo "make train-big   the paper's big recipe on WMT14 EN-DE (WORKDIR=, TFDS_DATA_DIR=, ARGS=)"
@@ -50,7 +51,7 @@ $(STAMP): pyproject.toml
 	$(if $(OTHER_BUILD),rm -rf $(VENV))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,$(JAX_EXTRA)]'
+	$(PY) -m pip install --quiet -e '.[test,docs,$(JAX_EXTRA)]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -64,6 +65,11 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# The guides (MyST markdown) and the API reference from the docstrings; a warning (a broken
+# reference, a public name without a docstring) is an error.
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -E -a -W --keep-going -q -b html docs docs/_build/html
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile -m 'not slow'
@@ -113,4 +119,4 @@ gpu-check: $(STAMP)
 	$(PY) experiments/gpu_check.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info docs/_build

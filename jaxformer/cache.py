@@ -1,4 +1,4 @@
-"""The key/value cache of incremental decoding and its slot layout, documented once here.
+"""The key/value cache of incremental decoding and its slot layout, documented once here::
 
     {'index':  int32 []          the next target position;
      'slots':  int32 [N, L]      per hypothesis, the slot holding each position of its history;

@@ -1,11 +1,13 @@
 """Orbax checkpoints: saved unreplicated, checked for compatibility, restored, and averaged.
 
-A training workdir holds `checkpoints/<step>/` with four items:
+A training workdir holds `checkpoints/<step>/` with four items::
+
   params  the model parameters (one copy, not one per device);
   train   optimiser state, step and the base rng (in the newest few only: resume needs it,
           averaging does not);
   data    the data iterators' positions, one per host;
   meta    the config, and the sentencepiece model (base64) with its sha256.
+
 A checkpoint saved at an evaluation also records its validation metrics (orbax's `metrics`
 item) when the run keeps its best checkpoints. An averaged checkpoint (`average-last<N>/<step>/`
 or `average-best<N>/<step>/`) holds params and meta, and loads like any other.
@@ -52,6 +54,8 @@ def meta_config(meta: dict[str, Any]) -> TransformerConfig:
 
 
 def make_meta(config: TransformerConfig, spm_model: bytes) -> dict[str, Any]:
+  """What a checkpoint records beside its arrays: the model config and the sentencepiece model
+  (its bytes and their sha256), which restoring and `check_compatible` read."""
   return {'config': config_to_dict(config),
           'spm_sha256': hashlib.sha256(spm_model).hexdigest(),
           'spm_model': base64.b64encode(spm_model).decode('ascii')}

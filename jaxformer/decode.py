@@ -34,7 +34,7 @@ def stage_lengths(max_len: int) -> list[int]:
 
 
 def length_penalty(length: Array, alpha: float) -> Array:
-  """GNMT's ((5 + |Y|) / 6)^alpha (Wu et al., 2016), used by the paper with alpha = 0.6."""
+  """GNMT's ((5 + length) / 6)^alpha (Wu et al., 2016), used by the paper with alpha = 0.6."""
   return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
 
 
@@ -43,6 +43,7 @@ def length_penalty(length: Array, alpha: float) -> Array:
 
 @flax.struct.dataclass
 class GreedyState:
+  """The loop state of `greedy_search`."""
   step: Array   # [] tokens generated so far
   last: Array   # [B] the last token of each sentence
   out: Array    # [B, L]
@@ -89,6 +90,7 @@ def _search_loop(cond: Callable[[Any], Array], body: Callable[[Any], Any], state
 
 @flax.struct.dataclass
 class BeamState:
+  """The loop state of `beam_search`: live and finished hypotheses of every sentence."""
   step: Array             # [] tokens generated so far
   alive_seqs: Array       # [B, K, L]
   alive_log_probs: Array  # [B, K] sum of log-probabilities

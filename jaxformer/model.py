@@ -50,7 +50,7 @@ def causal_mask(length: int) -> Array:
 
 
 def window_mask(q_positions: Array, k_positions: Array, window: int | None) -> Array | bool:
-  """Restricted self-attention (§4): True where |query pos - key pos| <= r. [B, 1, T, L]"""
+  """Restricted self-attention (§4): True where abs(query pos - key pos) <= r. [B, 1, T, L]"""
   if window is None:
     return True
   distance = q_positions[:, :, None] - k_positions[:, None, :]  # [B, T, L]

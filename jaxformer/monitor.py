@@ -61,6 +61,7 @@ class MetricsSink:
       self._writer.hparams(hparams)
 
   def scalars(self, step: int, prefix: str, values: dict[str, float]) -> None:
+    """Scalars as `prefix/name` in TensorBoard and one metrics.jsonl record."""
     if self.enabled:
       values = {name: float(value) for name, value in values.items()}
       for name, value in values.items():
@@ -69,6 +70,7 @@ class MetricsSink:
       self._record({'step': step, 'split': prefix, **values})
 
   def text(self, step: int, tag: str, text: str) -> None:
+    """Markdown text in TensorBoard's text tab."""
     if self.enabled:
       self._writer.text(tag, text, step)
 
@@ -77,6 +79,7 @@ class MetricsSink:
     self._file.flush()
 
   def close(self) -> None:
+    """Closes the progress bar and the writers."""
     self.progress.close()
     if self.enabled:
       self._writer.close()
@@ -153,6 +156,7 @@ class MetricReader:
     self._interval_start = time.monotonic()
 
   def push(self, step: int, metrics: dict[str, Array]) -> None:
+    """Queues a dispatched step's metrics, still on the device, for `read`."""
     self._pending.append((step, metrics))
 
   def read(self) -> int:

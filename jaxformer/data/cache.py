@@ -46,10 +46,12 @@ class TokenizedCorpus:
 
   @property
   def src_lengths(self) -> np.ndarray:
+    """[pairs] source tokens of each kept pair, EOS included."""
     return np.diff(self.src_offsets)
 
   @property
   def tgt_lengths(self) -> np.ndarray:
+    """[pairs] target tokens of each kept pair, EOS included."""
     return np.diff(self.tgt_offsets)
 
   def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:

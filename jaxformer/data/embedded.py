@@ -22,6 +22,7 @@ from jaxformer.data.sources import ParallelText
 
 @dataclasses.dataclass(frozen=True)
 class Noun:
+  """A noun of the lexicon: English and German forms, gender, and whether it names a person."""
   en: str
   en_plural: str
   gender: str  # m, f, n
@@ -30,6 +31,7 @@ class Noun:
   person: bool = False
 
   def de_form(self, plural: bool, case: str) -> str:
+    """The German form in a number and case ('nom', 'acc', 'dat')."""
     if not plural:
       return self.de
     # Dative plural adds -n unless the plural already ends in -n or -s.
@@ -66,6 +68,7 @@ ADJECTIVES = [('big', 'groß'), ('small', 'klein'), ('old', 'alt'), ('young', 'j
 
 @dataclasses.dataclass(frozen=True)
 class Verb:
+  """A verb of the lexicon, with its separable prefix if it has one."""
   en: str          # base form: "see", "pick up"
   en_3sg: str      # "sees", "picks up"
   de_3sg: str      # "sieht", "holt" (without a separable prefix)
@@ -74,6 +77,7 @@ class Verb:
   transitive: bool = True
 
   def de_finite(self, plural: bool) -> str:
+    """The German present-tense form for a third-person subject."""
     return self.de_plural if plural else self.de_3sg
 
 
@@ -124,12 +128,14 @@ _STRONG_PLURAL = {'nom': 'e', 'acc': 'e', 'dat': 'en'}
 
 @dataclasses.dataclass(frozen=True)
 class NounPhrase:
+  """A determiner, an optional adjective and a noun, in one number."""
   noun: Noun
   determiner: str          # 'the', 'a', 'no' (kein), or a number word
   adjective: tuple[str, str] | None
   plural: bool
 
   def en(self) -> str:
+    """The English phrase."""
     first = (self.adjective or (self.noun.en,))[0]
     words = [('an' if first[0] in 'aeiou' else 'a') if self.determiner == 'a'
              else self.determiner]
@@ -139,6 +145,7 @@ class NounPhrase:
     return ' '.join(words)
 
   def de(self, case: str) -> str:
+    """The German phrase in a case, with the article and the adjective's ending it takes."""
     key = 'p' if self.plural else self.noun.gender
     if self.determiner == 'the':
       article, ending = _DEFINITE[case][key], _WEAK[case][key]
@@ -165,6 +172,7 @@ class Clause:
   negated: bool
 
   def en(self) -> str:
+    """The English clause."""
     plural = self.subject.plural
     if self.negated:
       verb = ('do not ' if plural else 'does not ') + self.verb.en
@@ -221,6 +229,7 @@ class Grammar:
     return items[self.rng.integers(len(items))]
 
   def noun_phrase(self, allow_no_article: bool = True) -> NounPhrase:
+    """A random noun phrase (without a number word when `allow_no_article` is False)."""
     noun = self._pick(NOUNS)
     roll = self.rng.random()
     if roll < 0.45:
@@ -233,6 +242,7 @@ class Grammar:
     return NounPhrase(noun, determiner, adjective, plural)
 
   def clause(self) -> Clause:
+    """A random clause."""
     verb = self._pick(VERBS)
     obj = self.noun_phrase() if verb.transitive else None
     pp = (self._pick(PREPOSITIONS), self.noun_phrase()) if self.rng.random() < 0.35 else None
@@ -255,6 +265,7 @@ class Grammar:
     return en, de
 
   def sentence(self) -> tuple[str, str]:
+    """A random (English, German) sentence pair."""
     kind = self.rng.random()
     main = self.clause()
     if kind < 0.3:  # plain main clause

@@ -181,6 +181,7 @@ class PackedBatches(Iterator[Batch]):
 
   @property
   def blocks_per_epoch(self) -> int:
+    """How many blocks of at most `BLOCK` pairs this host's epoch is planned in."""
     return -(-len(self.shard) // BLOCK)
 
   @property

@@ -46,7 +46,7 @@ class PairSource(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
-class ParallelText:
+class ParallelText(PairSource):
   """Line-aligned source and target sentences in memory, and a string naming their origin."""
   src: list[str]
   tgt: list[str]
@@ -104,7 +104,7 @@ def _raw_blocks(path: pathlib.Path) -> Iterator[bytes]:
 
 
 def decode_line(raw: bytes, where: str) -> str:
-  """A line's UTF-8 text without its line end ('\n' or '\r\n'); DataError naming `where`
+  """A line's UTF-8 text without its line end (LF or CR LF); DataError naming `where`
   (e.g. file:line) for bytes that are not UTF-8."""
   try:
     return raw.removesuffix(b'\n').removesuffix(b'\r').decode('utf-8')
@@ -151,7 +151,7 @@ def _count_and_hash(path: pathlib.Path) -> tuple[int, bytes]:
   return lines + (not last.endswith(b'\n')), digest.digest()
 
 
-class TextFiles:
+class TextFiles(PairSource):
   """Two line-aligned UTF-8 text files (plain or .gz), streamed: memory does not grow with
   their size. Their line counts are compared before any pair is read."""
 
@@ -215,7 +215,7 @@ def prepare_command(name: str, data_dir: str | None) -> str:
   return f'tfds build {name}{where}'
 
 
-class TfdsSplit:
+class TfdsSplit(PairSource):
   """A split of a prepared tfds translation dataset, streamed, with the source and target
   fields picked by name (tfds's supervised keys for wmt14_translate are (de|fr, en): pass
   src_key='en' for EN->DE/FR).

@@ -46,6 +46,7 @@ class Tokenizer:
 
   @property
   def vocab_size(self) -> int:
+    """The number of pieces, the ids 0 (pad), 1 (EOS) and 2 (unk) included."""
     return self._sp.get_piece_size()
 
   def encode(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:

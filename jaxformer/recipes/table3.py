@@ -1,8 +1,10 @@
 """Table 3 of the paper: the variations on the base model, as named configs built from base().
 
-Train one:   make train-base VARIANT=C3 WORKDIR=workdirs/C3 TFDS_DATA_DIR=...
-             (jaxformer train --config base --variant C3 --workdir workdirs/C3 ...)
-The table:   python -m jaxformer.recipes.table3   (prints the README's parameter table)
+Train a row, or print the parameter table of docs/table3.md::
+
+  make train-base VARIANT=C3 WORKDIR=workdirs/C3 TFDS_DATA_DIR=...
+  jaxformer train --config base --variant C3 --workdir workdirs/C3 ...
+  python -m jaxformer.recipes.table3
 
 Each row overrides only what the paper's row changes. The paper reports them on newstest2013
 (the validation split our recipes evaluate on) after 100k steps (300k for big), without
@@ -18,6 +20,7 @@ from jaxformer.model import parameter_count
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
+  """A row of Table 3: what it changes from base and the paper's dev figures for it."""
   changes: dict[str, Any]       # fields of TransformerConfig that differ from base()
   ppl: float                    # the paper's dev perplexity
   bleu: float                   # the paper's dev BLEU
