@@ -10,7 +10,7 @@ sys.path.insert(0, str(ROOT))
 
 project = 'jaxformer'
 author = 'The jaxformer authors'
-copyright = '2026, The jaxformer authors'  # noqa: A001 (Sphinx's name)
+copyright = '2026, The jaxformer authors'
 release = version = '0.1.0'
 
 extensions = ['myst_parser', 'sphinx.ext.autodoc', 'sphinx.ext.napoleon', 'sphinx.ext.viewcode']
@@ -18,9 +18,8 @@ source_suffix = {'.md': 'markdown'}
 exclude_patterns = ['_build', 'bench']
 myst_heading_anchors = 3
 default_role = 'code'  # `name` in a docstring is code, as in the guides
-autodoc_default_options = {'members': True, 'undoc-members': True, 'show-inheritance': True}
+autodoc_default_options = {'members': True, 'undoc-members': True}
 autodoc_member_order = 'bysource'
-autodoc_typehints = 'description'
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 
@@ -30,10 +29,11 @@ html_title = 'jaxformer'
 _log = logging.getLogger(__name__)
 
 
-def _require_docstrings(app, what, name, obj, options, lines):  # noqa: ARG001
+def _require_docstrings(app, what, name, obj, options, lines):
   """A public name without a docstring is a warning, which `make docs` (-W) makes an error."""
   own = (getattr(obj, '__module__', None) or 'jaxformer').startswith('jaxformer')
-  if own and not any(line.strip() for line in lines) and not name.rsplit('.', 1)[-1].startswith('_'):
+  public = not name.rsplit('.', 1)[-1].startswith('_')
+  if own and public and not any(line.strip() for line in lines):
     _log.warning('%s %s has no docstring', what, name, type='jaxformer', subtype='docstring')
 
 

@@ -81,7 +81,7 @@ def run(workdir: pathlib.Path, *, num_steps: int | None = None, train_pairs: int
   print(f'pictures     {workdir / "learning_curve.png"}, {workdir / "attention"}/')
   print(f'wall time    {result["wall_time_s"]:.0f} s')
   print('the real thing: make train-base WORKDIR=workdirs/base TFDS_DATA_DIR=...  '
-        '(WMT14 EN-DE, the paper\'s base recipe; see README)')
+        '(WMT14 EN-DE, the paper\'s base recipe; docs/training.md)')
   return result
 
 

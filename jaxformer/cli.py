@@ -343,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
       '  jaxformer train --config multi30k --workdir W --train-src train.en --train-tgt '
       'train.de \\\n      --set model.vocab_size=8000\n\n'
       'On a CPU, run it on huge pages as make does (glibc >= 2.35; about 20% faster, see '
-      "the README's Speed section):\n\n"
+      'docs/speed.md):\n\n'
       '  GLIBC_TUNABLES=glibc.malloc.hugetlb=1 jaxformer train ...'))
 
   evaluation = command(

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from jaxformer import data
-from jaxformer.data import DataError
+from jaxformer.data import DataError, sources
 
 
 def test_read_lines_keeps_tabs_and_normalises_crlf(tmp_path):
@@ -93,8 +93,22 @@ def test_unprepared_wmt14_fails_fast_with_the_prepare_command(tmp_path):
                           timeout=110)
   assert result.returncode != 0
   assert 'DataError: tfds dataset wmt14_translate/de-en is not prepared' in result.stderr
-  assert f'tfds build wmt14_translate/de-en --data_dir={tmp_path}' in result.stderr
+  assert sources.prepare_command('wmt14_translate/de-en', tmp_path) in result.stderr
   assert not any(tmp_path.rglob('downloads')), 'nothing may be downloaded'
+
+
+def test_the_prepare_command_runs_up_to_the_download(tmp_path):
+  """The command the error prints builds the dataset's tfds builder in that folder; only its
+  last call, the download, is left out here (tfds 4.9.10's `tfds build`, named before, stopped
+  with a traceback: it needs apache-beam)."""
+  command = sources.prepare_command('wmt14_translate/de-en', tmp_path)
+  assert command.endswith('.download_and_prepare()"')
+  offline = command.replace('.download_and_prepare()', '.data_dir, end=chr(10))')
+  offline = offline.replace('tfds.builder(', 'print(tfds.builder(')
+  result = subprocess.run(offline.replace('python ', f'{sys.executable} ', 1), shell=True,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.strip() == str(tmp_path / 'wmt14_translate' / 'de-en' / '1.0.0')
 
 
 def test_unknown_target_language_is_a_clear_error():

@@ -11,6 +11,8 @@ import tomllib
 import jax
 import pytest
 
+from jaxformer.data import sources
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXTRAS = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['optional-dependencies']
 
@@ -122,7 +124,7 @@ def test_recipes_fail_fast_without_wmt14(target, tmp_path):
   assert result.returncode != 0
   assert result.stderr.strip().splitlines()[-2].startswith(
       'error: tfds dataset wmt14_translate/de-en is not prepared')
-  assert f'tfds build wmt14_translate/de-en --data_dir={tmp_path}' in result.stderr
+  assert sources.prepare_command('wmt14_translate/de-en', tmp_path) in result.stderr
 
 
 def test_make_eval_asks_for_a_workdir():

@@ -210,9 +210,12 @@ SPLITS = ('train', 'validation', 'test')
 
 
 def prepare_command(name: str, data_dir: str | None) -> str:
-  """The shell command that downloads and prepares a tfds dataset (needs internet)."""
-  where = f' --data_dir={data_dir}' if data_dir else ''
-  return f'tfds build {name}{where}'
+  """The shell command that downloads and prepares a tfds dataset (needs internet). Through
+  tfds's Python API: tensorflow-datasets 4.9.10's own `tfds build` command does not start
+  without apache-beam, which these datasets do not need."""
+  where = f', data_dir={str(data_dir)!r}' if data_dir else ''
+  return (f'python -c "import tensorflow_datasets as tfds; '
+          f'tfds.builder({name!r}{where}).download_and_prepare()"')
 
 
 class TfdsSplit(PairSource):

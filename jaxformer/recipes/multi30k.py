@@ -10,7 +10,7 @@ Recipe:   a narrow model for 29k pairs, after the literature's best small Transf
           at 4.4e-3), 1800 steps (about 30 epochs), a checkpoint and a validation loss every 100
           steps. Every choice was made on val: docs/BENCHMARKS.md, "Multi30k: the small-data
           recipe", has the ablation.
-Expected: docs/BENCHMARKS.md and the README give the measured test BLEU and wall time.
+Expected: docs/BENCHMARKS.md gives the measured test BLEU and wall time.
 """
 
 from jaxformer import config as config_lib

@@ -1,0 +1,66 @@
+"""experiments/demo.py: the offline end-to-end demo."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from matplotlib import image
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHORT = ['--num-steps', '10', '--train-pairs', '3000', '--test-pairs', '12']
+
+
+def _demo(workdir: pathlib.Path) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, str(ROOT / 'experiments' / 'demo.py'), '--workdir',
+                         str(workdir), *SHORT], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_short_demo_runs_end_to_end_and_reruns_cleanly(tmp_path):
+  workdir = tmp_path / 'demo'
+  first = _demo(workdir)
+  assert first.returncode == 0, first.stderr[-3000:]
+  summary = json.loads((workdir / 'demo_summary.json').read_text())
+  assert isinstance(summary['sacrebleu'], float) and 0 <= summary['sacrebleu'] <= 100
+  assert summary['signature'].startswith('nrefs:1|case:mixed|eff:no|tok:13a')
+  assert summary['steps'] == 10 and summary['test_sentences'] == 12
+  assert sorted(int(p.name) for p in (workdir / 'checkpoints').iterdir()) == [2, 4, 6, 8, 10]
+  assert summary['model'] == str(workdir / 'average-last5')
+  assert (workdir / 'average-last5' / '10').is_dir()
+  assert len((workdir / 'test_hypotheses.de').read_text().splitlines()) == 12
+  # The README's quickstart: the demo's test split, scored again by `jaxformer eval`.
+  scored = subprocess.run(
+      [sys.executable, '-m', 'jaxformer.cli', 'eval', '--checkpoint', summary['model'],
+       '--src', str(workdir / 'test.en'), '--ref', str(workdir / 'test.de')],
+      capture_output=True, text=True, timeout=300)
+  assert scored.returncode == 0, scored.stderr[-3000:]
+  assert f'sacreBLEU {summary["sacrebleu"]:.2f}' in scored.stdout
+  for picture in summary['pictures']:
+    pixels = image.imread(picture)
+    assert pixels.ndim == 3 and min(pixels.shape[:2]) > 100 and pixels.std() > 0.01
+  assert any(w in summary['attention_sentence'] for w in ('because', 'although', 'when'))
+  for line in ('sample translations of held-out sentences', 'BLEU ', 'wall time',
+               'make train-base'):
+    assert line in first.stdout
+  assert 'training' in first.stderr  # the training progress bar
+
+  again = _demo(workdir)  # a finished workdir: resumes at the end and re-evaluates
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert 'resumed from step 10' in again.stderr
+  assert json.loads((workdir / 'demo_summary.json').read_text())['sacrebleu'] == \
+      summary['sacrebleu']
+
+
+
+def test_demo_refuses_non_positive_counts_in_one_line(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    _demo_module().main(['--num-steps', '0'])
+  assert exit_info.value.code == 2
+  assert 'must be an integer >= 1, got' in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def _demo_module():
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  return __import__('demo')
