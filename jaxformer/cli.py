@@ -22,7 +22,7 @@ from typing import Any
 
 from jaxformer import checkpoint, data, export, parallel, recipes, scoring, trainer
 from jaxformer import config as config_lib
-from jaxformer.config import DataConfig, TrainConfig
+from jaxformer.config import DataConfig, SettingError, TrainConfig
 from jaxformer.errors import JaxformerError
 from jaxformer.model import parameter_count
 from jaxformer.translation import Translator
@@ -161,7 +161,12 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
 def _train(args: argparse.Namespace) -> int:
   _setup_logging()
   if args.distributed or args.coordinator_address:
-    parallel.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    try:
+      parallel.initialize(args.coordinator_address, args.num_processes, args.process_id)
+    except (ValueError, RuntimeError) as e:  # jax's: no cluster found, or none answering
+      raise SettingError(f'--distributed: cannot join a cluster ({str(e).splitlines()[0]}); '
+                         'give --coordinator-address, --num-processes and --process-id, or run '
+                         'under a launcher jax detects (SLURM, Cloud TPU, ...).') from None
   summary = trainer.train_recipe(recipe_of(args), args.workdir)
   print(json.dumps(summary, indent=2))
   return 0

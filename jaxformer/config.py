@@ -7,6 +7,8 @@ This module imports only jax; recipes, the trainer and the command line build on
 """
 
 import dataclasses
+import types
+import typing
 from typing import Any
 
 import jax
@@ -21,6 +23,55 @@ class SettingError(JaxformerError, ValueError):
 
 DROPOUT_RNGS = ('threefry', 'rbg')
 _DTYPE_FIELDS = ('dtype', 'norm_dtype')  # Execution's dtypes, written by name
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """The values a numeric setting accepts: low <= x (low < x if low_open), x < high if given."""
+  low: float
+  high: float | None = None
+  low_open: bool = False
+
+  def __contains__(self, x: float) -> bool:
+    return (x > self.low if self.low_open else x >= self.low) and (
+        self.high is None or x < self.high)
+
+  def __str__(self) -> str:
+    low, high = (str(int(x)) if float(x).is_integer() else f'{x:g}'
+                 for x in (self.low, self.high or 0))
+    if self.high is not None:
+      return f'in [{low}, {high})'
+    return f'{">" if self.low_open else ">="} {low}'
+
+
+AT_LEAST_1, AT_LEAST_0, FRACTION = Range(1), Range(0), Range(0, 1)
+POSITIVE = Range(0, low_open=True)
+
+
+def check_fields(settings: Any, section: str, ranges: dict[str, Range]) -> None:
+  """SettingError, naming the setting as --set does (`section`.field), for a value of the wrong
+  type (a recipe file's get_config() may give anything) or, for a number, outside its range in
+  `ranges`."""
+  hints = typing.get_type_hints(type(settings))
+  for field in dataclasses.fields(settings):
+    value, hint = getattr(settings, field.name), hints[field.name]
+    allowed = typing.get_args(hint) if typing.get_origin(hint) is types.UnionType else (hint,)
+    if hint is Any or any(_is_a(value, kind) for kind in allowed):
+      if field.name in ranges and value is not None and value not in ranges[field.name]:
+        unset = ' (or unset)' if type(None) in allowed else ''
+        raise SettingError(f'{section}.{field.name} must be {ranges[field.name]}{unset}, got '
+                           f'{value}.')
+      continue
+    names = ' or '.join('none' if kind is type(None) else kind.__name__ for kind in allowed)
+    raise SettingError(f'{section}.{field.name} must be {names}, got {type(value).__name__} '
+                       f'{value!r}.')
+
+
+def _is_a(value: Any, kind: type) -> bool:
+  """isinstance, but a bool is no number and an int is a float, as in the type hints' intent."""
+  if kind in (int, float) and isinstance(value, bool):
+    return False
+  return isinstance(value, (int, float) if kind is float else kind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +104,7 @@ class Execution:
         raise SettingError(f'{name} must be float32 or bfloat16, got {getattr(self, name)}.')
     if self.dropout_rng not in DROPOUT_RNGS:
       raise SettingError(f'dropout_rng must be one of {DROPOUT_RNGS}, got {self.dropout_rng!r}.')
-    if self.loss_chunk < 1:
-      raise SettingError(f'loss_chunk must be >= 1, got {self.loss_chunk}.')
+    check_fields(self, 'model.execution', {'loss_chunk': AT_LEAST_1})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,12 +156,20 @@ class TransformerConfig:
   execution: Execution = Execution()
   """How it is computed (dtype, attention kernel, remat)."""
 
+  RANGES = {  # every number's valid values (a vocabulary holds pad, EOS, unk and one more)
+      'vocab_size': Range(4), 'num_layers': AT_LEAST_1, 'd_model': AT_LEAST_1,
+      'd_ff': AT_LEAST_1, 'num_heads': AT_LEAST_1, 'qk_dim': AT_LEAST_1, 'v_dim': AT_LEAST_1,
+      'dropout_rate': FRACTION, 'attention_dropout_rate': FRACTION,
+      'relu_dropout_rate': FRACTION, 'label_smoothing': FRACTION, 'max_len': Range(2),
+      'attention_window': AT_LEAST_0, 'warmup_steps': AT_LEAST_1, 'adam_b1': FRACTION,
+      'adam_b2': FRACTION, 'adam_eps': POSITIVE, 'grad_clip_norm': POSITIVE,
+      'weight_decay': AT_LEAST_0}
+
   def __post_init__(self):
+    check_fields(self, 'model', self.RANGES)
     if self.d_model % self.num_heads and (self.qk_dim is None or self.v_dim is None):
       raise SettingError(f'd_model={self.d_model} is not divisible by num_heads='
                        f'{self.num_heads}: set qk_dim and v_dim.')
-    if self.attention_window is not None and self.attention_window < 0:
-      raise SettingError(f'attention_window must be >= 0, got {self.attention_window}.')
     if self.execution.attention == 'fused' and self.key_dim != self.value_dim:
       raise SettingError(f'fused attention needs d_k == d_v, got {self.key_dim} and '
                        f"{self.value_dim}: use attention='einsum'.")
@@ -224,26 +282,24 @@ class TrainConfig:
                                  "improved for this many evaluations in a row (fairseq's "
                                  '--patience; none: train all num_steps)')
 
+  RANGES = {
+      **dict.fromkeys(('num_steps', 'tokens_per_batch', 'accum_steps', 'row_len',
+                       'log_every_steps', 'eval_every_steps', 'host_sync_every_steps',
+                       'keep_checkpoints', 'keep_train_state', 'spm_sample_size', 'patience'),
+                      AT_LEAST_1),
+      **dict.fromkeys(('average_last', 'average_best', 'bleu_sentences', 'sample_translations'),
+                      AT_LEAST_0),
+      'seed': Range(0, 2**32), 'checkpoint_every_steps': POSITIVE,
+      'checkpoint_every_secs': POSITIVE}
+
   def __post_init__(self):
-    for name in ('num_steps', 'tokens_per_batch', 'accum_steps', 'row_len', 'log_every_steps',
-                 'eval_every_steps', 'host_sync_every_steps', 'keep_checkpoints',
-                 'keep_train_state'):
-      if getattr(self, name) < 1:
-        raise SettingError(f'{name} must be >= 1, got {getattr(self, name)}.')
-    for name in ('average_last', 'average_best', 'bleu_sentences', 'sample_translations'):
-      if getattr(self, name) < 0:
-        raise SettingError(f'{name} must be >= 0, got {getattr(self, name)}.')
+    check_fields(self, 'train', self.RANGES)
     if self.best_metric not in BEST_METRICS:
       raise SettingError(f'best_metric must be one of {sorted(BEST_METRICS)}, got '
                          f'{self.best_metric!r}.')
     if self.best_metric == 'bleu' and self.average_best and not self.bleu_sentences:
       raise SettingError('best_metric=bleu needs validation BLEU: set bleu_sentences (e.g. '
                          '--set train.bleu_sentences=1000).')
-    if self.patience is not None and self.patience < 1:
-      raise SettingError(f'patience must be >= 1 (or unset), got {self.patience}.')
-    for name in ('checkpoint_every_steps', 'checkpoint_every_secs'):
-      if getattr(self, name) is not None and getattr(self, name) <= 0:
-        raise SettingError(f'{name} must be > 0 (or unset), got {getattr(self, name)}.')
 
   def computed(self, config: TransformerConfig) -> TransformerConfig:
     """The config the steps compute with: the fast path's when it is on (by default on GPU)."""
@@ -269,10 +325,30 @@ class DataConfig:
   validation_pairs: int = 1000
   test_pairs: int = 1000
 
+  RANGES = {'train_pairs': AT_LEAST_1, 'validation_pairs': AT_LEAST_0, 'test_pairs': AT_LEAST_0}
+
   def __post_init__(self):
+    check_fields(self, 'data', self.RANGES)
     if self.source not in ('wmt14', 'text', 'embedded'):
       raise SettingError(f"data.source must be 'wmt14', 'text' or 'embedded', got "
                          f'{self.source!r}.')
+    if self.target_language not in ('de', 'fr'):
+      raise SettingError(f"data.target_language must be 'de' or 'fr', got "
+                         f'{self.target_language!r}.')
+    for src, tgt in (('train_src', 'train_tgt'), ('eval_src', 'eval_tgt')):
+      if (getattr(self, src) is None) != (getattr(self, tgt) is None):
+        raise SettingError(f'data.{src} and data.{tgt} go together: give both files or '
+                           'neither.')
+    files = [name for name in ('train_src', 'eval_src') if getattr(self, name) is not None]
+    if files and self.source != 'text':
+      raise SettingError(f'data.{files[0]} is read only from a text source, and this one is '
+                         f'{self.source!r}: add --source text to train on your files.')
+
+  @property
+  def has_validation(self) -> bool:
+    """Whether the run has validation pairs to evaluate on."""
+    return {'wmt14': True, 'embedded': self.validation_pairs > 0,
+            'text': self.eval_src is not None}[self.source]
 
 
 # --- serialisation (checkpoints' meta, TensorBoard's hparams) -------------------------------------

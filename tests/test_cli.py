@@ -44,11 +44,12 @@ def test_params_command_prints_the_documented_counts(capsys, preset, count):
 
 
 @pytest.mark.parametrize('flags,message', [
-    (['--accum_steps', '0'], 'error: accum_steps must be >= 1, got 0.'),
-    (['--log-every-steps', '0'], 'error: log_every_steps must be >= 1, got 0.'),
+    (['--accum_steps', '0'], 'error: train.accum_steps must be >= 1, got 0.'),
+    (['--log-every-steps', '0'], 'error: train.log_every_steps must be >= 1, got 0.'),
     (['--set', 'train.row_len=16'], 'error: row_len=16 is shorter than max_len=64: the longest '
                                     'pairs would not fit in a row; set row_len >= max_len.'),
-    (['--checkpoint-every-steps', '-5'], 'error: checkpoint_every_steps must be > 0 (or unset), '
+    (['--checkpoint-every-steps', '-5'], 'error: train.checkpoint_every_steps must be > 0 '
+                                         '(or unset), '
                                          'got -5.'),
     (['--set', 'model.dropout'], "error: --set 'model.dropout': expected SECTION.NAME=VALUE with "
                                  'SECTION one of model, train, data (e.g. --set '
@@ -320,3 +321,11 @@ def test_export_needs_the_model_once(capsys, argv):
   assert cli.main(argv) == 1
   assert capsys.readouterr().err == (
       'error: give the model to export once: jaxformer export --model PATH OUT.\n')
+
+
+def test_distributed_outside_a_cluster_is_a_one_line_error(tmp_path, capsys):
+  assert cli.main(['train', '--config', 'demo', '--workdir', str(tmp_path / 'w'),
+                   '--distributed']) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith('error: --distributed: cannot join a cluster ('), err
+  assert 'give --coordinator-address, --num-processes and --process-id' in err[0]

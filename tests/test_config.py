@@ -1,6 +1,7 @@
 """jaxformer.config: settings check themselves, the fast path, (de)serialisation."""
 
 import dataclasses
+import typing
 
 import jax.numpy as jnp
 import pytest
@@ -54,11 +55,12 @@ def test_configs_round_trip_and_old_flat_checkpoint_configs_load():
 
 
 @pytest.mark.parametrize('changes,message', [
-    ({'num_steps': 0}, r'^num_steps must be >= 1, got 0\.$'),
-    ({'keep_train_state': 0}, r'^keep_train_state must be >= 1, got 0\.$'),
-    ({'average_last': -1}, r'^average_last must be >= 0, got -1\.$'),
-    ({'checkpoint_every_secs': 0.0}, r'^checkpoint_every_secs must be > 0 \(or unset\), got 0'),
-    ({'patience': 0}, r'^patience must be >= 1 \(or unset\), got 0\.$'),
+    ({'num_steps': 0}, r'^train\.num_steps must be >= 1, got 0\.$'),
+    ({'keep_train_state': 0}, r'^train\.keep_train_state must be >= 1, got 0\.$'),
+    ({'average_last': -1}, r'^train\.average_last must be >= 0, got -1\.$'),
+    ({'checkpoint_every_secs': 0.0},
+     r'^train\.checkpoint_every_secs must be > 0 \(or unset\), got 0'),
+    ({'patience': 0}, r'^train\.patience must be >= 1 \(or unset\), got 0\.$'),
 ])
 def test_train_settings_check_themselves(changes, message):
   with pytest.raises(config.SettingError, match=message):
@@ -67,6 +69,45 @@ def test_train_settings_check_themselves(changes, message):
     config.DataConfig(source='web')
   assert issubclass(config.SettingError, errors.JaxformerError)  # the CLI's one-line errors
   assert config.TrainConfig(checkpoint_every_secs=None).checkpoint_every_secs is None
+
+
+@pytest.mark.parametrize('cls,changes,message', [
+    (config.TransformerConfig, {'num_heads': 0}, r'^model\.num_heads must be >= 1, got 0\.$'),
+    (config.TransformerConfig, {'warmup_steps': 0}, r'^model\.warmup_steps must be >= 1'),
+    (config.TransformerConfig, {'dropout_rate': 1.5},
+     r'^model\.dropout_rate must be in \[0, 1\), got 1\.5\.$'),
+    (config.TransformerConfig, {'label_smoothing': -3}, r'^model\.label_smoothing must be in'),
+    (config.TransformerConfig, {'adam_eps': 0.0}, r'^model\.adam_eps must be > 0, got 0\.0'),
+    (config.TransformerConfig, {'grad_clip_norm': -1.0}, r'must be > 0 \(or unset\), got -1'),
+    (config.TransformerConfig, {'vocab_size': '8000'},
+     r"^model\.vocab_size must be int, got str '8000'\.$"),
+    (config.TransformerConfig, {'pre_ln': 1}, r'^model\.pre_ln must be bool, got int 1\.$'),
+    (config.TransformerConfig, {'execution': {}}, r'^model\.execution must be Execution, got dict'),
+    (config.TrainConfig, {'seed': -1}, r'^train\.seed must be in \[0, 4294967296\), got -1\.$'),
+    (config.TrainConfig, {'spm_sample_size': -5}, r'^train\.spm_sample_size must be >= 1'),
+    (config.TrainConfig, {'tokens_per_batch': 0.5}, r'must be int, got float 0\.5\.$'),
+    (config.TrainConfig, {'checkpoint_every_secs': '600'}, r'must be float or none, got str'),
+    (config.DataConfig, {'train_pairs': 0}, r'^data\.train_pairs must be >= 1, got 0\.$'),
+    (config.DataConfig, {'target_language': 'es'}, r"^data\.target_language must be 'de' or"),
+    (config.DataConfig, {'eval_src': 'val.en'}, r'^data\.eval_src and data\.eval_tgt go together'),
+    (config.DataConfig, {'source': 'embedded', 'train_src': 'a', 'train_tgt': 'b'},
+     r"^data\.train_src is read only from a text source, and this one is 'embedded': add "
+     r'--source text'),
+])
+def test_settings_out_of_range_or_of_the_wrong_type_name_themselves(cls, changes, message):
+  with pytest.raises(config.SettingError, match=message):
+    cls(**changes)
+
+
+@pytest.mark.parametrize('cls', [config.TransformerConfig, config.TrainConfig, config.DataConfig])
+def test_every_number_setting_has_a_range(cls):
+  hints = typing.get_type_hints(cls)
+  numbers = {f.name for f in dataclasses.fields(cls)
+             if {int, float} & {hints[f.name], *typing.get_args(hints[f.name])}}
+  assert numbers and numbers <= set(cls.RANGES), numbers - set(cls.RANGES)
+  for name in numbers:  # every default is in its own range
+    default = getattr(cls(), name)
+    assert default is None or default in cls.RANGES[name], name
 
 
 def test_the_steps_compute_on_the_fast_path_when_asked_or_on_gpu():

@@ -2,6 +2,7 @@
 settings, or, where it needs a GPU, WMT14 or a long run (marked `<!-- not run: why -->` above
 its block), is parsed by the command it names; the README stays a front page."""
 
+import argparse
 import pathlib
 import re
 import shlex
@@ -198,3 +199,25 @@ def test_console_script_is_installed():
   result = subprocess.run([str(BIN / 'jaxformer'), '--help'], capture_output=True, text=True,
                           check=True)
   assert 'Attention Is All You Need' in result.stdout
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+  """Every option string of `parser` and of its subcommands."""
+  found = set()
+  for action in parser._actions:  # argparse has no public walk
+    found |= set(action.option_strings)
+    if isinstance(action, argparse._SubParsersAction):
+      for sub in action.choices.values():
+        found |= _options(sub)
+  return found
+
+
+def test_every_flag_the_docs_name_exists():
+  """A flag in the docs is one of the `jaxformer` command's or of a script of experiments/,
+  except the other tools' flags the guides name (sacrebleu's, TensorBoard's)."""
+  known = _options(cli.build_parser()) | {'--echo', '--logdir'}
+  for script in [*(ROOT / 'experiments').rglob('*.py'), ROOT / 'experiments' / 'gpu_bench.sh']:
+    known |= set(re.findall(r"""['"](--[a-z][a-z0-9_-]*)""", script.read_text()))
+  named = {flag: page.name for page in PAGES
+           for flag in re.findall(r'(?<![\w-])(--[a-z][a-z0-9_-]*)', page.read_text())}
+  assert {flag: page for flag, page in named.items() if flag not in known} == {}

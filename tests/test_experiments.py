@@ -27,7 +27,7 @@ def test_bench_answers_help():
                         '--execution', 'loss_chunk=0'], capture_output=True, text=True)
   assert bad.returncode == 2 and 'Traceback' not in bad.stderr
   assert bad.stderr.strip().splitlines()[-1].endswith(
-      "--execution: 'loss_chunk=0': loss_chunk must be >= 1, got 0.")
+      "--execution: 'loss_chunk=0': model.execution.loss_chunk must be >= 1, got 0.")
   bad = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench'), '--only', 'train',
                         '--execution', 'loss_chunk'], capture_output=True, text=True)
   assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(

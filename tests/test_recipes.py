@@ -96,7 +96,14 @@ def test_only_the_paper_recipes_require_an_accelerator(config, variant):
     ('def get_config():\n  return {"model": 1}\n', r"must return a dict with 'model', 'train'"),
     ('from jaxformer import config\ndef get_config():\n  return {"model": config.tiny(), '
      '"train": {"num_step": 5}, "data": {"source": "text"}}\n',
-     r"unknown setting train.num_step; valid train settings: num_steps, tokens_per_batch, ")])
+     r"unknown setting train.num_step; valid train settings: num_steps, tokens_per_batch, "),
+    ('from jaxformer import config\ndef get_config():\n  return {"model": config.tiny(), '
+     '"train": {"num_steps": "5"}, "data": {"source": "text"}}\n',
+     r"bad\.py: train\.num_steps must be int, got str '5'\.$"),
+    ('def get_config():\n  return {"model": {"d_model": 64}, "train": {}, "data": {}}\n',
+     r"\['model'\] must be a TransformerConfig \(e\.g\. jaxformer\.config\.base\(\)\), got dict"),
+    ('from jaxformer import config\ndef get_config():\n  return {"model": config.tiny(), '
+     '"train": [], "data": {}}\n', r"\['train'\] must be a dict of settings, got list")])
 def test_train_reports_a_bad_config_file_in_one_line(tmp_path, capsys, config_text, message):
   (tmp_path / 'bad.py').write_text(config_text)
   assert cli.main(['train', '--config', str(tmp_path / 'bad.py'), '--workdir',
@@ -114,13 +121,23 @@ def test_every_setting_can_be_set_from_the_command_line():
                    '--set', 'model.vocab_size=8000', '--set', 'model.qk_dim=none',
                    '--set', 'model.execution.dtype=bfloat16', '--set', 'model.pre_ln=true',
                    '--set', 'train.checkpoint_every_secs=none', '--set', 'data.train_pairs=10',
-                   '--spm-sample-size', '77', '--fast-path', '--train_src', 'a.en')
+                   '--spm-sample-size', '77', '--fast-path', '--source', 'text', '--train_src',
+                   'a.en', '--train-tgt', 'a.de', '--eval-src', 'v.en', '--eval-tgt', 'v.de')
   assert changed.model == recipes.load('demo').model.replace(
       dropout_rate=0.2, vocab_size=8000, pre_ln=True).with_execution(dtype=jnp.bfloat16)
   assert changed.train == dataclasses.replace(
       recipes.load('demo').train, num_steps=5000, checkpoint_every_secs=None,
       spm_sample_size=77, fast_path=True)
   assert changed.data.train_pairs == 10 and changed.data.train_src == 'a.en'
+  # Training files of a source that does not read them, or BLEU with no validation set to
+  # score, are refused rather than ignored.
+  with pytest.raises(config.SettingError, match="read only from a text source, and this one is"):
+    recipe('--train-src', 'a.en', '--train-tgt', 'a.de')
+  with pytest.raises(config.SettingError, match=r'^bleu_sentences needs a validation set: give '
+                     r'--eval-src and --eval-tgt, or set bleu_sentences to 0\.$'):
+    recipe('--source', 'text', '--train-src', 'a.en', '--train-tgt', 'a.de')
+  with pytest.raises(config.SettingError, match='^patience needs a validation set'):
+    recipe('--set', 'data.validation_pairs=0', '--bleu-sentences', '0', '--patience', '2')
   # --set wins over the shortcut flags; every field of every section has a name.
   assert recipe('--num-steps', '3', '--set', 'train.num_steps=4').train.num_steps == 4
   for section, cls in (('model', config.TransformerConfig), ('train', config.TrainConfig),

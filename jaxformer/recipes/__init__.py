@@ -28,6 +28,13 @@ class Recipe:
   train: TrainConfig
   data: DataConfig
 
+  def __post_init__(self):
+    wanted = [name for name in ('patience', 'bleu_sentences', 'average_best')
+              if getattr(self.train, name)]
+    if wanted and not self.data.has_validation:
+      raise SettingError(f'{wanted[0]} needs a validation set: give --eval-src and --eval-tgt, '
+                         f'or set {wanted[0]} to {"none" if wanted[0] == "patience" else 0}.')
+
 
 def load(name_or_path: str, variant: str | None = None) -> Recipe:
   """A shipped recipe by name (base, big, ...) or a recipe file, optionally with its model made
@@ -48,6 +55,13 @@ def load(name_or_path: str, variant: str | None = None) -> Recipe:
   if not isinstance(settings, dict) or {'model', 'train', 'data'} - set(settings):
     raise SettingError(f"{name_or_path}: get_config() must return a dict with 'model', 'train' and "
                     "'data' (see jaxformer/recipes/base.py).")
+  if not isinstance(settings['model'], TransformerConfig):
+    raise SettingError(f"{name_or_path}: get_config()['model'] must be a TransformerConfig (e.g. "
+                       f"jaxformer.config.base()), got {type(settings['model']).__name__}.")
+  for section in ('train', 'data'):
+    if not isinstance(settings[section], dict):
+      raise SettingError(f"{name_or_path}: get_config()[{section!r}] must be a dict of "
+                         f'settings, got {type(settings[section]).__name__}.')
   for field in settings['train']:
     _field(TrainConfig, 'train', field)
   for field in settings['data']:
@@ -63,7 +77,10 @@ def load(name_or_path: str, variant: str | None = None) -> Recipe:
       raise SettingError(str(e)) from None
     settings = {**settings, 'model': model}
     train.update(table3.train_overrides(variant))
-  return Recipe(settings['model'], TrainConfig(**train), DataConfig(**settings['data']))
+  try:
+    return Recipe(settings['model'], TrainConfig(**train), DataConfig(**settings['data']))
+  except SettingError as e:
+    raise SettingError(f'{name_or_path}: {e}') from None
 
 
 # --- overrides ------------------------------------------------------------------------------------
@@ -148,9 +165,6 @@ def override(recipe: Recipe, assignments: Sequence[str]) -> Recipe:
       changes[section][name] = parse_value(hint, text.strip())
     except ValueError as e:
       raise SettingError(f'--set {key}: {e}, got {text!r}.') from None
-  try:
-    model, data = (_replace(getattr(recipe, section), changes[section])
-                   for section in ('model', 'data'))
-  except ValueError as e:
-    raise SettingError(f'--set: {e}') from None
-  return Recipe(model, _replace(recipe.train, changes['train']), data)  # its own message
+  # Each config checks its own values, with a message that names the setting.
+  return Recipe(*(_replace(getattr(recipe, section), changes[section])
+                  for section in ('model', 'train', 'data')))
