@@ -51,6 +51,13 @@ def positive_int(text: str) -> int:
   return value
 
 
+def path_arg(text: str) -> str:
+  """An argparse type: a path, not an empty string (which would name the current folder)."""
+  if not text.strip():
+    raise argparse.ArgumentTypeError(f'must be a path, got {text!r}')
+  return text
+
+
 def _flag(parser: argparse._ActionsContainer, name: str, **kwargs: Any) -> None:
   """--name-with-dashes, and --name_with_underscores as a hidden alias."""
   dashed = '--' + name.replace('_', '-')
@@ -101,8 +108,9 @@ def _setting_type(hint: Any):
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--config', required=True,
                       help=f'a shipped recipe ({", ".join(recipes.NAMES)}) or a recipe .py file')
-  parser.add_argument('--workdir', required=True, help='checkpoints, vocabulary, token cache, '
-                      'logs; rerunning resumes from its newest checkpoint')
+  parser.add_argument('--workdir', required=True, type=path_arg, help='checkpoints, '
+                      'vocabulary, token cache, logs; rerunning resumes from its newest '
+                      'checkpoint')
   parser.add_argument('--variant', help="a Table 3 row (A1..A4, B1, B2, C1..C7, D1..D4, E, big): "
                       "the recipe's model becomes that variant of base")
   parser.add_argument('--set', dest='assignments', action='append', default=[],
@@ -118,7 +126,7 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
                           ('eval_src', 'validation source file (optional)'),
                           ('eval_tgt', 'validation target file'),
                           ('tfds_data_dir', 'tfds data folder (default: $TFDS_DATA_DIR)')):
-    _flag(group, name, help=help_text)
+    _flag(group, name, type=path_arg, help=help_text)
   _flag(group, 'download', action='store_true', default=None,
         help='let tfds download and prepare WMT14 (needs internet; hours)')
   group = parser.add_argument_group(
@@ -180,8 +188,8 @@ def _add_model_path(parser: argparse.ArgumentParser, *aliases: str, required: bo
   """--model PATH, the one name of "the model to load" in eval, translate and export; --workdir
   (and eval's --checkpoint) are older spellings of it."""
   parser.add_argument('--model', '--workdir', *aliases, dest='model', required=required,
-                      metavar='PATH', help='the model: a training workdir (its newest '
-                      'checkpoint), a checkpoint folder (e.g. WORKDIR/average-last5) or an '
+                      type=path_arg, metavar='PATH', help='the model: a training workdir (its '
+                      'newest checkpoint), a checkpoint folder (e.g. WORKDIR/average-last5) or an '
                       'exported folder')
 
 
@@ -325,6 +333,17 @@ def _params(args: argparse.Namespace) -> int:
 # --- the parser -----------------------------------------------------------------------------------
 
 
+_TRAIN_DESCRIPTION = (
+    'Trains a Transformer; rerunning the same command resumes from the workdir.\n\n'
+    '  jaxformer train --config base --workdir workdirs/base --tfds-data-dir ~/tfds\n'
+    '  jaxformer train --config demo --workdir W --set train.num_steps=20\n'
+    '  jaxformer train --config multi30k --workdir W --train-src train.en --train-tgt '
+    'train.de \\\n      --set model.vocab_size=8000\n\n'
+    'On a CPU, run it on huge pages as make does (glibc >= 2.35; about 20% faster, see '
+    'docs/speed.md):\n\n'
+    '  GLIBC_TUNABLES=glibc.malloc.hugetlb=1 jaxformer train ...')
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='jaxformer', formatter_class=_Formatter,
@@ -342,14 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
 
   _add_train_flags(command(
       'train', _train, f'train a recipe ({", ".join(recipes.NAMES)}) or a config file',
-      'Trains a Transformer; rerunning the same command resumes from the workdir.\n\n'
-      '  jaxformer train --config base --workdir workdirs/base --tfds-data-dir ~/tfds\n'
-      '  jaxformer train --config demo --workdir W --set train.num_steps=20\n'
-      '  jaxformer train --config multi30k --workdir W --train-src train.en --train-tgt '
-      'train.de \\\n      --set model.vocab_size=8000\n\n'
-      'On a CPU, run it on huge pages as make does (glibc >= 2.35; about 20% faster, see '
-      'docs/speed.md):\n\n'
-      '  GLIBC_TUNABLES=glibc.malloc.hugetlb=1 jaxformer train ...'))
+      _TRAIN_DESCRIPTION))
 
   evaluation = command(
       'eval', _eval, 'BLEU and chrF of a model on newstest2014 or your own files',
@@ -361,9 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
   _flag(evaluation, 'target_language', choices=('de', 'fr'), default='de',
         help='tfds newstest2014 direction, and the Moses rules of the tokenized BLEU')
   _flag(evaluation, 'tfds_data_dir', help='tfds data folder (default: $TFDS_DATA_DIR)')
-  evaluation.add_argument('--src', help='a local source file instead of tfds')
-  evaluation.add_argument('--ref', help='its reference translations, line-aligned')
-  evaluation.add_argument('--output', help='hypotheses file (default: next to the checkpoint)')
+  evaluation.add_argument('--src', type=path_arg, help='a local source file instead of tfds')
+  evaluation.add_argument('--ref', type=path_arg, help='its reference translations, line-aligned')
+  evaluation.add_argument('--output', type=path_arg,
+                          help='hypotheses file (default: next to the checkpoint)')
 
   translate = command(
       'translate', _translate, 'translate text (stdin, or --input) with beam 4, alpha 0.6',
@@ -373,8 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
       'SCORE is log-probability / GNMT length penalty, best first; blank lines give none).')
   _add_model_path(translate)
   _add_model_flags(translate)
-  translate.add_argument('--input', help='a UTF-8 text file (default: stdin)')
-  translate.add_argument('--output', help='where to write (default: stdout)')
+  translate.add_argument('--input', type=path_arg, help='a UTF-8 text file (default: stdin)')
+  translate.add_argument('--output', type=path_arg, help='where to write (default: stdout)')
   translate.add_argument('--nbest', type=positive_int, help='the N best translations with scores')
 
   export = command(
@@ -384,8 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
       'without orbax or the workdir; with --format ctranslate2, a CTranslate2 model of the same '
       "weights (pip install 'jaxformer[ctranslate2]'), with spm.model beside it.")
   _add_model_path(export, required=False)
-  export.add_argument('path', nargs='?', help='the model, as --model (an older spelling)')
-  export.add_argument('out', help='the folder to write')
+  export.add_argument('path', nargs='?', type=path_arg,
+                      help='the model, as --model (an older spelling)')
+  export.add_argument('out', type=path_arg, help='the folder to write')
   export.add_argument('--format', choices=('jaxformer', 'ctranslate2'), default='jaxformer',
                       help='jaxformer: config.json + spm.model + safetensors; ctranslate2: a '
                       'CTranslate2 model directory')
@@ -393,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
 
   average = command('average', _average, 'average the last N checkpoints of a workdir, or the N '
                     'best by validation metric, into a new checkpoint')
-  average.add_argument('--workdir', required=True, help='a training workdir')
+  average.add_argument('--workdir', required=True, type=path_arg, help='a training workdir')
   which = average.add_mutually_exclusive_group()
   which.add_argument('--last', type=positive_int, default=5,
                      help='how many of the newest (paper: 5 base, 20 big)')

@@ -4,6 +4,7 @@ import argparse
 import ast
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -329,3 +330,15 @@ def test_distributed_outside_a_cluster_is_a_one_line_error(tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith('error: --distributed: cannot join a cluster ('), err
   assert 'give --coordinator-address, --num-processes and --process-id' in err[0]
+
+
+@pytest.mark.parametrize('argv', [['train', '--config', 'demo', '--workdir', ''],
+                                  ['translate', '--model', ' '],
+                                  ['eval', '--model', 'w', '--src', '', '--ref', 'r']])
+def test_an_empty_path_is_refused_not_taken_as_the_current_folder(argv, capsys):
+  """`--workdir ''` trained into the current folder before."""
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(argv)
+  assert exit_info.value.code == 2
+  assert re.search(r"error: argument \S+: must be a path, got '\s*'$",
+                   capsys.readouterr().err.strip().splitlines()[-1])

@@ -1,6 +1,8 @@
 """jaxformer.data.sources: text files, tfds WMT14 and their bad inputs."""
 
 import gzip
+import os
+import pathlib
 import subprocess
 import sys
 
@@ -114,3 +116,44 @@ def test_the_prepare_command_runs_up_to_the_download(tmp_path):
 def test_unknown_target_language_is_a_clear_error():
   with pytest.raises(DataError, match="must be one of \\['de', 'fr'\\]"):
     data.load_wmt14('es', 'train')
+
+
+_NUMBERED = ''.join(f'line {i}\n' for i in range(9000)).encode()
+
+
+def _damaged_gz(path):
+  whole = gzip.compress(b'a line of text\n' * 2000)
+  path.write_bytes(whole[:20] + b'\xff' * 40 + whole[60:])
+  return path
+
+
+@pytest.mark.parametrize('make,message', [
+    (lambda p: p.mkdir() or p, r': is a folder, not a file\.$'),
+    (lambda p: os.mkfifo(p) or p, r': is a FIFO \(a pipe\), which can be read only once, and this '
+                                  r'file is read 2 times: write it to a regular file first\.$'),
+    (lambda p: _damaged_gz(p.with_suffix('.gz')), r'\.gz: cannot read \(Error -3 while '
+                                                  r'decompressing data'),
+    (lambda p: p.with_suffix('.gz').write_bytes(gzip.compress(_NUMBERED)[:2000]) and
+     p.with_suffix('.gz'), r'\.gz: cannot read \(Compressed file ended before'),
+    (lambda p: p.with_suffix('.gz').write_bytes(b'plain text, not gzip\n') and
+     p.with_suffix('.gz'), r"\.gz: cannot read \(Not a gzipped file"),
+    (lambda p: pathlib.Path(''), r"^an empty path \(or '\.', the current folder\) was given"),
+])
+def test_every_kind_of_unreadable_path_says_what_it_is(tmp_path, make, message):
+  """A folder, a FIFO where two passes are needed, a damaged, truncated or false .gz, an empty
+  name: each a one-line DataError that says what the path is (before: "no such file" for the
+  first two, zlib's traceback for a damaged .gz)."""
+  path = make(tmp_path / 'train')
+  good = tmp_path / 'good.de'
+  good.write_text('ein satz\n')
+  with pytest.raises(DataError, match=message):
+    len(data.TextFiles(path, good))
+
+
+def test_a_fifo_is_read_where_one_pass_is_enough(tmp_path):
+  """Validation and test files are read once: a FIFO (e.g. bash's <(zcat f.gz)) works there."""
+  fifo = tmp_path / 'fifo'
+  os.mkfifo(fifo)
+  writer = subprocess.Popen(['sh', '-c', f'printf "one\\ntwo\\n" > {fifo}'])
+  assert data.read_lines(fifo) == ['one', 'two']
+  writer.wait(timeout=10)

@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import os
 import pathlib
+import zlib
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -84,10 +85,28 @@ def _open(path: pathlib.Path):
   return gzip.open(path, 'rb') if path.suffix == '.gz' else open(path, 'rb')  # noqa: SIM115
 
 
+def check_readable(path: pathlib.Path, *, passes: int = 1) -> None:
+  """DataError saying what `path` is when it is not a file this reader can read `passes` times:
+  a missing path, an empty name, a folder, a device or socket, or (for more than one pass) a
+  FIFO, whose lines can be read only once."""
+  if str(path) == '.':  # pathlib's name for '' too
+    raise DataError("an empty path (or '.', the current folder) was given where a file belongs.")
+  if not path.exists():
+    raise DataError(f'{path}: no such file.')
+  if path.is_dir():
+    raise DataError(f'{path}: is a folder, not a file.')
+  if path.is_fifo() and passes > 1:
+    raise DataError(f'{path}: is a FIFO (a pipe), which can be read only once, and this file is '
+                    f'read {passes} times: write it to a regular file first.')
+  if not (path.is_file() or path.is_fifo()):
+    raise DataError(f'{path}: is not a regular file (a device or a socket).')
+  if not os.access(path, os.R_OK):
+    raise DataError(f'{path}: permission denied.')
+
+
 def _raw_blocks(path: pathlib.Path) -> Iterator[bytes]:
   """The file's bytes in blocks that end at a line end (the last block: at the file's end)."""
-  if not path.is_file():
-    raise DataError(f'{path}: no such file.')
+  check_readable(path)
   rest = b''
   try:
     with _open(path) as f:
@@ -97,7 +116,7 @@ def _raw_blocks(path: pathlib.Path) -> Iterator[bytes]:
         rest = block[cut:]
         if cut:
           yield block[:cut]
-  except (OSError, EOFError) as e:
+  except (OSError, EOFError, zlib.error) as e:  # zlib's: a damaged .gz
     raise DataError(f'{path}: cannot read ({e}).') from None
   if rest:
     yield rest
@@ -157,6 +176,8 @@ class TextFiles(PairSource):
 
   def __init__(self, src_path: str | os.PathLike, tgt_path: str | os.PathLike):
     self.paths = pathlib.Path(src_path), pathlib.Path(tgt_path)
+    for path in self.paths:  # counted and hashed, then read
+      check_readable(path, passes=2)
     self.origin = f'{src_path}|{tgt_path}'
     self._summary: tuple[int, str] | None = None
 
