@@ -1,5 +1,6 @@
 """jaxformer.data.cache: the token cache, filtering and its failures."""
 
+import re
 import subprocess
 import sys
 
@@ -109,3 +110,36 @@ def test_a_failed_or_interrupted_cache_write_leaves_nothing(tokenizer, tmp_path,
   (tmp_path / f'tokens-x{data.cache._PARTIAL}killed').mkdir()  # left by a kill -9 # pylint: disable=protected-access
   corpus = data.tokenize_corpus(text, tokenizer, max_len=64, cache_dir=tmp_path)
   assert [p.name for p in tmp_path.iterdir()] == [f'tokens-{corpus.fingerprint}']
+
+
+def _truncate(folder):
+  tokens = folder / 'tgt_tokens.bin'
+  tokens.write_bytes(tokens.read_bytes()[:-10])
+
+
+def _shorten_offsets(folder):
+  offsets = np.load(folder / 'src_offsets.npy')
+  np.save(folder / 'src_offsets.npy', offsets[:-3])
+
+
+@pytest.mark.parametrize('damage,what', [
+    (_truncate, r'tgt_tokens\.bin has \d+ bytes, its offsets say \d+'),
+    (_shorten_offsets, r'src_offsets\.npy does not hold 200 pairs'),
+    (lambda folder: (folder / 'counts.json').write_text('{"kept": '), r'Expecting value'),
+    (lambda folder: (folder / 'src_tokens.bin').unlink(), r'\[Errno 2\] No such file'),
+])
+def test_a_damaged_token_cache_is_found_and_rebuilt(tokenizer, tmp_path, caplog, damage, what):
+  """A cache cut short by a full disk, edited or half deleted: its files are checked against
+  each other when it is mapped, and it is made again from the text, with a warning that says
+  what was wrong (before: an IndexError deep in packing, or a batch of wrong tokens)."""
+  text = synthetic_text(200, seed=5)
+  names = ('src_tokens', 'src_offsets', 'tgt_tokens', 'tgt_offsets')
+  corpus = data.tokenize_corpus(text, tokenizer, max_len=64, cache_dir=tmp_path)
+  first = {name: np.array(getattr(corpus, name)) for name in names}  # not the maps
+  del corpus
+  [folder] = tmp_path.glob('tokens-*')
+  damage(folder)
+  again = data.tokenize_corpus(text, tokenizer, max_len=64, cache_dir=tmp_path)
+  assert re.search(rf'the token cache is damaged \({what}.*\): rebuilding it', caplog.text)
+  for name in names:
+    np.testing.assert_array_equal(first[name], getattr(again, name))

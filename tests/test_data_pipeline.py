@@ -72,3 +72,18 @@ def test_workdirs_on_separate_disks_prepare_the_same_data(tmp_path):
   assert a.fingerprint == b.fingerprint
   for name in ('src_tokens', 'src_offsets', 'tgt_tokens', 'tgt_offsets'):
     np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+def test_validation_pairs_longer_than_the_training_rows_fit_the_rows(tmp_path):
+  """Short training sources and a long validation source: the source rows, a share sized by the
+  training pairs, now cover the validation pairs too (before: "a pair is longer than the rows"
+  at the first evaluation, hours into a run)."""
+  words = TEXT.src[0].split() * 20
+  train_pairs = data.ParallelText([s.split()[0] for s in TEXT.src[:600]], TEXT.tgt[:600],
+                                  origin='short sources')
+  validation = data.ParallelText([' '.join(words[:45])], [TEXT.tgt[0]], origin='long source')
+  pipeline = data.pipeline.build(tmp_path, CFG, _tc(), train_pairs, validation)
+  assert pipeline.src_len < pipeline.tgt_len == 64  # the source side gets a share
+  assert pipeline.src_len >= int(pipeline.validation.src_lengths.max()) > 16
+  batches = list(pipeline.validation_batches())
+  assert sum(int((b['src_segments'] > 0).any(axis=-1).sum()) for b in batches) == 1

@@ -126,8 +126,13 @@ def tokenize_corpus(text: PairSource, tokenizer: Tokenizer, max_len: int,
   if cache_dir is None:
     return _tokenize(text, tokenizer, max_len, None, fingerprint)
   path = pathlib.Path(cache_dir) / f'tokens-{fingerprint}'
-  if not (path / 'counts.json').exists():
-    _write_cache(text, tokenizer, max_len, path, fingerprint)
+  if (path / 'counts.json').exists():
+    try:
+      return _load(path, fingerprint)
+    except DataError as e:  # truncated, edited or half-deleted: made again from the text
+      log.warning('%s: rebuilding it', e)
+      shutil.rmtree(path, ignore_errors=True)
+  _write_cache(text, tokenizer, max_len, path, fingerprint)
   return _load(path, fingerprint)
 
 
@@ -198,16 +203,27 @@ def _write_cache(text: PairSource, tokenizer: Tokenizer, max_len: int, path: pat
 
 
 def _load(path: pathlib.Path, fingerprint: str) -> TokenizedCorpus:
-  counts = json.loads((path / 'counts.json').read_text())
-  dtype = np.dtype(counts.pop('dtype'))
-  arrays = {}
-  for side in ('src', 'tgt'):
-    arrays[f'{side}_offsets'] = np.load(path / f'{side}_offsets.npy', mmap_mode='r').view(
-        np.ndarray)
-    tokens = path / f'{side}_tokens.bin'
-    # Plain array views of the maps: indexing a np.memmap goes through its subclass's Python
-    # hooks, which cost a third of a batch's assembly.
-    arrays[f'{side}_tokens'] = np.memmap(tokens, dtype, mode='r').view(np.ndarray) \
-        if tokens.stat().st_size else np.zeros(0, dtype)
+  """The cache in `path`, memory-mapped, after checking its files against each other (pair
+  count, offsets, token file sizes); DataError naming what is wrong when they disagree."""
+  try:
+    counts = json.loads((path / 'counts.json').read_text())
+    dtype = np.dtype(counts.pop('dtype'))
+    arrays = {}
+    for side in ('src', 'tgt'):
+      offsets = np.load(path / f'{side}_offsets.npy', mmap_mode='r').view(np.ndarray)
+      tokens = path / f'{side}_tokens.bin'
+      size = tokens.stat().st_size
+      if len(offsets) != counts['kept'] + 1 or offsets[0] != 0 or np.any(np.diff(offsets) < 0):
+        raise ValueError(f'{side}_offsets.npy does not hold {counts["kept"]} pairs')
+      if size != offsets[-1] * dtype.itemsize:
+        raise ValueError(f'{tokens.name} has {size} bytes, its offsets say '
+                         f'{offsets[-1] * dtype.itemsize}')
+      # Plain array views of the maps: indexing a np.memmap goes through its subclass's Python
+      # hooks, which cost a third of a batch's assembly.
+      arrays[f'{side}_offsets'] = offsets
+      arrays[f'{side}_tokens'] = np.memmap(tokens, dtype, mode='r').view(np.ndarray) \
+          if size else np.zeros(0, dtype)
+  except (OSError, ValueError, KeyError, TypeError) as e:  # json's errors are ValueErrors
+    raise DataError(f'{path}: the token cache is damaged ({e})') from None
   log.info('loaded %d tokenised pairs from %s', counts['kept'], path)
   return TokenizedCorpus(**arrays, counts=counts, fingerprint=fingerprint)

@@ -321,21 +321,25 @@ class PackedBatches(Iterator[Batch]):
             for key, value in batch.items()}
 
 
-def row_lengths(corpus: TokenizedCorpus, row_len: int, multiple: int = 8) -> tuple[int, int]:
+def row_lengths(corpus: TokenizedCorpus, row_len: int, multiple: int = 8,
+                also: TokenizedCorpus | None = None) -> tuple[int, int]:
   """(src_len, tgt_len): the side with more tokens in all gets row_len, the other its share.
 
-  The share is at least that side's longest sentence, so both sides fill alike, and is rounded
-  up to `multiple` (within row_len): accelerators' kernels want aligned shapes (cuDNN's flash
+  The share is at least that side's longest sentence, in `corpus` and in `also` (the
+  validation pairs, packed into the same rows), so both sides fill alike, and is rounded up to
+  `multiple` (within row_len): accelerators' kernels want aligned shapes (cuDNN's flash
   attention takes even lengths only), at a cost of at most `multiple` - 1 padding slots a row.
   """
   src_total, tgt_total = int(corpus.src_lengths.sum()), int(corpus.tgt_lengths.sum())
+  corpora = [corpus] if also is None or not len(also) else [corpus, also]
 
-  def share(fraction: float, longest: int) -> int:
-    return min(row_len, math.ceil(max(int(longest), row_len * fraction) / multiple) * multiple)
+  def share(fraction: float, side: str) -> int:
+    longest = max(int(getattr(c, side).max()) for c in corpora)
+    return min(row_len, math.ceil(max(longest, row_len * fraction) / multiple) * multiple)
 
   if src_total <= tgt_total:
-    return share(src_total / tgt_total, corpus.src_lengths.max()), row_len
-  return row_len, share(tgt_total / src_total, corpus.tgt_lengths.max())
+    return share(src_total / tgt_total, 'src_lengths'), row_len
+  return row_len, share(tgt_total / src_total, 'tgt_lengths')
 
 
 def rows_per_device(tokens_per_batch: int, row_len: int, global_devices: int) -> int:

@@ -150,7 +150,7 @@ def build(workdir: str | pathlib.Path, model: TransformerConfig, train: TrainCon
   if len(set(ids)) > 1:
     raise DataError(f'the processes prepared different training data (corpus ids {ids}): '
                     'every process must read the same corpus with the same settings.')
-  src_len, tgt_len = row_lengths(corpus, train.row_len)
+  src_len, tgt_len = row_lengths(corpus, train.row_len, also=validation_corpus)
   try:
     rows = rows_per_device(train.tokens_per_batch // train.accum_steps, max(src_len, tgt_len),
                            jax.device_count())
