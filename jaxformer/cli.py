@@ -51,6 +51,19 @@ def positive_int(text: str) -> int:
   return value
 
 
+def non_negative(kind: type) -> Callable[[str], Any]:
+  """An argparse type: a number of `kind` >= 0."""
+  def parse(text: str) -> Any:
+    try:
+      value = kind(text)
+    except ValueError:
+      value = -1
+    if value < 0:
+      raise argparse.ArgumentTypeError(f'must be a number >= 0, got {text!r}')
+    return value
+  return parse
+
+
 def path_arg(text: str) -> str:
   """An argparse type: a path, not an empty string (which would name the current folder)."""
   if not text.strip():
@@ -198,18 +211,30 @@ def _add_model_flags(parser: argparse.ArgumentParser, *, beam: bool = True) -> N
         help="average a workdir's last N checkpoints first")
   if beam:
     parser.add_argument('--beam', type=positive_int, default=4, help='beam size (1: greedy)')
-    parser.add_argument('--alpha', type=float, default=0.6, help='length penalty exponent')
-    _flag(parser, 'extra_length', type=int, default=50, help='max output = input + this')
+    parser.add_argument('--alpha', type=non_negative(float), default=0.6,
+                        help='length penalty exponent')
+    _flag(parser, 'extra_length', type=non_negative(int), default=50,
+          help='max output = input + this')
     _flag(parser, 'batch_size', type=positive_int, default=32, help='sentences per batch')
+
+
+def load_model(path: str, average_last: int | None) -> tuple[Any, Any, bytes, int]:
+  """(params, config, sentencepiece model, step) of a workdir, a checkpoint folder or an
+  exported folder (one with a config.json; export.load says what it lacks, if anything)."""
+  if (pathlib.Path(path) / 'config.json').is_file():
+    if average_last:
+      raise config_lib.SettingError(f'--average-last averages the checkpoints of a training '
+                                    f'workdir; {path} is an exported folder (one set of params).')
+    return export.load(path)
+  return checkpoint.load(path, average_last)
 
 
 def translator(path: str, args: argparse.Namespace) -> Translator:
   """A Translator of a workdir, checkpoint folder or exported folder."""
-  options = dict(beam_size=args.beam, alpha=args.alpha, extra_length=args.extra_length,
-                 batch_size=args.batch_size)
-  if all((pathlib.Path(path) / name).is_file() for name in export.FILES):
-    return Translator.from_pretrained(path, **options)
-  return Translator.from_checkpoint(path, average_last=args.average_last, **options)
+  params, config, spm_model, _ = load_model(path, args.average_last)
+  return Translator(params, config, data.Tokenizer.from_bytes(spm_model, f'{path}/spm.model'),
+                    beam_size=args.beam, alpha=args.alpha, extra_length=args.extra_length,
+                    batch_size=args.batch_size)
 
 
 # --- eval -----------------------------------------------------------------------------------------
@@ -303,7 +328,7 @@ def _export(args: argparse.Namespace) -> int:
   if (args.model is None) == (args.path is None):
     return _fail('give the model to export once: jaxformer export --model PATH OUT.')
   path = args.model or args.path
-  params, config, spm_model, step = checkpoint.load(path, args.average_last)
+  params, config, spm_model, step = load_model(path, args.average_last)
   if args.format == 'ctranslate2':
     out = export.save_ctranslate2(args.out, params, config, spm_model)
   else:

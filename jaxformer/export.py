@@ -1,6 +1,7 @@
 """A trained model as a plain, self-contained folder, loadable without orbax or the workdir:
 
-  config.json         {"format": "jaxformer", "version", "step", "model": TransformerConfig fields}
+  config.json         {"format": "jaxformer", "version", "step", "spm_sha256", "spm_pieces",
+                       "model": TransformerConfig fields}
   spm.model           the shared sentencepiece vocabulary
   params.safetensors  the params, one tensor per leaf, named by its path ('encoder/layers_0/...')
 
@@ -9,12 +10,14 @@ jaxformer[ctranslate2]): the engine MT practitioners deploy, and an independent 
 jaxformer's decoding.
 """
 
+import hashlib
 import importlib.util
 import json
 import pathlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import safetensors
 import safetensors.numpy
@@ -24,7 +27,7 @@ import jaxformer
 from jaxformer import checkpoint
 from jaxformer.config import TransformerConfig, config_from_dict, config_to_dict
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.model import sinusoidal_positions
+from jaxformer.model import Transformer, sinusoidal_positions
 
 FILES = ('config.json', 'spm.model', 'params.safetensors')
 
@@ -39,6 +42,8 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
   (out / 'spm.model').write_bytes(spm_model)
   (out / 'config.json').write_text(json.dumps(
       {'format': 'jaxformer', 'version': jaxformer.__version__, 'step': step,
+       'spm_sha256': hashlib.sha256(spm_model).hexdigest(),
+       'spm_pieces': Tokenizer.from_bytes(spm_model).vocab_size,
        'model': config_to_dict(config)}, indent=2) + '\n')
   return out
 
@@ -58,8 +63,43 @@ def load(path: str | pathlib.Path) -> tuple[Any, TransformerConfig, bytes, int]:
   except (ValueError, KeyError, TypeError, safetensors.SafetensorError) as e:
     raise checkpoint.CheckpointError(f'{path}: damaged export ({type(e).__name__}: {e}).'
                                      ) from None
-  params = traverse_util.unflatten_dict(tensors, sep='/')
-  return params, config, (path / 'spm.model').read_bytes(), int(meta.get('step', 0))
+  spm_model = (path / 'spm.model').read_bytes()
+  _check_vocabulary(path, meta, config, spm_model)
+  _check_shapes(path, tensors, config)
+  return (traverse_util.unflatten_dict(tensors, sep='/'), config, spm_model,
+          int(meta.get('step', 0)))
+
+
+def _check_vocabulary(path: pathlib.Path, meta: dict[str, Any], config: TransformerConfig,
+                      spm_model: bytes) -> None:
+  """CheckpointError when spm.model is not the vocabulary that was exported (its sha256, where
+  recorded) or its size is not the model's: either translates into garbage or crashes."""
+  recorded, actual = meta.get('spm_sha256'), hashlib.sha256(spm_model).hexdigest()
+  if recorded is not None and recorded != actual:
+    raise checkpoint.CheckpointError(
+        f'{path}/spm.model is not the vocabulary this model was exported with (sha256 '
+        f'{actual[:12]}..., recorded {recorded[:12]}...): put the exported spm.model back.')
+  pieces = Tokenizer.from_bytes(spm_model).vocab_size
+  if pieces != config.vocab_size:
+    raise checkpoint.CheckpointError(
+        f'{path}/spm.model has {pieces} pieces but the model has vocab_size='
+        f'{config.vocab_size}: it is not this model\'s vocabulary.')
+
+
+def _check_shapes(path: pathlib.Path, tensors: dict[str, np.ndarray],
+                  config: TransformerConfig) -> None:
+  """CheckpointError naming the first parameter that config.json's model does not have, or has
+  in another shape (a config.json from another model)."""
+  ids = jnp.ones((1, 8), jnp.int32)
+  shapes = jax.eval_shape(lambda: Transformer(config).init(jax.random.key(0), ids, ids))
+  expected = traverse_util.flatten_dict(shapes['params'], sep='/')
+  for name in sorted(set(expected) | set(tensors)):
+    want, got = expected.get(name), tensors.get(name)
+    if want is None or got is None or tuple(want.shape) != got.shape:
+      raise checkpoint.CheckpointError(
+          f'{path}: params.safetensors does not fit config.json ({name}: '
+          f'{"missing" if got is None else tuple(got.shape)} where the model has '
+          f'{"none" if want is None else tuple(want.shape)}).')
 
 
 # --- CTranslate2 ----------------------------------------------------------------------------------

@@ -100,11 +100,10 @@ def demo_sized(tmp_path_factory) -> tuple[pathlib.Path, list[str]]:
   path = tmp_path_factory.mktemp('demo_sized')
   recipe = recipes.load('demo')
   corpus = embedded.splits(6000, 10, 200)
-  settings = dataclasses.replace(  # a quarter of the demo's tokens per step, warmup halved
-      recipe.train, num_steps=120, tokens_per_batch=1024, checkpoint_every_steps=120,
-      average_last=0, bleu_sentences=0, sample_translations=0, spm_sample_size=12_000,
-      log_every_steps=40)
-  trainer.train(recipe.model.replace(warmup_steps=100), settings, path, corpus['train'])
+  settings = dataclasses.replace(
+      recipe.train, num_steps=150, checkpoint_every_steps=150, average_last=0, bleu_sentences=0,
+      sample_translations=0, spm_sample_size=12_000, log_every_steps=50)
+  trainer.train(recipe.model, settings, path, corpus['train'])
   return path, corpus['test'].src[:100]
 
 

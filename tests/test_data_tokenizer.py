@@ -141,3 +141,15 @@ def test_decoded_text_is_always_one_line(tokenizer):
   ids = tokenizer.encode(['the man'])[0]
   text = tokenizer.decode([ids + newline_bytes + ids])[0]
   assert text.splitlines() == [text] and text.startswith('the man')
+
+
+def test_a_vocabulary_without_its_record_is_used_with_a_warning(tmp_path, caplog):
+  """A vocabulary placed by hand, or from before records were kept, is reused, and the log says
+  that what it was trained on is unknown (before: reused without a word)."""
+  text = synthetic_text(300)
+  first = data.train_tokenizer(text.src + text.tgt, tmp_path / 'spm.model', 300)
+  (tmp_path / 'spm.model.json').unlink()
+  again = data.train_tokenizer(synthetic_text(300, seed=1).src, tmp_path / 'spm.model', 300)
+  assert again.model_proto == first.model_proto
+  assert (f'{tmp_path / "spm.model"}: its training data is not recorded (no spm.model.json '
+          'beside it); using it as given') in caplog.text

@@ -3,13 +3,15 @@
 import importlib.util
 import json
 import pathlib
+import re
 import sys
 
 import jax
 import numpy as np
 import pytest
+from helpers import synthetic_text
 
-from jaxformer import checkpoint, cli, config, export, train, translation
+from jaxformer import checkpoint, cli, config, data, export, train, translation
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'experiments'))
@@ -85,3 +87,59 @@ def test_a_damaged_or_partial_export_is_a_one_line_error(workdir, tmp_path, caps
   capsys.readouterr()
   assert cli.main(['translate', '--workdir', str(out)]) == 1
   assert capsys.readouterr().err.strip().splitlines()[-1].startswith('error: ')
+
+
+@pytest.fixture
+def exported(workdir, tmp_path) -> pathlib.Path:
+  out = tmp_path / 'export'
+  assert cli.main(['export', str(workdir), str(out)]) == 0
+  return out
+
+
+def _one_line_error(argv: list[str], capsys) -> str:
+  capsys.readouterr()
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith('error: '), err
+  return err[0]
+
+
+def test_an_exported_vocabulary_is_checked_against_the_model(exported, tokenizer, tmp_path,
+                                                              capsys):
+  """Another spm.model of the same size translated into garbage, of another size crashed."""
+  recorded = json.loads((exported / 'config.json').read_text())
+  assert recorded['spm_pieces'] == 400 and len(recorded['spm_sha256']) == 64
+  (exported / 'spm.model').write_bytes(tokenizer.model_proto)  # 400 pieces, other text
+  assert re.search(r'spm\.model is not the vocabulary this model was exported with \(sha256 '
+                   r'\w{12}\.\.\., recorded \w{12}\.\.\.\): put the exported spm\.model back\.$',
+                   _one_line_error(['translate', '--model', str(exported)], capsys))
+  other = data.train_tokenizer(synthetic_text(300).src, tmp_path / 'small.model', 300)
+  (exported / 'spm.model').write_bytes(other.model_proto)
+  del recorded['spm_sha256']  # as exports made before the hash was recorded
+  (exported / 'config.json').write_text(json.dumps(recorded))
+  assert _one_line_error(['translate', '--model', str(exported)], capsys).endswith(
+      "spm.model has 300 pieces but the model has vocab_size=400: it is not this model's "
+      'vocabulary.')
+
+
+def test_a_config_that_does_not_fit_the_params_names_the_first_difference(exported, capsys):
+  recorded = json.loads((exported / 'config.json').read_text())
+  recorded['model']['d_ff'] *= 2
+  (exported / 'config.json').write_text(json.dumps(recorded))
+  assert re.search(r'params\.safetensors does not fit config\.json \(decoder/layers_0/ffn/\w+/'
+                   r'\w+: \([\d, ]+\) where the model has \([\d, ]+\)\)\.$',
+                   _one_line_error(['eval', '--model', str(exported), '--src', str(exported /
+                                    'config.json'), '--ref', str(exported / 'config.json')],
+                                   capsys))
+
+
+def test_options_that_do_not_apply_to_an_exported_folder_are_refused(exported, capsys):
+  assert _one_line_error(['translate', '--model', str(exported), '--average-last', '2'],
+                         capsys).endswith('is an exported folder (one set of params).')
+  with pytest.raises(SystemExit):
+    cli.main(['translate', '--model', str(exported), '--extra-length', '-1'])
+  assert "--extra-length: must be a number >= 0, got '-1'" in capsys.readouterr().err
+  (exported / 'spm.model').unlink()  # a folder without its vocabulary is not "no checkpoint"
+  assert _one_line_error(['export', '--model', str(exported), str(exported.parent / 'again')],
+                         capsys).endswith('not an exported model (missing spm.model); '
+                                          '`jaxformer export WORKDIR OUT` writes one.')

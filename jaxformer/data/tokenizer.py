@@ -130,6 +130,8 @@ def _check_record(model_path: pathlib.Path, record: dict[str, Any]) -> None:
   """A one-line error when the existing vocabulary was trained on something else."""
   record_path = model_path.with_name(model_path.name + '.json')
   if not record_path.exists():  # a vocabulary from before records were kept, or given by hand
+    log.warning('%s: its training data is not recorded (no %s beside it); using it as given',
+                model_path, record_path.name)
     return
   saved = json.loads(record_path.read_text())
   changed = [f'{key} {saved.get(key)} -> {value}' for key, value in record.items()
