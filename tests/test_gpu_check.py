@@ -14,21 +14,39 @@ sys.path.insert(0, str(ROOT / 'experiments'))
 import gpu_check  # noqa: E402
 
 
-@pytest.mark.slow
-def test_gpu_check_fails_what_is_broken(monkeypatch, capsys):
-  """Fused attention that scales its output, and too few steps to learn: both fail, the
-  checks that need the trained model not run, and exit status 1."""
-  fused = jax.nn.dot_product_attention
-  monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, **k: 1.5 * fused(*a, **k))
-  assert gpu_check.main(['--steps', '10', '--fused-steps', '1']) == 1
+def test_the_table_fails_what_failed_and_skips_what_needs_it(monkeypatch, capsys):
+  """A check that raises is a FAIL row with its error; the rows that need the trained model are
+  not run; the exit status is 1 (the checks themselves fail on broken kernels below)."""
+  def broken(message):
+    def check(*args):
+      raise AssertionError(message)
+    return check
+  monkeypatch.setattr(gpu_check, 'check_fused_attention', broken('rows of 64: relative error'))
+  monkeypatch.setattr(gpu_check, 'check_fused_training', lambda *args: 'rows of 64 trained')
+  monkeypatch.setattr(gpu_check, 'check_training', broken('loss 3.67 -> 3.60 in 10 steps'))
+  for name in ('check_decoding', 'check_checkpoints'):
+    monkeypatch.setattr(gpu_check, name, broken('must not run without a trained model'))
+  assert gpu_check.main(['--steps', '10']) == 1
   out = capsys.readouterr().out
   assert re.search(r'^fused attention == einsum\s+FAIL\s+AssertionError: rows of 64: relative', out,
                    flags=re.M)
-  # A step from init is within the training row's 2% of einsum's loss even at 1.5x: that row
-  # passes here (its failure: test_gpu_check_fails_non_finite_attention_gradients).
+  assert re.search(r'^fused attention trains, packed rows\s+pass\s+rows of 64 trained', out,
+                   flags=re.M)
   assert re.search(r'^training, bfloat16 fast path\s+FAIL\s+AssertionError: loss', out, flags=re.M)
-  assert re.search(r'^cached == uncached decoding\s+FAIL\s+not run', out, flags=re.M)
+  assert re.search(r'^cached == uncached decoding\s+FAIL\s+not run: training failed', out,
+                   flags=re.M)
   assert '2 passed, 4 failed' in out
+
+
+@pytest.mark.slow
+def test_gpu_check_fails_attention_that_scales_its_output_and_too_little_training(monkeypatch):
+  fused = jax.nn.dot_product_attention
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, **k: 1.5 * fused(*a, **k))
+  with pytest.raises(AssertionError, match=r'^rows of 64: relative error to float32: logits'):
+    gpu_check.check_fused_attention()
+  monkeypatch.undo()
+  with pytest.raises(AssertionError, match=r'^loss \S+ -> \S+ in 10 steps'):
+    gpu_check.check_training(10)
 
 
 def test_gpu_check_fails_non_finite_attention_gradients(monkeypatch):
