@@ -14,11 +14,15 @@ or `average-best<N>/<step>/`) holds params and meta, and loads like any other.
 """
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import logging
+import os
 import pathlib
 import shutil
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -294,6 +298,31 @@ def average_checkpoints(workdir: str | pathlib.Path, last_n: int) -> PyTree:
   return mean_params(workdir, last_steps(workdir, last_n))
 
 
+@contextlib.contextmanager
+def locked(folder: str | pathlib.Path, what: str) -> Iterator[None]:
+  """Holds `folder`'s lock for `what` ('a training run', 'averaging') while the block runs; a
+  second holder gets a CheckpointError naming the process that holds it. The lock is flock's on
+  folder/.<what>.lock: the kernel releases it when its holder exits, even on kill -9, so a lock
+  left by a killed run never blocks."""
+  path = pathlib.Path(folder) / f'.{what.split()[-1]}.lock'
+  with open(path, 'a+', encoding='utf-8') as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or 'another process'
+      raise CheckpointError(f'{folder} is in use: {what} by {holder} holds it. Wait for that to '
+                            'end, or use another folder.') from None
+    f.seek(0)
+    f.truncate()
+    f.write(f'pid {os.getpid()} on {socket.gethostname()}\n')
+    f.flush()
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def save_average(workdir: str | pathlib.Path, last_n: int | None = None, *,
                  best: int | None = None, metric: str = 'loss') -> pathlib.Path:
   """Averages the last `last_n` checkpoints into `<workdir>/average-last<N>/<last step>/`, or
@@ -302,10 +331,11 @@ def save_average(workdir: str | pathlib.Path, last_n: int | None = None, *,
   steps = best_steps(workdir, best, metric) if best else last_steps(workdir, last_n)
   meta = newest_meta(workdir)[1]
   out = pathlib.Path(workdir) / (f'average-best{best}' if best else f'average-last{last_n}')
-  target = make_manager(out, items=('params', 'meta'))
-  if steps[-1] in target.all_steps():
-    target.delete(steps[-1])
-  save(target, steps[-1], params=mean_params(workdir, steps),
-       meta={**meta, 'averaged_steps': steps})
-  target.wait_until_finished()
+  with locked(workdir, 'averaging'):  # two averages at once each deleted the other's step
+    target = make_manager(out, items=('params', 'meta'))
+    if steps[-1] in target.all_steps():
+      target.delete(steps[-1])
+    save(target, steps[-1], params=mean_params(workdir, steps),
+         meta={**meta, 'averaged_steps': steps})
+    target.wait_until_finished()
   return out

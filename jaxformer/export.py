@@ -1,4 +1,4 @@
-"""A trained model as a plain, self-contained folder, loadable without orbax or the workdir:
+"""A trained model as a plain, self-contained folder, loadable without orbax or the workdir::
 
   config.json         {"format": "jaxformer", "version", "step", "spm_sha256", "spm_pieces",
                        "model": TransformerConfig fields}

@@ -7,6 +7,7 @@ resumes from its workdir's newest checkpoint.
 """
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -283,19 +284,23 @@ def train(config: TransformerConfig, train_cfg: TrainConfig, workdir: str | path
           train_pairs: data_lib.PairSource, validation: data_lib.ParallelText | None = None
           ) -> dict[str, Any]:
   """Trains `config` on `train_pairs` in `workdir` (resuming from its checkpoints), evaluating
-  on `validation` if given: the backend check, data.pipeline.build, train_and_evaluate."""
+  on `validation` if given: the backend check, data.pipeline.build, train_and_evaluate.
+
+  One run at a time per workdir: process 0 holds its lock (checkpoint.locked), and a second run
+  on the same workdir stops at once, naming the process that holds it."""
   check_backend(train_cfg)
-  pipeline = pipeline_lib.build(workdir, config, train_cfg, train_pairs, validation)
-  return train_and_evaluate(config, train_cfg, workdir, pipeline)
+  first = jax.process_index() == 0  # the other processes of this run share the workdir
+  with checkpoint.locked(pipeline_lib.make_workdir(workdir), 'a training run') if first \
+      else contextlib.nullcontext():
+    pipeline = pipeline_lib.build(workdir, config, train_cfg, train_pairs, validation)
+    return train_and_evaluate(config, train_cfg, workdir, pipeline)
 
 
 def train_recipe(recipe: Recipe, workdir: str | pathlib.Path) -> dict[str, Any]:
   """`train` on the recipe's data (data.pipeline.sources), checking the backend before any
   data is read."""
   check_backend(recipe.train)
-  pipeline = pipeline_lib.build(workdir, recipe.model, recipe.train,
-                                *pipeline_lib.sources(recipe.data))
-  return train_and_evaluate(recipe.model, recipe.train, workdir, pipeline)
+  return train(recipe.model, recipe.train, workdir, *pipeline_lib.sources(recipe.data))
 
 
 def _pmapped_steps(train_cfg: TrainConfig) -> tuple[Any, Any]:

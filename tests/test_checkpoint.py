@@ -1,6 +1,9 @@
 """jaxformer.checkpoint: what is kept, averaging, compatibility, damaged checkpoints."""
 
 import shutil
+import socket
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +12,7 @@ import pytest
 from helpers import CFG, TEXT, assert_trees_equal, synthetic_text
 from helpers import train_settings as _tc
 
-from jaxformer import checkpoint, data, train, trainer
+from jaxformer import checkpoint, cli, data, train, trainer
 from jaxformer import config as config_lib
 from jaxformer.model import Transformer
 
@@ -112,3 +115,29 @@ def test_best_metric_settings_are_checked():
     _tc(average_best=3, best_metric='bleu')
   with pytest.raises(config_lib.SettingError, match='average_best must be >= 0'):
     _tc(average_best=-1)
+
+
+def _hold(folder, what: str) -> subprocess.Popen:
+  """Another process holding `folder`'s lock for `what`, until killed."""
+  code = ('import sys, time\nfrom jaxformer import checkpoint\n'
+          f'with checkpoint.locked({str(folder)!r}, {what!r}):\n'
+          '  print("held", flush=True)\n  time.sleep(300)\n')
+  holder = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline().strip() == 'held'
+  return holder
+
+
+def test_one_average_at_a_time_and_a_killed_holder_blocks_nothing(workdir, capsys):
+  """Two `jaxformer average` at once: the second is refused in one line naming the first
+  (before: orbax tracebacks, each deleting the other's step); kill -9 frees the lock."""
+  holder = _hold(workdir, 'averaging')
+  try:
+    assert cli.main(['average', '--workdir', str(workdir), '--last', '2']) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0] == (
+        f'error: {workdir} is in use: averaging by pid {holder.pid} on {socket.gethostname()} '
+        'holds it. Wait for that to end, or use another folder.')
+  finally:
+    holder.kill()
+    holder.wait()
+  assert cli.main(['average', '--workdir', str(workdir), '--last', '2']) == 0

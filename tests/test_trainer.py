@@ -6,6 +6,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import jax
@@ -377,3 +378,23 @@ def test_average_best_keeps_and_averages_the_best_beside_the_newest(tmp_path, mo
 def test_average_best_needs_a_validation_set(tmp_path):
   with pytest.raises(trainer.TrainingError, match='--eval-src'):
     trainer.train(CFG, _tc(average_best=2), tmp_path, TEXT)
+
+
+def test_a_second_run_on_a_workdir_in_use_stops_naming_the_first(tmp_path, capsys):
+  """Two runs on one workdir both trained before, the second from step 0 beside the first,
+  mixing their checkpoints; now the second stops at once with one line."""
+  code = ('import time\nfrom jaxformer import checkpoint\n'
+          f'with checkpoint.locked({str(tmp_path)!r}, "a training run"):\n'
+          '  print("held", flush=True)\n  time.sleep(300)\n')
+  first = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+  try:
+    assert first.stdout.readline().strip() == 'held'
+    with pytest.raises(checkpoint.CheckpointError, match=rf'^{tmp_path} is in use: a training '
+                       rf'run by pid {first.pid} on \S+ holds it\. Wait for that to end'):
+      trainer.train(CFG, _tc(), tmp_path, TEXT)
+    assert not (tmp_path / 'checkpoints').exists() and not (tmp_path / 'spm.model').exists()
+  finally:
+    first.kill()  # kill -9: the kernel frees its lock
+    first.wait()
+  with checkpoint.locked(tmp_path, 'a training run'):
+    pass
