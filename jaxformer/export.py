@@ -26,7 +26,7 @@ from flax import traverse_util
 import jaxformer
 from jaxformer import checkpoint
 from jaxformer.config import TransformerConfig, config_from_dict, config_to_dict
-from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.data.tokenizer import Tokenizer, respect_umask
 from jaxformer.model import Transformer, sinusoidal_positions
 
 FILES = ('config.json', 'spm.model', 'params.safetensors')
@@ -39,6 +39,7 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
   tensors = {key: np.ascontiguousarray(value) for key, value in
              traverse_util.flatten_dict(params, sep='/').items()}
   safetensors.numpy.save_file(tensors, out / 'params.safetensors')
+  respect_umask(out / 'params.safetensors')
   (out / 'spm.model').write_bytes(spm_model)
   (out / 'config.json').write_text(json.dumps(
       {'format': 'jaxformer', 'version': jaxformer.__version__, 'step': step,

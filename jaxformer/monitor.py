@@ -170,14 +170,18 @@ class MetricReader:
           raise NonFiniteLoss(step, float(metrics['loss']))
         self.skipped += 1
         self.on_skip(step, self.skipped)
-      self._interval.update({key: float(metrics[key]) for key in self.KEYS}, steps=1)
+        self._interval.update(steps=1)  # it ran; its non-finite metrics are not averaged
+      else:
+        self._interval.update({key: float(metrics[key]) for key in self.KEYS}, steps=1, kept=1)
       self._lr = float(metrics['lr'])
     return count
 
   def interval(self) -> dict[str, float]:
-    """Means over the steps read since the last call, rates, the latest lr; starts a new one."""
-    seconds, steps = time.monotonic() - self._interval_start, max(self._interval['steps'], 1)
-    values = {key: self._interval[key] / steps for key in ('loss', 'accuracy', 'grad_norm')}
+    """Means over the steps read since the last call whose loss was finite (none when every
+    step was skipped), rates, the latest lr; starts a new one."""
+    seconds, kept = time.monotonic() - self._interval_start, self._interval['kept']
+    values = {key: self._interval[key] / kept for key in ('loss', 'accuracy', 'grad_norm')
+              if kept}
     values.update(lr=self._lr, tokens_per_s=self._interval['tokens'] / seconds,
                   steps_per_s=self._interval['steps'] / seconds, skipped_updates=self.skipped)
     self._interval.clear()

@@ -225,8 +225,12 @@ def _save(manager: Any, step: int, state: TrainState, rng: Array, meta: dict[str
 
 
 def _average(workdir: pathlib.Path, manager: Any, train_cfg: TrainConfig, summary: dict) -> None:
-  """The end-of-run averages: the last average_last checkpoints ('averaged') and the best
-  average_best by validation best_metric ('averaged_best'), each when there are enough."""
+  """The end-of-run averages of a run that finished (or stopped early), not one preempted: the
+  last average_last checkpoints ('averaged') and the best average_best by validation
+  best_metric ('averaged_best'), each when there are enough."""
+  finished = summary['step'] == train_cfg.num_steps or summary.get('stopped_early')
+  if not finished or summary['preempted']:
+    return
   available = len(manager.all_steps())
   if train_cfg.average_last and available >= train_cfg.average_last:
     summary['averaged'] = str(checkpoint.save_average(workdir, train_cfg.average_last))
@@ -262,19 +266,23 @@ def validation_metrics(p_eval_step: Any, p_state: TrainState,
 
 
 def _translate_validation(translator: Translator, params: Any, text: data_lib.ParallelText,
-                          train_cfg: TrainConfig) -> tuple[float | None, str]:
-  """(sacreBLEU of the first bleu_sentences validation sentences or None, a markdown table of
-  the first sample_translations: source, hypothesis, reference), decoded as in §6.1 by the
-  run's one translator (its searches compiled at the first evaluation only)."""
+                          train_cfg: TrainConfig, result: dict[str, float],
+                          sink: monitor.MetricsSink, step: int) -> None:
+  """result['bleu']: sacreBLEU of the first bleu_sentences validation sentences (if any), and to
+  TensorBoard a markdown table of the first sample_translations (source, hypothesis,
+  reference), decoded as in §6.1 by the run's one translator (its searches compiled at the
+  first evaluation only)."""
   count = max(train_cfg.bleu_sentences, train_cfg.sample_translations)
   translator.params = params
   hypotheses = translator.translate(text.src[:count])
-  bleu = scoring.sacre_bleu(hypotheses, text.tgt[:train_cfg.bleu_sentences])[0] \
-      if train_cfg.bleu_sentences else None
-  cell = lambda s: s.replace('|', '\\|')  # noqa: E731
-  rows = [f'| {cell(src)} | {cell(hyp)} | {cell(ref)} |' for src, hyp, ref in
-          list(zip(text.src, hypotheses, text.tgt))[:train_cfg.sample_translations]]
-  return bleu, '\n'.join(['| source | hypothesis | reference |', '|---|---|---|', *rows])
+  if train_cfg.bleu_sentences:
+    result['bleu'] = scoring.sacre_bleu(hypotheses, text.tgt[:train_cfg.bleu_sentences])[0]
+  if train_cfg.sample_translations:
+    cell = lambda s: s.replace('|', '\\|')  # noqa: E731
+    rows = [f'| {cell(src)} | {cell(hyp)} | {cell(ref)} |' for src, hyp, ref in
+            list(zip(text.src, hypotheses, text.tgt))[:train_cfg.sample_translations]]
+    sink.text(step, 'samples', '\n'.join(['| source | hypothesis | reference |', '|---|---|---|',
+                                          *rows]))
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -316,23 +324,61 @@ def _on_skip(step: int, skipped: int) -> None:
   log.warning('step %d: non-finite loss, update skipped (%d so far)', step, skipped)
 
 
-def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
-                       workdir: str | pathlib.Path,
-                       pipeline: pipeline_lib.Pipeline) -> dict[str, Any]:
-  """Trains `config` on the pipeline's batches, resuming from the workdir.
-
-  Returns a summary: final step, last train metrics, last evaluation, the newest checkpoint,
-  the averaged checkpoint (if any), whether training stopped on SIGTERM/SIGINT ('preempted'),
-  and 'stopped_early' when the patience ran out (the average is made then too).
-  """
-  workdir = pathlib.Path(workdir)
-  if train_cfg.average_best and pipeline.validation is None:
+def _checkpoint_manager(workdir: pathlib.Path, train_cfg: TrainConfig, validated: bool) -> Any:
+  """The run's checkpoints: the newest keep_checkpoints (at least average_last), and the best
+  average_best by validation metric (which needs a validation set)."""
+  if train_cfg.average_best and not validated:
     raise TrainingError('average_best ranks checkpoints by validation metrics: give a '
                         'validation set (--eval-src/--eval-tgt), or set average_best=0.')
-  manager = checkpoint.make_manager(
+  return checkpoint.make_manager(
       workdir / 'checkpoints',
       max_to_keep=max(train_cfg.keep_checkpoints, train_cfg.average_last, 1),
       keep_best=(train_cfg.average_best, train_cfg.best_metric) if train_cfg.average_best else None)
+
+
+def _log_metrics(step: int, values: dict[str, Any], reader: monitor.MetricReader,
+                 sink: monitor.MetricsSink) -> None:
+  """The interval's train metrics to TensorBoard, metrics.jsonl and the progress bar."""
+  values.clear()
+  values.update(reader.interval())
+  sink.scalars(step, 'train', values)
+  loss = f'{values["loss"]:.3f}' if 'loss' in values else 'skipped'
+  sink.progress.set_postfix(loss=loss, lr=f'{values["lr"]:.2e}',
+                            tok_s=f'{values["tokens_per_s"]:.0f}')
+
+
+def _stop(step: int, summary: dict[str, Any], manager: Any, save: Callable[[int], None],
+          signal: str | None, patience: 'Patience | None') -> None:
+  """Ends the loop early: out of patience (saving this step), or preempted (its save
+  committed); says which in the summary and the log."""
+  if patience is not None:
+    save(step)  # (a no-op if this step saved already)
+    summary['stopped_early'] = True
+    log.info('step %d: no better validation loss in %d evaluations (best %.4f): stopped '
+             'early.', step, patience.since, patience.best)
+  else:
+    manager.wait_until_finished()
+    summary['preempted'] = True
+    log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
+                signal or 'stop', step, manager.directory / str(step))
+
+
+def _nonfinite_error(e: monitor.NonFiniteLoss, manager: Any) -> 'TrainingError':
+  latest = manager.latest_step()
+  return TrainingError(
+      f'{e}. The last good checkpoint is '
+      f'{manager.directory / str(latest) if latest is not None else "none (no save yet)"}'
+      '; resume from it with a lower learning rate or --skip-nonfinite.')
+
+
+def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
+                       workdir: str | pathlib.Path,
+                       pipeline: pipeline_lib.Pipeline) -> dict[str, Any]:
+  """Trains `config` on the pipeline's batches, resuming from the workdir. Returns a summary:
+  final step, last train metrics and evaluation, the newest and averaged checkpoints, and
+  'preempted' (SIGTERM/SIGINT) or 'stopped_early' (patience ran out; averaged then too)."""
+  workdir = pathlib.Path(workdir)
+  manager = _checkpoint_manager(workdir, train_cfg, pipeline.validation is not None)
   state, rng = init_or_restore(config, train_cfg, pipeline, manager)
   start_step = int(state.step)
   meta = checkpoint.make_meta(config, pipeline.tokenizer.model_proto)
@@ -350,10 +396,7 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
   patience, stop_early = Patience(train_cfg.patience), False
 
   def log_metrics(step: int) -> None:
-    values = summary['train'] = reader.interval()
-    sink.scalars(step, 'train', values)
-    sink.progress.set_postfix(loss=f'{values["loss"]:.3f}', lr=f'{values["lr"]:.2e}',
-                              tok_s=f'{values["tokens_per_s"]:.0f}')
+    _log_metrics(step, summary.setdefault('train', {}), reader, sink)
 
   def evaluate(step: int) -> None:
     """Validation loss, perplexity and accuracy (all hosts); on process 0 also sacreBLEU and
@@ -363,12 +406,8 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
     stop_early = patience.update(result['loss'])  # the same on every host: an all-host sum
     if (train_cfg.bleu_sentences or train_cfg.sample_translations) and sink.enabled:
       translator = translator or Translator(None, config, pipeline.tokenizer)
-      bleu, samples = _translate_validation(translator, parallel.unreplicate(p_state.params),
-                                            pipeline.validation_text, train_cfg)
-      if bleu is not None:
-        result['bleu'] = bleu
-      if train_cfg.sample_translations:
-        sink.text(step, 'samples', samples)
+      _translate_validation(translator, parallel.unreplicate(p_state.params),
+                            pipeline.validation_text, train_cfg, result, sink, step)
     sink.scalars(step, 'eval', result)
     if train_cfg.average_best:  # a checkpoint at every evaluation, ranked by its metric
       save(step, {'loss': result['loss']} if train_cfg.best_metric == 'loss' else
@@ -400,30 +439,15 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
           sink.progress.update(reader.read())
         for action in now:
           action.run(step)
-        if stop_early:
-          save(step)  # (a no-op if this step saved already)
-          summary['stopped_early'] = True
-          log.info('step %d: no better validation loss in %d evaluations (best %.4f): stopped '
-                   'early.', step, patience.since, patience.best)
-          break
-        if preempted:
-          manager.wait_until_finished()
-          summary['preempted'] = True
-          log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
-                      guard.signal or 'stop', step, manager.directory / str(step))
+        if stop_early or preempted:
+          _stop(step, summary, manager, save, guard.signal, patience if stop_early else None)
           break
   except monitor.NonFiniteLoss as e:
-    latest = manager.latest_step()
-    raise TrainingError(
-        f'{e}. The last good checkpoint is '
-        f'{manager.directory / str(latest) if latest is not None else "none (no save yet)"}'
-        '; resume from it with a lower learning rate or --skip-nonfinite.') from None
+    raise _nonfinite_error(e, manager) from None
   finally:
     device_batches.close()
     manager.wait_until_finished()
   summary.update(step=int(parallel.unreplicate(p_state.step)), skipped_updates=reader.skipped,
                  checkpoint=str(manager.directory / str(manager.latest_step())))
-  finished = summary['step'] == train_cfg.num_steps or summary.get('stopped_early')
-  if finished and not summary['preempted']:
-    _average(workdir, manager, train_cfg, summary)
+  _average(workdir, manager, train_cfg, summary)
   return summary

@@ -2,8 +2,10 @@
 
 import importlib.util
 import json
+import os
 import pathlib
 import re
+import stat
 import sys
 
 import jax
@@ -73,6 +75,11 @@ def test_export_round_trips_through_from_pretrained(workdir, tmp_path):
   sentences = ['the man sees a dog', 'a small red house', '']
   assert exported.translate(sentences) == averaged.translate(sentences)
   assert json.loads((out / 'config.json').read_text())['step'] == 4
+  umask = os.umask(0)
+  os.umask(umask)
+  for path in [*out.iterdir(), workdir / 'spm.model', *workdir.glob('cache/tokens-*')]:
+    want = (0o777 if path.is_dir() else 0o666) & ~umask  # before: 0600 and 0700, owner only
+    assert stat.S_IMODE(path.stat().st_mode) == want, path
 
 
 def test_a_damaged_or_partial_export_is_a_one_line_error(workdir, tmp_path, capsys):

@@ -4,6 +4,7 @@ The wheel is built from this checkout and installed into a folder of its own; ev
 runs from an empty folder with only that install (and the venv's dependencies) importable.
 """
 
+import ast
 import json
 import os
 import pathlib
@@ -101,3 +102,13 @@ def test_licence_citation_and_changelog_match_the_package():
   assert citation['license'] == project['license']
   assert citation['preferred-citation']['title'] == 'Attention Is All You Need'
   assert (ROOT / 'CHANGELOG.md').read_text().startswith('# Changelog')
+
+
+def test_no_function_of_the_package_is_over_80_lines():
+  """The house rule (docs/ARCHITECTURE.md): a longer function becomes a list of named steps."""
+  long = []
+  for path in sorted((ROOT / 'jaxformer').rglob('*.py')):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.FunctionDef) and node.end_lineno - node.lineno + 1 > 80:
+        long.append(f'{path.relative_to(ROOT)}:{node.lineno} {node.name}')
+  assert long == []

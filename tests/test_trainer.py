@@ -271,6 +271,14 @@ def test_skip_nonfinite_skips_and_counts(tmp_path, monkeypatch):
   assert summary['skipped_updates'] == 1 and summary['step'] == 4
   params, *_ = checkpoint.load(tmp_path)
   assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(params))
+  # The interval of the skipped step 3 averages step 4 alone: metrics.jsonl stays valid JSON
+  # (before: its loss was NaN, which JSON has no word for).
+  def strict(word):
+    raise AssertionError(f'{word} in metrics.jsonl')
+  records = [json.loads(line, parse_constant=strict)
+             for line in (tmp_path / 'metrics.jsonl').open()]
+  train_losses = {r['step']: r['loss'] for r in records if r['split'] == 'train'}
+  assert sorted(train_losses) == [2, 4] and all(np.isfinite(list(train_losses.values())))
 
 
 def test_logged_lr_is_the_rate_applied_after_a_skipped_update(tmp_path, monkeypatch):

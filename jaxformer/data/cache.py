@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxformer.data.sources import DataError, PairSource
-from jaxformer.data.tokenizer import EOS_ID, Tokenizer
+from jaxformer.data.tokenizer import EOS_ID, Tokenizer, respect_umask
 
 log = logging.getLogger(__name__)
 _CHUNK = 50_000  # pairs per sentencepiece call (and per progress-bar tick)
@@ -188,6 +188,7 @@ def _write_cache(text: PairSource, tokenizer: Tokenizer, max_len: int, path: pat
   tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + _PARTIAL))
   try:
     _tokenize(text, tokenizer, max_len, tmp, fingerprint)
+    respect_umask(tmp)
     os.replace(tmp, path)
   except OSError as e:
     shutil.rmtree(tmp, ignore_errors=True)

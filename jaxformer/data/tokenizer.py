@@ -143,12 +143,22 @@ def _check_record(model_path: pathlib.Path, record: dict[str, Any]) -> None:
         "workdir's cache/) to train a new vocabulary.")
 
 
+def respect_umask(path: str | os.PathLike) -> None:
+  """Gives `path` the permissions the umask gives a new file or folder: tempfile's files and
+  folders, and safetensors' files, are made for their owner alone (0600, 0700), so a model or
+  workdir shared with a group could not be read."""
+  mask = os.umask(0)
+  os.umask(mask)
+  os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~mask)
+
+
 def _write_atomically(path: pathlib.Path, content: bytes) -> None:
   """A temporary file of this writer's own, renamed into place: readers never see half a file,
   and processes that write the same file at once never share a temporary one."""
   with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f'.{path.name}.', suffix='.partial',
                                    delete=False) as partial:
     partial.write(content)
+  respect_umask(partial.name)
   os.replace(partial.name, path)
 
 
