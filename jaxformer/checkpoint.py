@@ -331,7 +331,8 @@ def save_average(workdir: str | pathlib.Path, last_n: int | None = None, *,
   steps = best_steps(workdir, best, metric) if best else last_steps(workdir, last_n)
   meta = newest_meta(workdir)[1]
   out = pathlib.Path(workdir) / (f'average-best{best}' if best else f'average-last{last_n}')
-  with locked(workdir, 'averaging'):  # two averages at once each deleted the other's step
+  first = jax.process_index() == 0  # every process of a run saves; the first holds the lock
+  with locked(workdir, 'averaging') if first else contextlib.nullcontext():
     target = make_manager(out, items=('params', 'meta'))
     if steps[-1] in target.all_steps():
       target.delete(steps[-1])

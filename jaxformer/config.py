@@ -98,12 +98,15 @@ class Execution:
 
   def __post_init__(self):
     if self.attention not in ('einsum', 'fused'):
-      raise SettingError(f"attention must be 'einsum' or 'fused', got {self.attention!r}.")
+      raise SettingError(f"model.execution.attention must be 'einsum' or 'fused', got "
+                         f'{self.attention!r}.')
     for name in _DTYPE_FIELDS:
       if jnp.dtype(getattr(self, name)) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-        raise SettingError(f'{name} must be float32 or bfloat16, got {getattr(self, name)}.')
+        raise SettingError(f'model.execution.{name} must be float32 or bfloat16, got '
+                           f'{getattr(self, name)}.')
     if self.dropout_rng not in DROPOUT_RNGS:
-      raise SettingError(f'dropout_rng must be one of {DROPOUT_RNGS}, got {self.dropout_rng!r}.')
+      raise SettingError(f'model.execution.dropout_rng must be one of {DROPOUT_RNGS}, got '
+                         f'{self.dropout_rng!r}.')
     check_fields(self, 'model.execution', {'loss_chunk': AT_LEAST_1})
 
 
@@ -300,6 +303,12 @@ class TrainConfig:
     if self.best_metric == 'bleu' and self.average_best and not self.bleu_sentences:
       raise SettingError('best_metric=bleu needs validation BLEU: set bleu_sentences (e.g. '
                          '--set train.bleu_sentences=1000).')
+
+  def check_rows(self, config: TransformerConfig) -> None:
+    """SettingError when rows are shorter than the model's longest sentences."""
+    if self.row_len < config.max_len:
+      raise SettingError(f'row_len={self.row_len} is shorter than max_len={config.max_len}: the '
+                         'longest pairs would not fit in a row; set row_len >= max_len.')
 
   def computed(self, config: TransformerConfig) -> TransformerConfig:
     """The config the steps compute with: the fast path's when it is on (by default on GPU)."""

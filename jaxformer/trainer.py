@@ -297,6 +297,7 @@ def train(config: TransformerConfig, train_cfg: TrainConfig, workdir: str | path
   One run at a time per workdir: process 0 holds its lock (checkpoint.locked), and a second run
   on the same workdir stops at once, naming the process that holds it."""
   check_backend(train_cfg)
+  train_cfg.check_rows(config)  # before the workdir is made
   first = jax.process_index() == 0  # the other processes of this run share the workdir
   with checkpoint.locked(pipeline_lib.make_workdir(workdir), 'a training run') if first \
       else contextlib.nullcontext():

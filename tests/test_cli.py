@@ -68,12 +68,12 @@ def test_params_command_prints_the_documented_counts(capsys, preset, count):
     (['--set', 'model.qk_dim=x'], "error: --set model.qk_dim: expected int or None, got 'x'."),
     (['--set', 'model.pre_ln=maybe'], "error: --set model.pre_ln: expected bool, got 'maybe'."),
     (['--set', 'model.execution.dtype=int8'],
-     'error: --set: dtype must be float32 or bfloat16, got int8.'),
+     'error: model.execution.dtype must be float32 or bfloat16, got int8.'),
     (['--set', 'model.execution.dtype=half-ish'],
      "error: --set model.execution.dtype: expected float32 or bfloat16, got 'half-ish'."),
     (['--set', 'model.execution.attention=flash'],
-     "error: --set: attention must be 'einsum' or 'fused', got 'flash'."),
-    (['--set', 'data.source=web'], "error: --set: data.source must be 'wmt14', 'text' or "
+     "error: model.execution.attention must be 'einsum' or 'fused', got 'flash'."),
+    (['--set', 'data.source=web'], "error: data.source must be 'wmt14', 'text' or "
                                    "'embedded', got 'web'.")])
 def test_train_refuses_bad_settings_before_any_work(tmp_path, capsys, flags, message):
   argv = ['train', '--config', str(ROOT / 'tests' / 'tiny_config.py'), '--workdir',

@@ -135,9 +135,7 @@ def build(workdir: str | pathlib.Path, model: TransformerConfig, train: TrainCon
 
   A fresh run refuses a vocabulary trained on other data or settings; a run that resumes keeps
   the one its checkpoints hold (their data positions say whether the data changed)."""
-  if train.row_len < model.max_len:
-    raise SettingError(f'row_len={train.row_len} is shorter than max_len={model.max_len}: the '
-                       'longest pairs would not fit in a row; set row_len >= max_len.')
+  train.check_rows(model)
   workdir = make_workdir(workdir)
   resuming = any(path.name.isdigit() for path in (workdir / 'checkpoints').glob('*'))
   tokenizer, corpus, validation_corpus = prepare(

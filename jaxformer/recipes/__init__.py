@@ -29,6 +29,7 @@ class Recipe:
   data: DataConfig
 
   def __post_init__(self):
+    self.train.check_rows(self.model)
     wanted = [name for name in ('patience', 'bleu_sentences', 'average_best')
               if getattr(self.train, name)]
     if wanted and not self.data.has_validation:
