@@ -34,18 +34,20 @@ FILES = ('config.json', 'spm.model', 'params.safetensors')
 
 def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_model: bytes, *,
          step: int) -> pathlib.Path:
-  """Writes the three files into `out` (created if needed) and returns it."""
+  """Writes the three files into `out` (created if needed) and returns it; one writer at a
+  time (a second export into `out` meanwhile is a CheckpointError naming the first)."""
   out = _folder(out)
   tensors = {key: np.ascontiguousarray(value) for key, value in
              traverse_util.flatten_dict(params, sep='/').items()}
-  safetensors.numpy.save_file(tensors, out / 'params.safetensors')
-  respect_umask(out / 'params.safetensors')
-  (out / 'spm.model').write_bytes(spm_model)
-  (out / 'config.json').write_text(json.dumps(
-      {'format': 'jaxformer', 'version': jaxformer.__version__, 'step': step,
-       'spm_sha256': hashlib.sha256(spm_model).hexdigest(),
-       'spm_pieces': Tokenizer.from_bytes(spm_model).vocab_size,
-       'model': config_to_dict(config)}, indent=2) + '\n')
+  with checkpoint.locked(out.parent, f'writing {out.name}'):
+    safetensors.numpy.save_file(tensors, out / 'params.safetensors')
+    respect_umask(out / 'params.safetensors')
+    (out / 'spm.model').write_bytes(spm_model)
+    (out / 'config.json').write_text(json.dumps(
+        {'format': 'jaxformer', 'version': jaxformer.__version__, 'step': step,
+         'spm_sha256': hashlib.sha256(spm_model).hexdigest(),
+         'spm_pieces': Tokenizer.from_bytes(spm_model).vocab_size,
+         'model': config_to_dict(config)}, indent=2) + '\n')
   return out
 
 

@@ -5,7 +5,9 @@ import json
 import os
 import pathlib
 import re
+import socket
 import stat
+import subprocess
 import sys
 
 import jax
@@ -150,3 +152,22 @@ def test_options_that_do_not_apply_to_an_exported_folder_are_refused(exported, c
   assert _one_line_error(['export', '--model', str(exported), str(exported.parent / 'again')],
                          capsys).endswith('not an exported model (missing spm.model); '
                                           '`jaxformer export WORKDIR OUT` writes one.')
+
+
+def test_one_export_into_a_folder_at_a_time(workdir, tmp_path, capsys):
+  """An export into a folder another export is writing is refused in one line naming it."""
+  out = tmp_path / 'export'
+  out.mkdir()
+  code = ('import time\nfrom jaxformer import checkpoint\n'
+          f'with checkpoint.locked({str(tmp_path)!r}, "writing export"):\n'
+          '  print("held", flush=True)\n  time.sleep(300)\n')
+  holder = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == 'held'
+    assert _one_line_error(['export', '--model', str(workdir), str(out)], capsys) == (
+        f'error: {tmp_path} is in use: writing export by pid {holder.pid} on '
+        f'{socket.gethostname()} holds it. Wait for that to end, or use another folder.')
+  finally:
+    holder.kill()
+    holder.wait()
+  assert cli.main(['export', '--model', str(workdir), str(out)]) == 0
