@@ -155,14 +155,17 @@ def save(manager: ocp.CheckpointManager, step: int, *, params: PyTree, meta: dic
   manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
 
 
-def drop_old_train_state(manager: ocp.CheckpointManager, keep: int, saving: int) -> list[int]:
-  """Removes the `train` item (optimiser state, step, rng) from every checkpoint but the newest
-  `keep`, counting step `saving` (just started): older ones are for averaging, which reads params
-  only, and Adam's two moments are twice the params' size. Call on one process after `save`
-  (orbax has then finished every earlier step). Returns the steps it pruned."""
+def drop_old_train_state(manager: ocp.CheckpointManager, keep: int,
+                         saving: int | None = None) -> list[int]:
+  """Removes the `train` item (optimiser state, step, rng) from every committed checkpoint but
+  the newest `keep`: older ones are for averaging, which reads params only, and Adam's two
+  moments are twice the params' size. Step `saving`, still being written, does not count: what
+  resume needs is never removed before its replacement has committed, so a kill -9 during a
+  save leaves the newest committed checkpoint resumable whatever `keep` is. Call on one process
+  after `save` (orbax has then finished every earlier step). Returns the steps it pruned."""
   finished = sorted(step for step in manager.all_steps() if step != saving and
                     (pathlib.Path(manager.directory) / str(step) / 'train').exists())
-  pruned = finished[:max(len(finished) - (keep - 1), 0)]
+  pruned = finished[:max(len(finished) - keep, 0)]
   for step in pruned:
     shutil.rmtree(pathlib.Path(manager.directory) / str(step) / 'train')
   return pruned

@@ -224,6 +224,13 @@ def _save(manager: Any, step: int, state: TrainState, rng: Array, meta: dict[str
     checkpoint.drop_old_train_state(manager, keep_train_state, saving=step)
 
 
+def _finish_saves(manager: Any, keep_train_state: int) -> None:
+  """Waits for the last save to commit, then removes the optimiser state it made redundant."""
+  manager.wait_until_finished()
+  if jax.process_index() == 0:
+    checkpoint.drop_old_train_state(manager, keep_train_state)
+
+
 def _average(workdir: pathlib.Path, manager: Any, train_cfg: TrainConfig, summary: dict) -> None:
   """The end-of-run averages of a run that finished (or stopped early), not one preempted: the
   last average_last checkpoints ('averaged') and the best average_best by validation
@@ -447,7 +454,7 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
     raise _nonfinite_error(e, manager) from None
   finally:
     device_batches.close()
-    manager.wait_until_finished()
+    _finish_saves(manager, train_cfg.keep_train_state)
   summary.update(step=int(parallel.unreplicate(p_state.step)), skipped_updates=reader.skipped,
                  checkpoint=str(manager.directory / str(manager.latest_step())))
   _average(workdir, manager, train_cfg, summary)

@@ -141,3 +141,22 @@ def test_one_average_at_a_time_and_a_killed_holder_blocks_nothing(workdir, capsy
     holder.kill()
     holder.wait()
   assert cli.main(['average', '--workdir', str(workdir), '--last', '2']) == 0
+
+
+def test_resume_state_is_kept_until_its_replacement_commits(tmp_path):
+  """keep_train_state=1: step 2's optimiser state stays while step 4 is being saved (a kill -9
+  then left no resumable checkpoint, and the rerun started from step 0), and goes once 4 has
+  committed."""
+  state = jax.device_get(train.create_train_state(CFG, jax.random.key(0)))
+  manager = checkpoint.make_manager(tmp_path)
+  item = {'opt_state': state.opt_state, 'step': 0, 'rng': np.zeros(2, np.uint32)}
+  meta = checkpoint.make_meta(CFG, b'spm')
+  for step in (2, 4):
+    checkpoint.save(manager, step, params=state.params, meta=meta, train=item)
+    if step == 2:
+      manager.wait_until_finished()
+  assert checkpoint.drop_old_train_state(manager, 1, saving=4) == []  # 4 not yet committed
+  assert (tmp_path / '2' / 'train').is_dir()
+  manager.wait_until_finished()
+  assert checkpoint.drop_old_train_state(manager, 1) == [2]
+  assert not (tmp_path / '2' / 'train').exists() and (tmp_path / '4' / 'train').is_dir()
