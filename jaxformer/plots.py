@@ -93,7 +93,8 @@ def save_learning_curve(metrics_jsonl: str | pathlib.Path, path: str | pathlib.P
   training run's metrics.jsonl."""
   import json  # pylint: disable=g-import-not-at-top
   rows = [json.loads(line) for line in pathlib.Path(metrics_jsonl).read_text().splitlines()]
-  train = [(r['step'], r['loss'], r['lr']) for r in rows if r['split'] == 'train']
+  train = [(r['step'], r['loss'], r['lr']) for r in rows  # an interval of skipped steps has no loss
+           if r['split'] == 'train' and 'loss' in r]
   evals = [(r['step'], r['loss']) for r in rows if r['split'] == 'eval']
   fig, ax = plt.subplots(figsize=(8, 4.5))
   if train:

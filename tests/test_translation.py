@@ -77,13 +77,3 @@ def test_learned_positions_translate_sources_longer_than_the_table(tmp_path):
   row_e = translation.Translator.from_checkpoint(str(tmp_path), batch_size=2)
   outputs = row_e.translate(['the dog', 'a small red house with a big cat ' * 5, 'the man ' * 40])
   assert len(outputs) == 3 and all(len(row_e.tokenizer.encode([o])[0]) <= 64 for o in outputs)
-
-
-def test_cross_attention_rows_are_distributions_over_real_source_pieces(translator):
-  from jaxformer import plots
-  src, tgt, layers = plots.cross_attention(translator, SENTENCES[0])
-  assert len(layers) == translator.config.num_layers
-  for weights in layers:
-    assert weights.shape == (translator.config.num_heads, len(tgt), len(src))
-    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
-  assert src[-1] == '</s>' and tgt[-1] == '</s>'
