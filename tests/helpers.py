@@ -95,3 +95,13 @@ def train_command(workdir: pathlib.Path, src: pathlib.Path, tgt: pathlib.Path,
   return [sys.executable, str(TESTS.parent / 'experiments' / 'train.py'), '--config',
           str(TESTS / 'tiny_config.py'), '--workdir', str(workdir), '--source', 'text',
           '--train-src', str(src), '--train-tgt', str(tgt), *extra]
+
+
+def hold_lock(folder: pathlib.Path, what: str) -> subprocess.Popen:
+  """Another process holding `folder`'s lock for `what` (checkpoint.locked) until killed."""
+  code = ('import time\nfrom jaxformer import checkpoint\n'
+          f'with checkpoint.locked({str(folder)!r}, {what!r}):\n'
+          '  print("held", flush=True)\n  time.sleep(300)\n')
+  holder = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline().strip() == 'held'
+  return holder

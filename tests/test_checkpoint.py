@@ -2,14 +2,12 @@
 
 import shutil
 import socket
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import CFG, TEXT, assert_trees_equal, synthetic_text
+from helpers import CFG, TEXT, assert_trees_equal, hold_lock, synthetic_text
 from helpers import train_settings as _tc
 
 from jaxformer import checkpoint, cli, data, train, trainer
@@ -117,20 +115,10 @@ def test_best_metric_settings_are_checked():
     _tc(average_best=-1)
 
 
-def _hold(folder, what: str) -> subprocess.Popen:
-  """Another process holding `folder`'s lock for `what`, until killed."""
-  code = ('import sys, time\nfrom jaxformer import checkpoint\n'
-          f'with checkpoint.locked({str(folder)!r}, {what!r}):\n'
-          '  print("held", flush=True)\n  time.sleep(300)\n')
-  holder = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
-  assert holder.stdout.readline().strip() == 'held'
-  return holder
-
-
 def test_one_average_at_a_time_and_a_killed_holder_blocks_nothing(workdir, capsys):
   """Two `jaxformer average` at once: the second is refused in one line naming the first
   (before: orbax tracebacks, each deleting the other's step); kill -9 frees the lock."""
-  holder = _hold(workdir, 'averaging')
+  holder = hold_lock(workdir, 'averaging')
   try:
     assert cli.main(['average', '--workdir', str(workdir), '--last', '2']) == 1
     err = capsys.readouterr().err.strip().splitlines()

@@ -7,13 +7,12 @@ import pathlib
 import re
 import socket
 import stat
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
-from helpers import synthetic_text
+from helpers import hold_lock, synthetic_text
 
 from jaxformer import checkpoint, cli, config, data, export, train, translation
 
@@ -158,12 +157,8 @@ def test_one_export_into_a_folder_at_a_time(workdir, tmp_path, capsys):
   """An export into a folder another export is writing is refused in one line naming it."""
   out = tmp_path / 'export'
   out.mkdir()
-  code = ('import time\nfrom jaxformer import checkpoint\n'
-          f'with checkpoint.locked({str(tmp_path)!r}, "writing export"):\n'
-          '  print("held", flush=True)\n  time.sleep(300)\n')
-  holder = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+  holder = hold_lock(tmp_path, 'writing export')
   try:
-    assert holder.stdout.readline().strip() == 'held'
     assert _one_line_error(['export', '--model', str(workdir), str(out)], capsys) == (
         f'error: {tmp_path} is in use: writing export by pid {holder.pid} on '
         f'{socket.gethostname()} holds it. Wait for that to end, or use another folder.')

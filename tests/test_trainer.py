@@ -6,7 +6,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import jax
@@ -16,6 +15,7 @@ from helpers import (
   CFG,
   TEXT,
   assert_trees_equal,
+  hold_lock,
   start_worker,
   synthetic_text,
   train_command,
@@ -391,12 +391,8 @@ def test_average_best_needs_a_validation_set(tmp_path):
 def test_a_second_run_on_a_workdir_in_use_stops_naming_the_first(tmp_path, capsys):
   """Two runs on one workdir both trained before, the second from step 0 beside the first,
   mixing their checkpoints; now the second stops at once with one line."""
-  code = ('import time\nfrom jaxformer import checkpoint\n'
-          f'with checkpoint.locked({str(tmp_path)!r}, "a training run"):\n'
-          '  print("held", flush=True)\n  time.sleep(300)\n')
-  first = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
+  first = hold_lock(tmp_path, 'a training run')
   try:
-    assert first.stdout.readline().strip() == 'held'
     with pytest.raises(checkpoint.CheckpointError, match=rf'^{tmp_path} is in use: a training '
                        rf'run by pid {first.pid} on \S+ holds it\. Wait for that to end'):
       trainer.train(CFG, _tc(), tmp_path, TEXT)
