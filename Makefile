@@ -59,7 +59,7 @@ install: $(STAMP)
 jax-extra:
 	@echo $(JAX_EXTRA)
 
-# Two pytest workers (pytest-xdist), each running whole test files: 17 min on 2 cores
+# Two pytest workers (pytest-xdist), each running whole test files: 18 min on 2 cores
 # (2026-11-24, from a fresh clone).
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10
