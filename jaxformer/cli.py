@@ -232,9 +232,9 @@ def load_model(path: str, average_last: int | None) -> tuple[Any, Any, bytes, in
 def translator(path: str, args: argparse.Namespace) -> Translator:
   """A Translator of a workdir, checkpoint folder or exported folder."""
   params, config, spm_model, _ = load_model(path, args.average_last)
-  return Translator(params, config, data.Tokenizer.from_bytes(spm_model, f'{path}/spm.model'),
-                    beam_size=args.beam, alpha=args.alpha, extra_length=args.extra_length,
-                    batch_size=args.batch_size)
+  tokenizer = data.Tokenizer.from_bytes(spm_model, f'the vocabulary of {path}')
+  return Translator(params, config, tokenizer, beam_size=args.beam, alpha=args.alpha,
+                    extra_length=args.extra_length, batch_size=args.batch_size)
 
 
 # --- eval -----------------------------------------------------------------------------------------
