@@ -1,5 +1,5 @@
-"""experiments/gpu_check.py: a new host's checks fail on what is broken (tests/test_makefile.py
-runs `make gpu-check` whole)."""
+"""experiments/gpu_check.py (`make gpu-check`): it passes on this CPU, and its checks fail on
+what is broken."""
 
 import pathlib
 import re
@@ -12,6 +12,20 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'experiments'))
 import gpu_check  # noqa: E402
+
+
+@pytest.mark.slow
+def test_gpu_check_passes_on_cpu(capsys):
+  assert gpu_check.main(['--fused-steps', '5']) == 0
+  out = capsys.readouterr().out
+  assert out.startswith('cpu: ') and 'no GPU: jax runs on cpu' in out
+  rows = re.findall(r'^(.+?)\s{2,}(pass|FAIL)\s', out, flags=re.M)
+  assert [name for name, _ in rows] == [
+      'devices', 'fused attention == einsum', 'fused attention trains, packed rows',
+      'training, bfloat16 fast path', 'cached == uncached decoding',
+      'checkpoint save/restore/average']
+  assert {result for _, result in rows} == {'pass'}
+  assert '6 passed, 0 failed' in out
 
 
 def test_the_table_fails_what_failed_and_skips_what_needs_it(monkeypatch, capsys):
@@ -43,7 +57,7 @@ def test_gpu_check_fails_attention_that_scales_its_output_and_too_little_trainin
   fused = jax.nn.dot_product_attention
   monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, **k: 1.5 * fused(*a, **k))
   with pytest.raises(AssertionError, match=r'^rows of 64: relative error to float32: logits'):
-    gpu_check.check_fused_attention()
+    gpu_check.check_fused_attention((64,))
   monkeypatch.undo()
   with pytest.raises(AssertionError, match=r'^loss \S+ -> \S+ in 10 steps'):
     gpu_check.check_training(10)
@@ -59,6 +73,6 @@ def test_gpu_check_fails_non_finite_attention_gradients(monkeypatch):
   monkeypatch.setattr(jax.nn, 'dot_product_attention', nan_gradients)
   with pytest.raises(AssertionError, match=r'rows of 64: relative error to float32: logits '
                      r'\S+ \(einsum .*gradients nan'):
-    gpu_check.check_fused_attention()
+    gpu_check.check_fused_attention((64,))
   with pytest.raises(AssertionError, match=r'^rows of 64 \(XLA\): non-finite from step 1$'):
     gpu_check.check_fused_training(1, (64,))  # and training through it stops at once

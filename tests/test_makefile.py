@@ -88,20 +88,11 @@ def test_the_cuda_extras_resolve_to_a_plugin_of_the_same_version(tmp_path):
     assert versions[name] == jax_version, (name, versions)
 
 
-@pytest.mark.slow
-def test_make_gpu_check_passes_on_cpu():
-  result = subprocess.run(['make', '-s', 'gpu-check', 'ARGS=--fused-steps 5'], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-  assert result.returncode == 0, result.stdout + result.stderr
-  out = result.stdout
-  assert out.startswith('cpu: ') and 'no GPU: jax runs on cpu' in out
-  rows = re.findall(r'^(.+?)\s{2,}(pass|FAIL)\s', out, flags=re.M)
-  assert [name for name, _ in rows] == [
-      'devices', 'fused attention == einsum', 'fused attention trains, packed rows',
-      'training, bfloat16 fast path', 'cached == uncached decoding',
-      'checkpoint save/restore/average']
-  assert {result for _, result in rows} == {'pass'}
-  assert '6 passed, 0 failed' in out
+def test_make_gpu_check_runs_the_check_script_with_its_args():
+  """`make gpu-check` is the script (tests/test_gpu_check.py runs it whole, on this CPU)."""
+  result = _make('-n', 'gpu-check', 'ARGS=--fused-steps 5')
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip().endswith('experiments/gpu_check.py --fused-steps 5')
 
 
 def test_make_train_base_refuses_a_cpu_backend_before_reading_data(tmp_path):
