@@ -25,7 +25,7 @@ PAGES = [ROOT / 'README.md', *sorted(p for p in (ROOT / 'docs').glob('*.md')
                                      if p.name != 'benchmarks-log.md')]
 BLOCK = re.compile(r'(?:<!-- not run: ([^>]*?) -->\n)?^```(\w+)\n(.*?)^```', flags=re.S | re.M)
 # Appended to a `jaxformer train` that the docs give, so that it runs in seconds here.
-TINY = {'multi30k': ' --set model.vocab_size=1000 --set train.num_steps=2'}
+TINY = {'multi30k': ' --set model.vocab_size=1000 --set model.num_layers=1 --set train.num_steps=2'}
 
 
 def _blocks(language: str) -> list[tuple[str, str, str | None]]:
