@@ -18,7 +18,7 @@ table (exit status 1 if any check fails):
                     half;
   decoding          cached and uncached decoding give the same tokens, greedy and beam 4;
   checkpoints       save, restore and average through orbax, against the values saved.
-Without a GPU it says so in one line and runs the same checks on the CPU (about 100 s on 2 cores).
+Without a GPU it says so in one line and runs the same checks on the CPU (about 75 s on 2 cores).
 """
 
 import argparse
