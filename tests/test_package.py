@@ -69,18 +69,20 @@ def test_train_eval_export_translate_from_the_installed_package(installed, tmp_p
 
 def test_import_jaxformer_reaches_every_submodule_and_loads_the_heavy_ones_on_first_use():
   """`jaxformer.train.train_step` and the like work after a plain `import jaxformer` (they
-  raised AttributeError), and the import itself loads neither orbax, sentencepiece nor TF."""
+  raised AttributeError), and the import itself loads neither orbax, sentencepiece nor TF; the
+  command's modules, all loaded, load neither TF nor sacremoses (scoring loads it when used)."""
   code = ('import sys, jaxformer\n'
           "heavy = [m for m in ('orbax', 'sentencepiece', 'tensorflow') if m in sys.modules]\n"
           'jaxformer.train.train_step, jaxformer.translation.Translator\n'
           'jaxformer.checkpoint.average_checkpoints, jaxformer.data.PackedBatches\n'
           'jaxformer.recipes.load, jaxformer.trainer, jaxformer.decode.beam_search\n'
           "assert set(jaxformer.__all__) <= set(dir(jaxformer))\n"
-          'print(heavy)\n')
+          'import jaxformer.cli\n'
+          "print(heavy, [m for m in ('sacremoses', 'tensorflow') if m in sys.modules])\n")
   result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
   assert result.returncode == 0, result.stderr[-2000:]
-  assert result.stdout.strip() == '[]'
+  assert result.stdout.strip() == '[] []'
   missing = subprocess.run([sys.executable, '-c', 'import jaxformer; jaxformer.trian'],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
   assert "module 'jaxformer' has no attribute 'trian'" in missing.stderr
