@@ -62,7 +62,7 @@ jax-extra:
 # Three pytest workers (pytest-xdist), each running whole test files (a third fills the waits on
 # subprocesses and the network): 15 min on 2 cores (2026-11-24, from a fresh clone).
 test: $(STAMP)
-	$(PY) -m pytest -q -n 3 --dist loadfile --durations=10
+	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=10
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -73,7 +73,7 @@ docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -E -a -W --keep-going -q -b html docs docs/_build/html
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 3 --dist loadfile -m 'not slow'
+	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder -m 'not slow'
 
 # The offline demo: generate the embedded corpus, train, average, score, plot (experiments/demo.py).
 demo: WORKDIR ?= workdirs/demo

@@ -13,7 +13,7 @@ import pathlib
 import sys
 import time
 
-from jaxformer import cli, plots, recipes, scoring, trainer
+from jaxformer import cli, monitor, plots, recipes, scoring, trainer
 from jaxformer.data import embedded
 from jaxformer.errors import JaxformerError
 from jaxformer.translation import Translator
@@ -45,6 +45,8 @@ def run(workdir: pathlib.Path, *, num_steps: int | None = None, train_pairs: int
                                    bleu_sentences=min(settings.bleu_sentences, test_pairs))
   summary = trainer.train(recipe.model, settings, workdir, corpus['train'],
                           corpus['validation'])
+  if summary.get('signal') == 'SIGINT':  # saved; the rerun resumes
+    raise KeyboardInterrupt
   if summary['preempted']:
     return summary
   model_path = summary.get('averaged', str(workdir))
@@ -100,12 +102,13 @@ def main(argv: list[str] | None = None) -> int:
                       force=True)
   logging.getLogger('absl').setLevel(logging.WARNING)
   try:
-    run(pathlib.Path(args.workdir), num_steps=args.num_steps, train_pairs=args.train_pairs,
-        test_pairs=args.test_pairs)
+    with monitor.Interrupts():
+      run(pathlib.Path(args.workdir), num_steps=args.num_steps, train_pairs=args.train_pairs,
+          test_pairs=args.test_pairs)
   except (JaxformerError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
-  except KeyboardInterrupt:  # before the loop's own SIGINT handler (which saves and stops)
+  except KeyboardInterrupt:  # before training, while decoding, or after a save on Ctrl-C
     print('interrupted', file=sys.stderr)
     return 130
   return 0

@@ -20,7 +20,7 @@ import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jaxformer import checkpoint, data, export, parallel, recipes, scoring, trainer
+from jaxformer import checkpoint, data, export, monitor, parallel, recipes, scoring, trainer
 from jaxformer import config as config_lib
 from jaxformer.config import DataConfig, SettingError, TrainConfig
 from jaxformer.errors import JaxformerError
@@ -190,6 +190,9 @@ def _train(args: argparse.Namespace) -> int:
                          'under a launcher jax detects (SLURM, Cloud TPU, ...).') from None
   summary = trainer.train_recipe(recipe_of(args), args.workdir)
   print(json.dumps(summary, indent=2))
+  if summary.get('signal') == 'SIGINT':  # saved; SIGTERM (a preemption) ends with 0
+    print('interrupted', file=sys.stderr)
+    return 130
   return 0
 
 
@@ -455,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.print_help()
     return 0
   try:
-    return args.run(args)
+    with monitor.Interrupts():
+      return args.run(args)
   except KeyboardInterrupt:  # before the training loop's own SIGINT handler, or while decoding
     print('interrupted', file=sys.stderr)
     return 130

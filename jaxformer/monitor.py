@@ -4,12 +4,14 @@ progress bar), the one-step-late metric reader, the save clock and preemption si
 """
 
 import collections
+import gc
 import json
 import logging
 import os
 import pathlib
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -152,6 +154,48 @@ def clock_ran_out(since: float, every_secs: float | None, now: float | None = No
 # --- preemption -----------------------------------------------------------------------------------
 
 
+class Interrupts:
+  """Within `with` (a command's whole run): Ctrl-C (SIGINT) raises KeyboardInterrupt where the
+  main thread is, as Python's own handler does, except where Python would drop it. jax runs a
+  callback at every garbage collection, and an exception raised inside a gc callback (or a
+  `__del__`) is printed and discarded: a Ctrl-C landing there was lost and the run trained on.
+  There the signal is delivered again 10 ms later. `.seen` stays set, and PreemptionGuard raises
+  on entry if it is, so an interrupted run never trains. The previous handler comes back on exit.
+  """
+
+  seen = False
+
+  def __init__(self):
+    self._previous: Any = None
+
+  @staticmethod
+  def _dropped_here(frame: Any) -> bool:
+    callbacks = {getattr(callback, '__code__', None) for callback in gc.callbacks}
+    while frame is not None:
+      if frame.f_code in callbacks or frame.f_code.co_name == '__del__':
+        return True
+      frame = frame.f_back
+    return False
+
+  @classmethod
+  def _handle(cls, signum: int, frame: Any) -> None:
+    cls.seen = True
+    if cls._dropped_here(frame):
+      again = threading.Timer(0.01, signal.raise_signal, (signum,))
+      again.daemon = True
+      again.start()
+      return
+    raise KeyboardInterrupt
+
+  def __enter__(self) -> 'Interrupts':
+    Interrupts.seen = False
+    self._previous = signal.signal(signal.SIGINT, self._handle)
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    signal.signal(signal.SIGINT, self._previous)
+
+
 class PreemptionGuard:
   """Within `with`: SIGTERM and SIGINT only record their name in `.signal` (the loop saves and
   stops at the next step boundary); the previous handlers come back on exit."""
@@ -166,6 +210,8 @@ class PreemptionGuard:
     self.signal = signal.Signals(signum).name
 
   def __enter__(self) -> 'PreemptionGuard':
+    if Interrupts.seen:  # a Ctrl-C before training that something swallowed
+      raise KeyboardInterrupt
     self._previous = {sig: signal.signal(sig, self._record) for sig in self.SIGNALS}
     return self
 

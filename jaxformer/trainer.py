@@ -366,7 +366,7 @@ def _stop(step: int, summary: dict[str, Any], manager: Any, save: Callable[[int]
              'early.', step, patience.since, patience.best)
   else:
     manager.wait_until_finished()
-    summary['preempted'] = True
+    summary['preempted'], summary['signal'] = True, signal
     log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
                 signal or 'stop', step, manager.directory / str(step))
 
@@ -384,7 +384,8 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
                        pipeline: pipeline_lib.Pipeline) -> dict[str, Any]:
   """Trains `config` on the pipeline's batches, resuming from the workdir. Returns a summary:
   final step, last train metrics and evaluation, the newest and averaged checkpoints, and
-  'preempted' (SIGTERM/SIGINT) or 'stopped_early' (patience ran out; averaged then too)."""
+  'preempted' (SIGTERM/SIGINT, named in 'signal' on the host that received it) or
+  'stopped_early' (patience ran out; averaged then too)."""
   workdir = pathlib.Path(workdir)
   manager = _checkpoint_manager(workdir, train_cfg, pipeline.validation is not None)
   state, rng = init_or_restore(config, train_cfg, pipeline, manager)

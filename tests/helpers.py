@@ -1,7 +1,9 @@
 """Small builders shared by several test files."""
 
+import gc
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -105,3 +107,16 @@ def hold_lock(folder: pathlib.Path, what: str) -> subprocess.Popen:
   holder = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
   assert holder.stdout.readline().strip() == 'held'
   return holder
+
+
+def sigint_inside_a_gc_callback(when=lambda: True):
+  """A gc callback (jax runs one at every collection) in which SIGINT's handler runs, once
+  `when()` holds: Ctrl-C landing where Python drops what is raised. Returns it, to remove."""
+  sent = []
+
+  def callback(phase, info):  # pylint: disable=unused-argument
+    if phase == 'start' and not sent and when():
+      sent.append(True)
+      signal.raise_signal(signal.SIGINT)  # its Python handler runs here, in the callback
+  gc.callbacks.append(callback)
+  return callback

@@ -2,12 +2,15 @@
 
 import json
 import os
+import gc
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
+from helpers import sigint_inside_a_gc_callback
 
 from jaxformer import monitor
 
@@ -116,3 +119,21 @@ def test_sink_without_tensorboard_writes_metrics_and_warns(tmp_path, monkeypatch
           (tmp_path / 'metrics.jsonl').read_text().splitlines()] == [0, 2]
   assert not (tmp_path / 'tensorboard').exists()
   assert 'no TensorBoard events' in caplog.text
+
+
+def test_ctrl_c_inside_a_gc_callback_arrives_just_after_it():
+  """Python's own handler raised KeyboardInterrupt inside the callback, where it was printed
+  and lost (the run went on); under Interrupts it arrives once the callback has returned."""
+  before = signal.getsignal(signal.SIGINT)
+  with monitor.Interrupts():
+    callback = sigint_inside_a_gc_callback()
+    try:
+      with pytest.raises(KeyboardInterrupt):
+        gc.collect()
+        time.sleep(10)  # cut short about 10 ms in
+    finally:
+      gc.callbacks.remove(callback)
+    assert monitor.Interrupts.seen
+    with pytest.raises(KeyboardInterrupt), monitor.PreemptionGuard():  # so it never trains
+      pass
+  assert signal.getsignal(signal.SIGINT) == before

@@ -1,11 +1,13 @@
 """jaxformer.trainer: the loop, its actions, resuming, guards, preemption and several hosts."""
 
+import gc
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import jax
@@ -13,9 +15,11 @@ import numpy as np
 import pytest
 from helpers import (
   CFG,
+  TESTS,
   TEXT,
   assert_trees_equal,
   hold_lock,
+  sigint_inside_a_gc_callback,
   start_worker,
   synthetic_text,
   train_command,
@@ -24,7 +28,7 @@ from helpers import (
 from helpers import poison_third_batch as _poison_third_batch
 from helpers import train_settings as _tc
 
-from jaxformer import checkpoint, data, optim, trainer, translation
+from jaxformer import checkpoint, cli, data, optim, trainer, translation
 
 
 def _due(step, tc, *, evaluating, save_signal=False) -> set[str]:
@@ -206,6 +210,39 @@ def test_sigterm_saves_and_a_rerun_resumes(tmp_path):
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert f'resumed from step {saved}' in resumed.stderr
   assert f'"step": {saved + 2}' in resumed.stdout
+
+
+def test_ctrl_c_while_the_data_is_prepared_ends_the_run_before_training(tmp_path):
+  """Ctrl-C while the token caches are built, landing in a gc callback as it can in jax's: the
+  command ends 'interrupted' with 130 and trains nothing (it had dropped the Ctrl-C and trained
+  on)."""
+  src, tgt = _text_files(tmp_path)
+  workdir = tmp_path / 'w'
+  command = train_command(workdir, src, tgt, '--num-steps', '4')
+  code = (f'import os, sys\nsys.path.insert(0, {str(TESTS)!r})\n'
+          'from helpers import sigint_inside_a_gc_callback\nfrom jaxformer import cli\n'
+          f'sigint_inside_a_gc_callback(lambda: os.path.exists({str(workdir / "spm.model")!r}))\n'
+          f"sys.exit(cli.main(['train', *{command[2:]!r}]))")
+  done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300)
+  assert (done.returncode, done.stderr.splitlines()[-1]) == (130, 'interrupted'), done.stderr
+  assert 'Traceback' not in done.stderr and 'Exception ignored' not in done.stderr
+  assert (workdir / 'spm.model').exists() and not (workdir / 'metrics.jsonl').exists()
+
+
+def test_ctrl_c_while_training_saves_and_ends_interrupted(tmp_path, capsys, caplog):
+  src, tgt = _text_files(tmp_path)
+  workdir = tmp_path / 'w'
+  metrics = workdir / 'metrics.jsonl'
+  callback = sigint_inside_a_gc_callback(
+      lambda: metrics.exists() and metrics.read_text().count('\n') >= 3)  # 2 steps logged
+  try:
+    status = cli.main(['train', *train_command(workdir, src, tgt, '--num-steps', '1000')[2:]])
+  finally:
+    gc.callbacks.remove(callback)
+  assert status == 130 and capsys.readouterr().err.splitlines()[-1] == 'interrupted'
+  saved = int(caplog.text.split('SIGINT received: saved step ')[1].split()[0])
+  assert 2 <= saved < 1000 and max(checkpoint.make_manager(workdir / 'checkpoints').all_steps()) \
+      == saved
 
 
 @pytest.mark.slow
