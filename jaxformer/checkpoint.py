@@ -29,6 +29,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxformer import files
 from jaxformer.config import (BEST_METRICS, SettingError, TransformerConfig, config_from_dict,
                               config_to_dict)
 from jaxformer.errors import JaxformerError
@@ -145,14 +146,37 @@ def open_checkpoints(path: str | pathlib.Path) -> ocp.CheckpointManager:
 def save(manager: ocp.CheckpointManager, step: int, *, params: PyTree, meta: dict[str, Any],
          train: PyTree | None = None, data: dict[str, Any] | None = None,
          metrics: dict[str, float] | None = None) -> None:
-  """Starts an async save of host (unreplicated) trees; `manager.wait_until_finished()` waits.
+  """Starts an async save of host (unreplicated) trees; `wait_until_finished(manager)` waits.
   `metrics` (validation loss, BLEU) rank the checkpoint for a manager made with keep_best."""
   items = {'params': ocp.args.StandardSave(params), 'meta': ocp.args.JsonSave(meta)}
   if train is not None:
     items['train'] = ocp.args.StandardSave(train)
   if data is not None:
     items['data'] = ocp.args.JsonSave(data)
-  manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
+  size = sum(getattr(leaf, 'nbytes', 0) for leaf in jax.tree.leaves((params, train)))
+  files.check_space(manager.directory, size, f'checkpoint {step}')
+  with _disk_full_said(manager, f'checkpoint {step}', size):
+    manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
+
+
+def wait_until_finished(manager: ocp.CheckpointManager) -> None:
+  """Waits for the manager's async save to commit; a disk that filled meanwhile is a one-line
+  DiskFullError, with the unfinished checkpoint removed."""
+  with _disk_full_said(manager, 'the checkpoint being saved'):
+    manager.wait_until_finished()
+
+
+@contextlib.contextmanager
+def _disk_full_said(manager: ocp.CheckpointManager, what: str, size: int | None = None
+                    ) -> Iterator[None]:
+  try:
+    yield
+  except Exception as e:  # orbax reports a full disk as tensorstore's ValueError, among others
+    if not files.disk_full(e):
+      raise
+    for unfinished in pathlib.Path(manager.directory).glob('*.orbax-checkpoint-tmp*'):
+      shutil.rmtree(unfinished, ignore_errors=True)
+    raise files.no_space(manager.directory, what, size) from None
 
 
 def drop_old_train_state(manager: ocp.CheckpointManager, keep: int,
@@ -341,5 +365,5 @@ def save_average(workdir: str | pathlib.Path, last_n: int | None = None, *,
       target.delete(steps[-1])
     save(target, steps[-1], params=mean_params(workdir, steps),
          meta={**meta, 'averaged_steps': steps})
-    target.wait_until_finished()
+    wait_until_finished(target)
   return out

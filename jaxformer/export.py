@@ -10,10 +10,14 @@ jaxformer[ctranslate2]): the engine MT practitioners deploy, and an independent 
 jaxformer's decoding.
 """
 
+import contextlib
 import hashlib
 import importlib.util
 import json
+import os
 import pathlib
+import shutil
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -24,7 +28,7 @@ import safetensors.numpy
 from flax import traverse_util
 
 import jaxformer
-from jaxformer import checkpoint
+from jaxformer import checkpoint, files
 from jaxformer.config import TransformerConfig, config_from_dict, config_to_dict
 from jaxformer.data.tokenizer import Tokenizer, respect_umask
 from jaxformer.model import Transformer, sinusoidal_positions
@@ -39,16 +43,41 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
   out = _folder(out)
   tensors = {key: np.ascontiguousarray(value) for key, value in
              traverse_util.flatten_dict(params, sep='/').items()}
-  with checkpoint.locked(out.parent, f'writing {out.name}'):
-    safetensors.numpy.save_file(tensors, out / 'params.safetensors')
-    respect_umask(out / 'params.safetensors')
-    (out / 'spm.model').write_bytes(spm_model)
-    (out / 'config.json').write_text(json.dumps(
+  with _written_whole(out, sum(t.nbytes for t in tensors.values()) + len(spm_model)) as tmp:
+    safetensors.numpy.save_file(tensors, tmp / 'params.safetensors')
+    respect_umask(tmp / 'params.safetensors')
+    (tmp / 'spm.model').write_bytes(spm_model)
+    (tmp / 'config.json').write_text(json.dumps(
         {'format': 'jaxformer', 'version': jaxformer.__version__, 'step': step,
          'spm_sha256': hashlib.sha256(spm_model).hexdigest(),
          'spm_pieces': Tokenizer.from_bytes(spm_model).vocab_size,
          'model': config_to_dict(config)}, indent=2) + '\n')
   return out
+
+
+@contextlib.contextmanager
+def _written_whole(out: pathlib.Path, size: int) -> Iterator[pathlib.Path]:
+  """A temporary folder beside `out` to write the export into; its files replace `out`'s once
+  all are written. One writer at a time (a second export into `out` meanwhile is a
+  CheckpointError naming the first). Checks the space first. On a full disk, or any failure,
+  the temporary folder goes, `out` keeps what it had, and an `out` left empty is removed."""
+  tmp = out.parent / f'.{out.name}.partial'  # the lock makes it this writer's own
+  with checkpoint.locked(out.parent, f'writing {out.name}'):
+    try:
+      files.check_space(out, size, 'the export')
+      tmp.mkdir(exist_ok=True)
+      yield tmp
+      for written in tmp.iterdir():
+        os.replace(written, out / written.name)
+    except Exception as e:
+      shutil.rmtree(tmp, ignore_errors=True)  # before the free space is measured
+      if not any(out.iterdir()):
+        out.rmdir()
+      if files.disk_full(e):
+        raise files.no_space(out, 'the export', size) from None
+      raise
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load(path: str | pathlib.Path) -> tuple[Any, TransformerConfig, bytes, int]:
@@ -202,10 +231,14 @@ def save_ctranslate2(out: str | pathlib.Path, params: Any, config: TransformerCo
   spec.config.layer_norm_epsilon = 1e-6
   spec.validate()
   spec.optimize(quantization='float32')
+  size = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(params)) + len(spm_model)
   try:
-    spec.save(str(out))
-    (out / 'spm.model').write_bytes(spm_model)  # to tokenize for it: pieces in, pieces out
+    with _written_whole(out, size) as tmp:
+      spec.save(str(tmp))
+      (tmp / 'spm.model').write_bytes(spm_model)  # to tokenize for it: pieces in, pieces out
   except OSError as e:
+    if isinstance(e, files.DiskFullError):
+      raise
     raise checkpoint.CheckpointError(f'{out}: cannot write the export ({e.strerror}).') from None
   return out
 

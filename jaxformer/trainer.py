@@ -226,7 +226,7 @@ def _save(manager: Any, step: int, state: TrainState, rng: Array, meta: dict[str
 
 def _finish_saves(manager: Any, keep_train_state: int) -> None:
   """Waits for the last save to commit, then removes the optimiser state it made redundant."""
-  manager.wait_until_finished()
+  checkpoint.wait_until_finished(manager)
   if jax.process_index() == 0:
     checkpoint.drop_old_train_state(manager, keep_train_state)
 
@@ -365,7 +365,7 @@ def _stop(step: int, summary: dict[str, Any], manager: Any, save: Callable[[int]
     log.info('step %d: no better validation loss in %d evaluations (best %.4f): stopped '
              'early.', step, patience.since, patience.best)
   else:
-    manager.wait_until_finished()
+    checkpoint.wait_until_finished(manager)
     summary['preempted'], summary['signal'] = True, signal
     log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
                 signal or 'stop', step, manager.directory / str(step))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import WORDS, synthetic_text
 
-from jaxformer import data
+from jaxformer import data, files
 from jaxformer.data import DataError
 
 
@@ -100,7 +100,7 @@ def test_a_failed_or_interrupted_cache_write_leaves_nothing(tokenizer, tmp_path,
     return add
 
   monkeypatch.setattr(data.cache._Sink, 'add', failing(OSError(28, 'No space left on device')))
-  with pytest.raises(DataError, match='no space left on the device for the token cache'):
+  with pytest.raises(files.DiskFullError, match=r'no space on /\S* for the token cache'):
     data.tokenize_corpus(text, tokenizer, max_len=64, cache_dir=tmp_path)
   monkeypatch.setattr(data.cache._Sink, 'add', failing(KeyboardInterrupt()))
   with pytest.raises(KeyboardInterrupt):

@@ -7,7 +7,6 @@ renamed into place when complete; a failed or interrupted write leaves nothing b
 """
 
 import dataclasses
-import errno
 import hashlib
 import itertools
 import json
@@ -20,6 +19,7 @@ import tempfile
 import numpy as np
 from tqdm import tqdm
 
+from jaxformer import files
 from jaxformer.data.sources import DataError, PairSource
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer, respect_umask
 
@@ -192,9 +192,8 @@ def _write_cache(text: PairSource, tokenizer: Tokenizer, max_len: int, path: pat
     os.replace(tmp, path)
   except OSError as e:
     shutil.rmtree(tmp, ignore_errors=True)
-    if e.errno == errno.ENOSPC:
-      raise DataError(f'{path.parent}: no space left on the device for the token cache (about '
-                      '2 bytes per token): free some space or use another workdir.') from None
+    if files.disk_full(e):
+      raise files.no_space(path.parent, 'the token cache (about 2 bytes per token)') from None
     if (path / 'counts.json').exists():  # another process cached the same corpus first
       return
     raise DataError(f'{path}: cannot write the token cache ({e}).') from None
