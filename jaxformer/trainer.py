@@ -383,9 +383,8 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
                        workdir: str | pathlib.Path,
                        pipeline: pipeline_lib.Pipeline) -> dict[str, Any]:
   """Trains `config` on the pipeline's batches, resuming from the workdir. Returns a summary:
-  final step, last train metrics and evaluation, the newest and averaged checkpoints, and
-  'preempted' (SIGTERM/SIGINT, named in 'signal' on the host that received it) or
-  'stopped_early' (patience ran out; averaged then too)."""
+  final step, train metrics, evaluation, the newest and averaged checkpoints, and 'preempted'
+  (with the 'signal' its host received) or 'stopped_early' (patience ran out; averaged too)."""
   workdir = pathlib.Path(workdir)
   manager = _checkpoint_manager(workdir, train_cfg, pipeline.validation is not None)
   state, rng = init_or_restore(config, train_cfg, pipeline, manager)
