@@ -5,12 +5,13 @@ import ast
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 
 import jax
 import pytest
-from helpers import assert_trees_equal, train_command
+from helpers import assert_trees_equal, hold_lock, train_command
 
 from jaxformer import checkpoint, cli, recipes, translation
 
@@ -342,3 +343,57 @@ def test_an_empty_path_is_refused_not_taken_as_the_current_folder(argv, capsys):
   assert exit_info.value.code == 2
   assert re.search(r"error: argument \S+: must be a path, got '\s*'$",
                    capsys.readouterr().err.strip().splitlines()[-1])
+
+
+_BAD_INPUT = {  # one of each class of bad input: (its files, argv) -> the command's one line
+    'a setting out of range': (
+        'train --workdir w --train-src s.txt --train-tgt t.txt --set model.num_heads=0',
+        'error: model.num_heads must be >= 1, got 0.'),
+    'settings that go together': (
+        'train --workdir w --train-src s.txt --train-tgt t.txt --eval-src s.txt',
+        'error: data.eval_src and data.eval_tgt go together: give both files or neither.'),
+    'a folder given as a file': (
+        'train --workdir w --train-src folder --train-tgt t.txt',
+        'error: folder: is a folder, not a file.'),
+    'a damaged .gz': (
+        'train --workdir w --train-src bad.gz --train-tgt t.txt',
+        "error: bad.gz: cannot read (Not a gzipped file (b'ga'))."),
+    'a workdir in use': (
+        'train --workdir busy --train-src s.txt --train-tgt t.txt',
+        'error: busy is in use: a training run by pid {pid} on {host} holds it. Wait for that '
+        'to end, or use another folder.'),
+    'an exported folder without its vocabulary': (
+        'translate --model export --input s.txt',
+        'error: export: not an exported model (missing spm.model, params.safetensors); '
+        '`jaxformer export WORKDIR OUT` writes one.'),
+    'an option that does not apply to an export': (
+        'translate --model export --input s.txt --average-last 2',
+        'error: --average-last averages the checkpoints of a training workdir; export is an '
+        'exported folder (one set of params).'),
+}
+
+
+@pytest.mark.parametrize('case', sorted(_BAD_INPUT))
+def test_each_class_of_bad_input_is_one_line_from_the_installed_command(case, tmp_path):
+  """Through the console script in a subprocess: exit 1, no traceback, and the one line."""
+  argv, expected = _BAD_INPUT[case]
+  (tmp_path / 's.txt').write_text('a b\n')
+  (tmp_path / 't.txt').write_text('c d\n')
+  (tmp_path / 'folder').mkdir()
+  (tmp_path / 'bad.gz').write_bytes(b'garbage')
+  (tmp_path / 'export').mkdir()
+  (tmp_path / 'export' / 'config.json').write_text('{}')
+  (tmp_path / 'busy').mkdir()
+  holder = hold_lock(tmp_path / 'busy', 'a training run') if 'busy' in argv else None
+  command = [str(pathlib.Path(sys.executable).with_name('jaxformer')), *argv.split()]
+  if command[1] == 'train':
+    command[2:2] = ['--config', str(TESTS / 'tiny_config.py')]
+  try:
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+  finally:
+    if holder:
+      holder.kill()
+      holder.wait()
+  assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
+  assert done.stderr.strip().splitlines()[-1] == expected.format(
+      pid=holder and holder.pid, host=socket.gethostname())
