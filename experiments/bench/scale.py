@@ -9,7 +9,8 @@ synthetic from newstest2014, seeded; or your own files), each stage in a fresh p
            batches over two epoch boundaries; then, on one thread, the time to plan a block,
            to assemble a batch and to transfer it;
   train    (with --scale-train) `jaxformer train`'s own run in a new workdir: vocabulary,
-           cache, and a tiny model for 20 steps; its peak RSS in all.
+           cache, and a tiny model for 20 steps at the recipe's batch; the whole command's
+           peak RSS, as /usr/bin/time reports it.
 
   python experiments/bench --only scale [--scale-pairs 4500000] [--scale-src F --scale-tgt F]
 """
@@ -117,12 +118,13 @@ def _stage(stage: str, workdir: str, src: str, tgt: str) -> dict:
 
 
 def _train_run(workdir: str, src: str, tgt: str) -> dict:
-  """`jaxformer train` with a tiny model (the base recipe's vocabulary) for 20 steps."""
+  """`jaxformer train` with a tiny model (the base recipe's vocabulary and batch) for 20 steps,
+  measured as /usr/bin/time measures the whole command (its peak resident set)."""
   jaxformer = pathlib.Path(sys.executable).with_name('jaxformer')
   command = [str(jaxformer), 'train', '--config', 'base', '--allow-cpu', '--workdir', workdir,
              '--train-src', src, '--train-tgt', tgt, '--set', 'data.source=text',
-             '--set', 'train.num_steps=20', '--set', 'train.tokens_per_batch=4096',
-             '--set', 'train.average_last=0', '--set', 'train.sample_translations=0',
+             '--set', 'train.num_steps=20', '--set', 'train.average_last=0',
+             '--set', 'train.sample_translations=0',
              '--set', 'model.num_layers=1', '--set', 'model.d_model=32', '--set',
              'model.d_ff=64', '--set', 'model.num_heads=2']
   start = time.perf_counter()
