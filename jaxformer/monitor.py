@@ -181,7 +181,8 @@ class Interrupts:
   def _handle(cls, signum: int, frame: Any) -> None:
     cls.seen = True
     if cls._dropped_here(frame):
-      again = threading.Timer(0.01, signal.raise_signal, (signum,))
+      again = threading.Timer(0.01, signal.pthread_kill,  # to the main thread: a sleep ends
+                              (threading.main_thread().ident, signum))
       again.daemon = True
       again.start()
       return
