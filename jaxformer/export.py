@@ -236,9 +236,9 @@ def save_ctranslate2(out: str | pathlib.Path, params: Any, config: TransformerCo
     with _written_whole(out, size) as tmp:
       spec.save(str(tmp))
       (tmp / 'spm.model').write_bytes(spm_model)  # to tokenize for it: pieces in, pieces out
+  except files.DiskFullError:
+    raise
   except OSError as e:
-    if isinstance(e, files.DiskFullError):
-      raise
     raise checkpoint.CheckpointError(f'{out}: cannot write the export ({e.strerror}).') from None
   return out
 

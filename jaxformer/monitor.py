@@ -159,8 +159,9 @@ class Interrupts:
   main thread is, as Python's own handler does, except where Python would drop it. jax runs a
   callback at every garbage collection, and an exception raised inside a gc callback (or a
   `__del__`) is printed and discarded: a Ctrl-C landing there was lost and the run trained on.
-  There the signal is delivered again 10 ms later. `.seen` stays set, and PreemptionGuard raises
-  on entry if it is, so an interrupted run never trains. The previous handler comes back on exit.
+  There the signal is delivered again 10 ms later. `.seen` stays set until exit, and
+  PreemptionGuard raises on entry if it is, so an interrupted run never trains. The previous
+  handler comes back on exit.
   """
 
   seen = False
@@ -195,6 +196,7 @@ class Interrupts:
 
   def __exit__(self, *exc: Any) -> None:
     signal.signal(signal.SIGINT, self._previous)
+    Interrupts.seen = False  # (a library user's next run in this process is not interrupted)
 
 
 class PreemptionGuard:
