@@ -3,6 +3,7 @@
 import gc
 import json
 import os
+import pathlib
 import shutil
 import signal
 import socket
@@ -243,6 +244,32 @@ def test_ctrl_c_while_training_saves_and_ends_interrupted(tmp_path, capsys, capl
   saved = int(caplog.text.split('SIGINT received: saved step ')[1].split()[0])
   assert 2 <= saved < 1000 and max(checkpoint.make_manager(workdir / 'checkpoints').all_steps()) \
       == saved
+
+
+def test_a_damaged_cache_and_a_long_validation_source_through_the_command(tmp_path, capsys):
+  """Data the run did not build itself, through the installed command: token caches cut short
+  are rebuilt with a warning (it was an IndexError), and a validation source longer than the
+  training sources is evaluated (it crashed the first evaluation)."""
+  long_source = ' '.join((TEXT.src[0].split() * 20)[:45])
+  for name, lines in {'s.txt': [s.split()[0] for s in TEXT.src[:600]], 't.txt': TEXT.tgt[:600],
+                      'vs.txt': [long_source], 'vt.txt': TEXT.tgt[:1]}.items():
+    (tmp_path / name).write_text('\n'.join(lines) + '\n')
+  argv = ['--config', str(TESTS / 'tiny_config.py'), '--workdir', str(tmp_path / 'w'),
+          '--source', 'text', *(f'--{flag}={tmp_path / name}' for flag, name in (
+              ('train-src', 's.txt'), ('train-tgt', 't.txt'), ('eval-src', 'vs.txt'),
+              ('eval-tgt', 'vt.txt'))), '--eval-every-steps', '2']
+  assert cli.main(['train', *argv, '--num-steps', '2']) == 0  # in-process: builds the caches
+  capsys.readouterr()
+  for tokens in (tmp_path / 'w' / 'cache').glob('tokens-*/tgt_tokens.bin'):
+    tokens.write_bytes(tokens.read_bytes()[:-10])
+  jaxformer = pathlib.Path(sys.executable).with_name('jaxformer')
+  done = subprocess.run([str(jaxformer), 'train', *argv, '--num-steps', '4'], capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0 and 'Traceback' not in done.stderr, done.stderr[-3000:]
+  assert done.stderr.count('the token cache is damaged (tgt_tokens.bin has') == 2
+  evaluations = [json.loads(line) for line in (tmp_path / 'w' / 'metrics.jsonl').open()
+                 if '"split": "eval"' in line]
+  assert [record['step'] for record in evaluations] == [2, 4]
 
 
 @pytest.mark.slow
