@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 1
   except KeyboardInterrupt:  # before training, while decoding, or after a save on Ctrl-C
-    print('interrupted', file=sys.stderr)
+    print('\ninterrupted', file=sys.stderr)  # on its own line: a progress bar may be cut short
     return 130
   return 0
 

@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     with monitor.Interrupts():
       return args.run(args)
   except KeyboardInterrupt:  # before the training loop's own SIGINT handler, or while decoding
-    print('interrupted', file=sys.stderr)
+    print('\ninterrupted', file=sys.stderr)  # on its own line: a progress bar may be cut short
     return 130
   except BrokenPipeError:  # the reader went away, e.g. `jaxformer translate < f | head -3`
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit either
