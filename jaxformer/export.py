@@ -43,7 +43,7 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
   out = _folder(out)
   tensors = {key: np.ascontiguousarray(value) for key, value in
              traverse_util.flatten_dict(params, sep='/').items()}
-  with _written_whole(out, sum(t.nbytes for t in tensors.values()) + len(spm_model)) as tmp:
+  with _written_whole(out, params, spm_model) as tmp:
     safetensors.numpy.save_file(tensors, tmp / 'params.safetensors')
     respect_umask(tmp / 'params.safetensors')
     (tmp / 'spm.model').write_bytes(spm_model)
@@ -56,11 +56,12 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
 
 
 @contextlib.contextmanager
-def _written_whole(out: pathlib.Path, size: int) -> Iterator[pathlib.Path]:
-  """A temporary folder beside `out` to write the export into; its files replace `out`'s once
-  all are written. One writer at a time (a second export into `out` meanwhile is a
+def _written_whole(out: pathlib.Path, params: Any, spm_model: bytes) -> Iterator[pathlib.Path]:
+  """A temporary folder beside `out` to write the export of `params` into; its files replace
+  `out`'s once all are written. One writer at a time (a second export into `out` meanwhile is a
   CheckpointError naming the first). Checks the space first. On a full disk, or any failure,
   the temporary folder goes, `out` keeps what it had, and an `out` left empty is removed."""
+  size = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(params)) + len(spm_model)
   tmp = out.parent / f'.{out.name}.partial'  # the lock makes it this writer's own
   with checkpoint.locked(out.parent, f'writing {out.name}'):
     try:
@@ -231,9 +232,8 @@ def save_ctranslate2(out: str | pathlib.Path, params: Any, config: TransformerCo
   spec.config.layer_norm_epsilon = 1e-6
   spec.validate()
   spec.optimize(quantization='float32')
-  size = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(params)) + len(spm_model)
   try:
-    with _written_whole(out, size) as tmp:
+    with _written_whole(out, params, spm_model) as tmp:
       spec.save(str(tmp))
       (tmp / 'spm.model').write_bytes(spm_model)  # to tokenize for it: pieces in, pieces out
   except files.DiskFullError:

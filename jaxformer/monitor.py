@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import tqdm
+from flax import traverse_util
 
 Array = jax.Array
 
@@ -64,7 +65,7 @@ class _EventFile:
 
   def hparams(self, hparams: dict[str, Any]) -> None:
     """Nested settings, flattened to dotted names (as flax's writer does)."""
-    flat = {'.'.join(path): value for path, value in _flatten(hparams)}
+    flat = traverse_util.flatten_dict(hparams, sep='.')
     self._write(self._event(summary=self._hparams(flat)))
 
   def flush(self) -> None:
@@ -72,11 +73,6 @@ class _EventFile:
 
   def close(self) -> None:
     self._file.close()
-
-
-def _flatten(tree: dict[str, Any], prefix: tuple[str, ...] = ()) -> list[tuple[tuple, Any]]:
-  return [item for key, value in tree.items() for item in (
-      _flatten(value, (*prefix, key)) if isinstance(value, dict) else [((*prefix, key), value)])]
 
 
 def _tensorboard_writer(folder: pathlib.Path) -> Any:
