@@ -4,13 +4,13 @@ progress bar), the one-step-late metric reader, the save clock and preemption si
 """
 
 import collections
-import gc
 import json
 import logging
 import os
 import pathlib
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -152,46 +152,43 @@ def clock_ran_out(since: float, every_secs: float | None, now: float | None = No
 
 class Interrupts:
   """Within `with` (a command's whole run): Ctrl-C (SIGINT) raises KeyboardInterrupt where the
-  main thread is, as Python's own handler does, except where Python would drop it. jax runs a
-  callback at every garbage collection, and an exception raised inside a gc callback (or a
-  `__del__`) is printed and discarded: a Ctrl-C landing there was lost and the run trained on.
-  There the signal is delivered again 10 ms later. `.seen` stays set until exit, and
-  PreemptionGuard raises on entry if it is, so an interrupted run never trains. The previous
-  handler comes back on exit.
+  main thread is, as Python's own handler does, and is never lost. Python drops an exception
+  raised inside a gc callback (jax runs one at every collection), a `__del__` or a weakref
+  callback, and reports it to `sys.unraisablehook`: a Ctrl-C landing there was lost and the run
+  trained on. Here the hook sees the dropped KeyboardInterrupt and sends SIGINT to the main
+  thread again 10 ms later. `.seen` stays set until exit, and PreemptionGuard raises on entry if
+  it is, so an interrupted run never trains. The previous handler and hook come back on exit.
   """
 
   seen = False
 
   def __init__(self):
     self._previous: Any = None
-
-  @staticmethod
-  def _dropped_here(frame: Any) -> bool:
-    callbacks = {getattr(callback, '__code__', None) for callback in gc.callbacks}
-    while frame is not None:
-      if frame.f_code in callbacks or frame.f_code.co_name == '__del__':
-        return True
-      frame = frame.f_back
-    return False
+    self._previous_hook: Any = None
 
   @classmethod
-  def _handle(cls, signum: int, frame: Any) -> None:
+  def _handle(cls, signum: int, frame: Any) -> None:  # pylint: disable=unused-argument
     cls.seen = True
-    if cls._dropped_here(frame):
-      again = threading.Timer(0.01, signal.pthread_kill,  # to the main thread: a sleep ends
-                              (threading.main_thread().ident, signum))
-      again.daemon = True
-      again.start()
-      return
     raise KeyboardInterrupt
+
+  def _unraisable(self, unraisable: Any) -> None:
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+      self._previous_hook(unraisable)
+      return
+    again = threading.Timer(0.01, signal.pthread_kill,  # to the main thread: a sleep ends
+                            (threading.main_thread().ident, signal.SIGINT))
+    again.daemon = True
+    again.start()
 
   def __enter__(self) -> 'Interrupts':
     Interrupts.seen = False
     self._previous = signal.signal(signal.SIGINT, self._handle)
+    self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
     return self
 
   def __exit__(self, *exc: Any) -> None:
     signal.signal(signal.SIGINT, self._previous)
+    sys.unraisablehook = self._previous_hook
     Interrupts.seen = False  # (a library user's next run in this process is not interrupted)
 
 

@@ -124,7 +124,7 @@ def test_sink_without_tensorboard_writes_metrics_and_warns(tmp_path, monkeypatch
 def test_ctrl_c_inside_a_gc_callback_arrives_just_after_it():
   """Python's own handler raised KeyboardInterrupt inside the callback, where it was printed
   and lost (the run went on); under Interrupts it arrives once the callback has returned."""
-  before = signal.getsignal(signal.SIGINT)
+  before, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
   with monitor.Interrupts():
     callback = sigint_inside_a_gc_callback()
     start = time.monotonic()
@@ -139,5 +139,6 @@ def test_ctrl_c_inside_a_gc_callback_arrives_just_after_it():
     with pytest.raises(KeyboardInterrupt), monitor.PreemptionGuard():  # so it never trains
       pass
   assert signal.getsignal(signal.SIGINT) == before and not monitor.Interrupts.seen
+  assert sys.unraisablehook is hook
   with monitor.PreemptionGuard():  # the process's next run (library use) trains
     pass
