@@ -49,9 +49,10 @@ PARTS = [('softmax projection + loss', r'chunked|_projected|/while/|closed_call|
 
 
 # The same for one search's loop.
-SEARCH_PARTS = [('reorder beams (cache and sequences)', r'_take|take_along_axis'),
-                ('log-softmax with the output projection', r'log_softmax'),
-                ('top-k', r'top_k'),
+SEARCH_PARTS = [('top-k of the next tokens', r'continuations/.*(top_k|reduce_window|sort|take'
+                                           r'|gather|_where)|argmax'),
+                ('output projection and log-softmax', r'continuations|embed\.attend'),
+                ('reorder beams (cache and sequences)', r'_take|take_along_axis'),
                 ('attention: scores, softmax, weighted sum',
                  r'attention/(?!.*(query|key|value|out)/)'),
                 ('attention: q, k, v, out projections', r'attention.*(query|key|value|out)/'),

@@ -61,8 +61,7 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: A
 
   def body(s: GreedyState) -> GreedyState:
     logits, cache = tokens_to_logits(s.last[:, None], s.cache)  # --> [B, V]
-    logits = logits.at[:, 0].set(NEG_INF)  # padding is never generated (as in beam search)
-    token = jnp.where(s.done, 0, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+    token = jnp.where(s.done, 0, jnp.argmax(_no_padding(logits), axis=-1).astype(jnp.int32))
     done = s.done | (token == eos_id) | (s.step + 1 >= max_lengths)
     return GreedyState(step=s.step + 1, last=token, out=s.out.at[:, s.step].set(token),
                        done=done, cache=cache)
@@ -124,6 +123,64 @@ def reorder_rows(cache: Cache, parents: Array) -> Cache:
   return jax.tree.map(lambda x: x if x.ndim == 0 else take_rows(x, parents), cache)
 
 
+def _no_padding(logits: Array) -> Array:
+  """logits [N, V] with padding's (id 0) at NEG_INF: padding is never generated."""
+  return jnp.where(jnp.arange(logits.shape[-1]) == 0, NEG_INF, logits)
+
+
+BLOCK = 32  # entries per block of `top_k`'s first pass
+
+
+def top_k(x: Array, k: int) -> tuple[Array, Array]:
+  """jax.lax.top_k over the last axis of x [N, V] (values, then indices; ties to the lower
+  index), through block maxima when rows are long.
+
+  XLA:CPU's TopK sorts each row on one thread (about 5 ns an entry), while a max over blocks
+  of BLOCK entries is a vectorised reduction. The k largest entries lie in the k blocks with
+  the largest maxima, so TopK runs on the V / BLOCK maxima and then on those k blocks' entries,
+  kept in index order so that ties resolve as before. Short rows go to TopK directly.
+  """
+  n, vocab = x.shape
+  if vocab < 64 * BLOCK:
+    return jax.lax.top_k(x, k)
+  maxima = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, BLOCK), (1, BLOCK),
+                                 [(0, 0), (0, -vocab % BLOCK)])  # [N, ceil(V / BLOCK)]
+  blocks = jnp.sort(jax.lax.top_k(maxima, k)[1], axis=-1)  # [N, k]
+  # A short last block is read from an earlier start; the entries before it belong to the
+  # block before, which may be chosen as well, and are masked out here.
+  starts = jnp.minimum(blocks * BLOCK, vocab - BLOCK)[:, :, None]
+  indices = (starts + jnp.arange(BLOCK)).reshape(n, k * BLOCK)
+  own = indices >= jnp.repeat(blocks * BLOCK, BLOCK, axis=-1)
+  top, where = jax.lax.top_k(jnp.where(own, jnp.take_along_axis(x, indices, axis=1), -jnp.inf),
+                             k)
+  return top, jnp.take_along_axis(indices, where, axis=1)
+
+
+@jax.named_scope('continuations')  # (experiments/profile_step.py sums its ops by this name)
+def continuations(alive_log_probs: Array, logits: Array, n: int) -> tuple[Array, Array, Array]:
+  """The n best one-token continuations of K live beams per sentence, by log-probability:
+  (log-probabilities [B, n], beam [B, n], token [B, n]), best first. Given the beams'
+  log-probabilities [B, K] and next-token logits [B * K, V].
+
+  The same as jax.lax.top_k over all K * V candidates with padding's log-probability at
+  NEG_INF, in two steps: the n best of a sentence are among the n likeliest tokens of each of
+  its beams (fewer when V < n), so the full log-softmax [B * K, V] is never written: its
+  normaliser is a reduction, and only the chosen entries are normalised, as
+  jax.nn.log_softmax computes them.
+  """
+  batch, k = alive_log_probs.shape
+  per_beam = min(n, logits.shape[-1])
+  logits = logits.astype(jnp.float32)
+  most = jnp.max(logits, axis=-1, keepdims=True)
+  normaliser = jnp.log(jnp.sum(jnp.exp(logits - most), axis=-1, keepdims=True))
+  top, tokens = top_k(_no_padding(logits), per_beam)  # --> [B * K, per_beam]
+  log_probs = jnp.where(tokens == 0, NEG_INF, (top - most) - normaliser)
+  candidates = alive_log_probs[:, :, None] + _unflatten(log_probs, k)
+  log_probs, indices = jax.lax.top_k(candidates.reshape(batch, k * per_beam), n)
+  return (log_probs, indices // per_beam,
+          jnp.take_along_axis(tokens.reshape(batch, k * per_beam), indices, axis=1))
+
+
 def _top_k(scores: Array, k: int, *arrays: Array) -> tuple[Array, ...]:
   """The k best entries of scores [B, N], and the same entries of each [B, N, ...] array."""
   top_scores, indices = jax.lax.top_k(scores, k)
@@ -179,15 +236,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
   def body(s: BeamState) -> BeamState:
     last = jnp.where(s.step > 0, s.alive_seqs[:, :, jnp.maximum(s.step - 1, 0)], 0)  # [B, K]
     logits, cache = tokens_to_logits(_flatten(last)[:, None], s.cache)
-    vocab = logits.shape[-1]
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))  # --> [B * K, V]
-    log_probs = log_probs.at[:, 0].set(NEG_INF)  # padding is never generated
-    candidates = (s.alive_log_probs[:, :, None] + _unflatten(log_probs, k))  # --> [B, K, V]
-    candidates = candidates.reshape(batch, k * vocab)  # --> [B, K * V]
-
     # The 2K best continuations: enough to keep K live ones even if K of them end here.
-    top_log_probs, top_indices = jax.lax.top_k(candidates, 2 * k)  # --> [B, 2K]
-    beam_of, token = top_indices // vocab, (top_indices % vocab).astype(jnp.int32)
+    top_log_probs, beam_of, token = continuations(s.alive_log_probs, logits, 2 * k)  # [B, 2K]
     seqs = _gather(s.alive_seqs, beam_of)  # --> [B, 2K, L]
     seqs = seqs.at[:, :, s.step].set(token)
     length = s.step + 1

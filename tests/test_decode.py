@@ -184,3 +184,40 @@ def test_a_growing_cache_gives_the_same_search():
     staged = jax.jit(lambda c: search(step, c, max_lengths, 40, grow_cache=grow))(small)
     jax.tree.map(np.testing.assert_array_equal, staged, expected)
     assert (jax.tree.leaves(staged)[0][0] != 0).sum() > 32  # ran into the last stage
+
+
+@pytest.mark.parametrize('vocab', [2048, 8000, 8001, 37000])
+def test_top_k_of_long_rows_equals_lax_top_k(vocab):
+  """The block-maxima path, ties included: across blocks, inside the short last block, and
+  between the last block and the one before it (which the last block's window overlaps)."""
+  x = jax.random.normal(jax.random.key(vocab), (6, vocab))
+  x = x.at[:, 3].set(x[:, vocab - 1]).at[:, 40].set(x[:, vocab - 40])
+  x = x.at[1].set(x[1].at[vocab - 1].set(9.0).at[vocab - 33].set(9.0))
+  x = x.at[2].set(jnp.where(jnp.arange(vocab) < vocab - 5, -jnp.inf, x[2]))  # 5 finite entries
+  for k in (1, 8, 12):
+    got, expected = jax.jit(functools.partial(decode.top_k, k=k))(x), jax.lax.top_k(x, k)
+    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(got[0], expected[0])
+
+
+@pytest.mark.parametrize('vocab', [5, 1000, 8001])
+def test_continuations_are_the_best_of_all_beams_candidates(vocab):
+  """Against the one-step definition: log-softmax of every beam, padding's set to NEG_INF, added
+  to the beam's log-probability, the n best of all K * V candidates (ties to the lower beam,
+  then token). Beams at NEG_INF (as all but the first are at step 0; with V=5 the first has
+  too few tokens, so padding fills in at NEG_INF) and a tie across beams."""
+  batch, k, n = 3, 4, 8
+  logits = 3.0 * jax.random.normal(jax.random.key(vocab), (batch * k, vocab))
+  logits = logits.at[1].set(logits[0])  # beams 0 and 1 of sentence 0: the same continuations
+  alive = jnp.array([[-1.0, -1.0, -2.0, -3.0], [-0.5, decode.NEG_INF, -4.0, -4.5],
+                     [0.0] + [decode.NEG_INF] * 3])
+  log_probs, beam, token = decode.continuations(alive, logits, n)
+
+  every = np.array(jax.nn.log_softmax(logits)).reshape(batch, k, vocab)
+  every[:, :, 0] = decode.NEG_INF
+  every = (np.asarray(alive)[:, :, None] + every).reshape(batch, k * vocab)
+  best = np.argsort(-every, axis=1, kind='stable')[:, :n]
+  np.testing.assert_array_equal(beam, best // vocab)
+  np.testing.assert_array_equal(token, best % vocab)
+  np.testing.assert_allclose(log_probs, np.take_along_axis(every, best, axis=1), rtol=1e-6)
+  assert not np.any(np.asarray(token)[np.asarray(log_probs) > decode.NEG_INF / 2] == 0)
