@@ -165,8 +165,8 @@ def test_profile_step_splits_a_beam_search_by_part():
                            '--preset', 'tiny', '--rows', '2', '--search', 'beam4'],
                           capture_output=True, text=True, check=True, timeout=300)
   parts = json.loads(result.stdout)['op_seconds_by_part']
-  assert parts['reorder beams (cache and sequences)'] > 0 and parts['top-k'] > 0
-  assert parts['feed-forward'] > 0
+  assert parts['reorder beams (cache and sequences)'] > 0 and parts['top-k of the next tokens'] > 0
+  assert parts['feed-forward'] > 0 and parts['output projection and log-softmax'] > 0
 
 
 def _script(name: str):

@@ -34,7 +34,8 @@ SECTIONS = {
                                        'peer': args.peer}),
     'checkpoint': (checkpoint.run, lambda args: {}),
     'decode': (decode.run, lambda args: {'data_dir': args.data_dir,
-                                         'demo_model': args.demo_model}),
+                                         'demo_model': args.demo_model,
+                                         'multi30k_model': args.multi30k_model}),
     'memory': (memory.run, lambda args: {}),
     'scale': (scale.run, lambda args: {'data_dir': args.data_dir, 'pairs': args.scale_pairs,
                                        'src': args.scale_src, 'tgt': args.scale_tgt,
@@ -61,6 +62,9 @@ def main() -> int:
                       help='train section: time PyTorch beside jaxformer when it is installed')
   parser.add_argument('--demo-model', help='decode section: also time this trained model '
                       '(e.g. workdirs/demo/average-last5 after make demo)')
+  parser.add_argument('--multi30k-model', help='decode section: also time this trained model '
+                      'against CTranslate2 on test_2016_flickr (e.g. workdirs/multi30k/'
+                      'average-last5 after make train-multi30k)')
   parser.add_argument('--scale-pairs', type=positive_int, default=4_500_000,
                       help='scale section: pairs of the synthetic corpus (WMT14 EN-DE: 4.5M)')
   parser.add_argument('--scale-src', help='scale section: your own source file instead')

@@ -1,10 +1,13 @@
 """The decode section. On a GPU: greedy and beam-4 target tokens/s at base dimensions in
 bfloat16, batches of 128 newstest2014 sources (base_fast_path). On CPU: target tokens/s at base
 dimensions (random weights, 64 output tokens):
-greedy and beam 4, with and without the key/value cache; beam-4 sentences/s of the tiny config
+greedy and beam 4, with and without the key/value cache; the first top-k of a beam-4 step
+(jax.lax.top_k against decode.top_k's block maxima); beam-4 sentences/s of the tiny config
 on newstest2014 sources (and of a trained model with --demo-model). When ctranslate2 is
 installed, jaxformer and CTranslate2 side by side on the same weights and sources, in this run:
-tokens/s of each, the ratio and the agreement of their outputs (`ctranslate2`)."""
+tokens/s of each, the ratio and the agreement of their outputs (`ctranslate2`): base dims with
+random weights, and the small trained models given with --demo-model (make demo's) and
+--multi30k-model (make train-multi30k's, or any model of the multi30k recipe's dims)."""
 
 import functools
 import importlib.util
@@ -18,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench.common import median_time
-from jaxformer import checkpoint, config, data, export, train, translation
+from jaxformer import checkpoint, config, data, decode, export, train, translation
 from jaxformer.translation import Translator
 from jaxformer.data import embedded
 from jaxformer.model import Transformer
@@ -134,9 +137,24 @@ def base_fast_path(data_dir: pathlib.Path, *, batch_size: int = 128,
   return results
 
 
-def _side_by_side(data_dir: pathlib.Path, demo_model: str | None) -> dict:
+def _top_k_times(rows: int = 128, k: int = 8) -> dict:
+  """Milliseconds of one beam-4 step's first top-k (8 of each of 32 sentences x 4 beams' rows)
+  over the vocabularies of the multi30k recipe and the paper: jax.lax.top_k against
+  decode.top_k (block maxima), median of 20 calls each."""
+  results = {}
+  for vocab in (8000, 37000):
+    x = jax.random.normal(jax.random.key(0), (rows, vocab))
+    for name, fn in (('lax', jax.lax.top_k), ('blocks', decode.top_k)):
+      fn = jax.jit(functools.partial(fn, k=k))
+      _, median = median_time(lambda fn=fn: fn(x), runs=20)
+      results[f'{name}_ms_vocab_{vocab}'] = round(median * 1e3, 2)
+  return {'rows': rows, 'k': k, **results}
+
+
+def _side_by_side(data_dir: pathlib.Path, trained: dict[str, str]) -> dict:
   """compare_ctranslate2 at base dimensions with random weights (64 newstest2014 sources of 20
-  pieces each, outputs to the length limit) and, with --demo-model, on a trained model."""
+  pieces each, outputs to the length limit) and on each trained model given: 'demo' on 256
+  embedded test sentences, 'multi30k' on the first 256 of test_2016_flickr."""
   results = {}
   with tempfile.TemporaryDirectory() as tmp:
     news, tokenizer = _newstest(data_dir, tmp)
@@ -149,17 +167,18 @@ def _side_by_side(data_dir: pathlib.Path, demo_model: str | None) -> dict:
     model_dir = export.save_ctranslate2(pathlib.Path(tmp, 'ct2'), params, cfg,
                                         tokenizer.model_proto)
     results['base_random_weights'] = compare_ctranslate2(translator, model_dir, texts)
-    if demo_model:
-      translator = Translator.from_checkpoint(demo_model)
-      params, cfg, spm_model, _ = checkpoint.load(demo_model)
-      model_dir = export.save_ctranslate2(pathlib.Path(tmp, 'demo'), params, cfg, spm_model)
-      demo_test = embedded.splits(10, 10, 256)['test'].src
-      results['demo_model'] = {'model': demo_model, **compare_ctranslate2(
-          translator, model_dir, demo_test)}
+    for name, path in trained.items():
+      sentences = (embedded.splits(10, 10, 256)['test'].src if name == 'demo' else
+                   data.read_lines(data_dir / 'multi30k' / 'test_2016_flickr.en')[:256])
+      params, cfg, spm_model, _ = checkpoint.load(path)
+      model_dir = export.save_ctranslate2(pathlib.Path(tmp, name), params, cfg, spm_model)
+      results[f'{name}_model'] = {'model': path, **compare_ctranslate2(
+          Translator.from_checkpoint(path), model_dir, sentences)}
   return results
 
 
-def run(data_dir: pathlib.Path, demo_model: str | None = None) -> dict:
+def run(data_dir: pathlib.Path, demo_model: str | None = None,
+        multi30k_model: str | None = None) -> dict:
   if jax.default_backend() == 'gpu':  # the GPU's case: base dims, bf16, batches of 128
     return {'base_newstest2014': base_fast_path(data_dir)}
   results = {}
@@ -183,6 +202,7 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None) -> dict:
         results[f'{search}_cached']['target_tokens_per_s']
         / results[f'{search}_uncached']['target_tokens_per_s'], 1)
   results['setup'] = {'batch': batch, 'source_tokens': src_len, 'output_tokens': out_len}
+  results['top_k'] = _top_k_times()
 
   # The tiny config through the Translator (bucketing, batching) on newstest2014 sources.
   with tempfile.TemporaryDirectory() as tmp:
@@ -198,5 +218,7 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None) -> dict:
         **_newstest_throughput(Translator.from_checkpoint(demo_model, batch_size=32),
                                news.src[:512]), 'model': demo_model}
   if importlib.util.find_spec('ctranslate2') is not None:
-    results['ctranslate2'] = _side_by_side(data_dir, demo_model)
+    trained = {'demo': demo_model, 'multi30k': multi30k_model}
+    results['ctranslate2'] = _side_by_side(
+        data_dir, {name: path for name, path in trained.items() if path})
   return results
