@@ -156,8 +156,9 @@ class Interrupts:
   raised inside a gc callback (jax runs one at every collection), a `__del__` or a weakref
   callback, and reports it to `sys.unraisablehook`: a Ctrl-C landing there was lost and the run
   trained on. Here the hook sees the dropped KeyboardInterrupt and sends SIGINT to the main
-  thread again 10 ms later. `.seen` stays set until exit, and PreemptionGuard raises on entry if
-  it is, so an interrupted run never trains. The previous handler and hook come back on exit.
+  thread again 10 ms later (once more if it lands in the hook itself). `.seen` stays set until
+  exit, and PreemptionGuard raises on entry if it is, so an interrupted run never trains. The
+  previous handler and hook come back on exit.
   """
 
   seen = False
@@ -175,10 +176,15 @@ class Interrupts:
     if not isinstance(unraisable.exc_value, KeyboardInterrupt):
       self._previous_hook(unraisable)
       return
-    again = threading.Timer(0.01, signal.pthread_kill,  # to the main thread: a sleep ends
-                            (threading.main_thread().ident, signal.SIGINT))
-    again.daemon = True
-    again.start()
+    while True:  # the SIGINT sent again may land here, in the hook, where it is dropped too
+      try:
+        again = threading.Timer(0.01, signal.pthread_kill,  # to the main thread: a sleep ends
+                                (threading.main_thread().ident, signal.SIGINT))
+        again.daemon = True
+        again.start()
+        return
+      except KeyboardInterrupt:
+        continue  # (a busy host can take 10 ms to start a thread): send it once more
 
   def __enter__(self) -> 'Interrupts':
     Interrupts.seen = False

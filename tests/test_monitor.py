@@ -6,6 +6,7 @@ import gc
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -142,3 +143,26 @@ def test_ctrl_c_inside_a_gc_callback_arrives_just_after_it():
   assert sys.unraisablehook is hook
   with monitor.PreemptionGuard():  # the process's next run (library use) trains
     pass
+
+
+def test_ctrl_c_sent_again_is_not_lost_when_it_lands_in_the_hook(monkeypatch):
+  """On a busy host the re-sent SIGINT can arrive while the hook still starts its timer thread,
+  where an exception is dropped as well: the hook sends it once more."""
+  started = []
+
+  def start_late(timer):  # the first timer's signal arrives inside its own start()
+    started.append(timer)
+    if len(started) == 1:
+      signal.raise_signal(signal.SIGINT)
+    threading.Thread.start(timer)
+  monkeypatch.setattr(threading.Timer, 'start', start_late)
+  with monitor.Interrupts():
+    callback = sigint_inside_a_gc_callback()
+    start = time.monotonic()
+    try:
+      with pytest.raises(KeyboardInterrupt):
+        gc.collect()
+        time.sleep(30)
+    finally:
+      gc.callbacks.remove(callback)
+  assert time.monotonic() - start < 10 and len(started) >= 2
