@@ -11,13 +11,18 @@ import tempfile
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import CFG, TEXT, synthetic_text, train_settings
+from helpers import CHEAP_COMPILES, CFG, TEXT, synthetic_text, train_settings
 
 from jaxformer import config as config_lib
 from jaxformer import data, recipes, trainer
 from jaxformer.data import embedded
 from jaxformer.model import Transformer
 from jaxformer.translation import Translator
+
+# Before jax starts its backend (importing jax does not): cheap compiles here and in the
+# processes the tests start (see helpers.CHEAP_COMPILES).
+if CHEAP_COMPILES not in os.environ.get('XLA_FLAGS', ''):  # (pytest-xdist's workers inherit it)
+  os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {CHEAP_COMPILES}'.strip()
 
 # One persistent XLA compilation cache for the whole run: the pytest workers and the processes
 # the tests start (through the environment) compile the same small programs many times. It

@@ -13,10 +13,9 @@ import os
 import sys
 
 MODE = sys.argv[1]
-if MODE in ('devices', 'jit'):
-  os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={sys.argv[2]}'
-elif MODE == 'hosts2':
-  os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
+if MODE in ('devices', 'jit', 'hosts2'):
+  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_'
+                             f'device_count={2 if MODE == "hosts2" else sys.argv[2]}')
 
 import functools  # noqa: E402
 
