@@ -1,21 +1,22 @@
 """Shared fixtures, made once per pytest worker and reused by every file: a tiny model with fixed
 params, trained workdirs (tiny; demo-sized), a tokenizer and a token cache, the shared data."""
 
-import dataclasses
 import logging
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import CHEAP_COMPILES, CFG, TEXT, synthetic_text, train_settings
+from helpers import (CFG, CHEAP_COMPILES, TEXT, demo_sized_corpus, optimised_env,
+                     synthetic_text, train_settings)
 
 from jaxformer import config as config_lib
-from jaxformer import data, recipes, trainer
-from jaxformer.data import embedded
+from jaxformer import data, trainer
 from jaxformer.model import Transformer
 from jaxformer.translation import Translator
 
@@ -117,19 +118,14 @@ def translator(workdir) -> Translator:
 @pytest.fixture(scope='session')
 def demo_sized(tmp_path_factory) -> tuple[pathlib.Path, list[str]]:
   """A small model (the demo recipe's, with N=2 and d_model 64) trained 250 steps on the embedded
-  corpus: enough for real, varied translations (5 to 22 pieces, 1 min here; the demo's own
-  dimensions took 4.5 min); and its held-out test sentences."""
+  corpus: enough for real, varied translations (5 to 22 pieces; the demo's own dimensions took
+  4.5 min); and 100 held-out test sentences. Trained in a process of its own, with XLA's default
+  optimisation (helpers.optimised_env)."""
   path = tmp_path_factory.mktemp('demo_sized')
-  recipe = recipes.load('demo')
-  corpus = embedded.splits(6000, 10, 200)
-  model = recipe.model.replace(num_layers=2, d_model=64, d_ff=256,
-                               warmup_steps=100)
-  settings = dataclasses.replace(
-      recipe.train, num_steps=250, tokens_per_batch=2048, checkpoint_every_steps=250,
-      average_last=0, bleu_sentences=0, sample_translations=0, spm_sample_size=12_000,
-      log_every_steps=50)
-  trainer.train(model, settings, path, corpus['train'])
-  return path, corpus['test'].src[:100]
+  subprocess.run([sys.executable, '-c', f'import helpers; helpers.train_demo_sized({str(path)!r})'],
+                 cwd=pathlib.Path(__file__).parent, env=optimised_env(), check=True,
+                 timeout=900)
+  return path, demo_sized_corpus()['test'].src[:100]
 
 
 @pytest.fixture(scope='session')

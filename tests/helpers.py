@@ -1,5 +1,6 @@
 """Small builders shared by several test files."""
 
+import dataclasses
 import gc
 import os
 import pathlib
@@ -11,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer import config, data
+from jaxformer import config, data, recipes, trainer
+from jaxformer.data import embedded
 from jaxformer.model import Transformer
 
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -20,6 +22,13 @@ TESTS = pathlib.Path(__file__).resolve().parent
 # about 1.7x cheaper, while the compiled programs run about 2x slower. What is computed does not
 # change (the same HLO; the tests' stored losses and tolerances hold).
 CHEAP_COMPILES = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
+
+
+def optimised_env() -> dict[str, str]:
+  """The environment for a process that runs long rather than compiles much (many training
+  steps, bfloat16 on the CPU): XLA's default optimisation, without CHEAP_COMPILES."""
+  flags = os.environ.get('XLA_FLAGS', '').replace(CHEAP_COMPILES, '').strip()
+  return {**os.environ, 'XLA_FLAGS': flags}
 
 _EN = 'the a man woman dog cat sees walks with under house garden red small big quickly'
 _DE = 'der die das mann frau hund katze sieht geht mit unter haus garten rot klein groß'
@@ -125,3 +134,19 @@ def sigint_inside_a_gc_callback(when=lambda: True):
       signal.raise_signal(signal.SIGINT)  # its Python handler runs here, in the callback
   gc.callbacks.append(callback)
   return callback
+
+
+def demo_sized_corpus() -> dict[str, data.ParallelText]:
+  """The embedded corpus's splits for conftest's `demo_sized` model."""
+  return embedded.splits(6000, 10, 200)
+
+
+def train_demo_sized(workdir: str) -> None:
+  """conftest's `demo_sized` model, trained into workdir (run in a process of its own)."""
+  recipe = recipes.load('demo')
+  model = recipe.model.replace(num_layers=2, d_model=64, d_ff=256, warmup_steps=100)
+  settings = dataclasses.replace(
+      recipe.train, num_steps=250, tokens_per_batch=2048, checkpoint_every_steps=250,
+      average_last=0, bleu_sentences=0, sample_translations=0, spm_sample_size=12_000,
+      log_every_steps=50)
+  trainer.train(model, settings, pathlib.Path(workdir), demo_sized_corpus()['train'])
