@@ -60,8 +60,8 @@ jax-extra:
 	@echo $(JAX_EXTRA)
 
 # Three pytest workers (pytest-xdist), each running whole test files (a third fills the waits on
-# subprocesses and the network), the longest files first (tests/conftest.py): 14 min 48 s to
-# 20 min 23 s on 2 cores (2026-11-24 and 2026-11-25, from a fresh clone; the host's speed varies).
+# subprocesses and the network), the longest files first (tests/conftest.py): 12 min 37 s on
+# 2 cores (2026-11-25, from a fresh clone; the host's speed varies by up to a third).
 test: $(STAMP)
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=10
 
