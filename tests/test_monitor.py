@@ -122,20 +122,26 @@ def test_sink_without_tensorboard_writes_metrics_and_warns(tmp_path, monkeypatch
   assert 'no TensorBoard events' in caplog.text
 
 
+def _seconds_to_ctrl_c_inside_a_gc_callback() -> float:
+  """How long a 30 s sleep lasts after SIGINT's handler ran inside a gc callback (the
+  KeyboardInterrupt must arrive: pytest.raises)."""
+  callback = sigint_inside_a_gc_callback()
+  start = time.monotonic()
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      gc.collect()
+      time.sleep(30)  # cut short about 10 ms in: the signal goes to this (the main) thread
+  finally:
+    gc.callbacks.remove(callback)
+  return time.monotonic() - start
+
+
 def test_ctrl_c_inside_a_gc_callback_arrives_just_after_it():
   """Python's own handler raised KeyboardInterrupt inside the callback, where it was printed
   and lost (the run went on); under Interrupts it arrives once the callback has returned."""
   before, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
   with monitor.Interrupts():
-    callback = sigint_inside_a_gc_callback()
-    start = time.monotonic()
-    try:
-      with pytest.raises(KeyboardInterrupt):
-        gc.collect()
-        time.sleep(30)  # cut short about 10 ms in: the signal goes to this (the main) thread
-    finally:
-      gc.callbacks.remove(callback)
-    assert time.monotonic() - start < 10
+    assert _seconds_to_ctrl_c_inside_a_gc_callback() < 10
     assert monitor.Interrupts.seen
     with pytest.raises(KeyboardInterrupt), monitor.PreemptionGuard():  # so it never trains
       pass
@@ -157,12 +163,5 @@ def test_ctrl_c_sent_again_is_not_lost_when_it_lands_in_the_hook(monkeypatch):
     threading.Thread.start(timer)
   monkeypatch.setattr(threading.Timer, 'start', start_late)
   with monitor.Interrupts():
-    callback = sigint_inside_a_gc_callback()
-    start = time.monotonic()
-    try:
-      with pytest.raises(KeyboardInterrupt):
-        gc.collect()
-        time.sleep(30)
-    finally:
-      gc.callbacks.remove(callback)
-  assert time.monotonic() - start < 10 and len(started) >= 2
+    assert _seconds_to_ctrl_c_inside_a_gc_callback() < 10
+  assert len(started) >= 2
