@@ -19,8 +19,9 @@ from jaxformer.model import Transformer
 TESTS = pathlib.Path(__file__).resolve().parent
 # XLA:CPU compiles with LLVM's cheapest settings in the tests (conftest.py, and the processes the
 # tests start): the suite's time is mostly compiling small programs, which these settings make
-# about 1.7x cheaper, while the compiled programs run about 2x slower. What is computed does not
-# change (the same HLO; the tests' stored losses and tolerances hold).
+# about 1.4-1.8x cheaper, while the compiled programs run about 2x slower (docs/benchmarks-log.md,
+# "The test suite's compile settings"). XLA optimises the same HLO; the losses measured there
+# matched to the last digit, and every test's stored value and tolerance holds.
 CHEAP_COMPILES = '--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true'
 
 
