@@ -106,7 +106,7 @@ def workdir(tmp_path_factory) -> pathlib.Path:
   settings = config_lib.TrainConfig(num_steps=4, tokens_per_batch=1024, row_len=64,
                                     checkpoint_every_steps=2, checkpoint_every_secs=None,
                                     average_last=2, log_every_steps=2)
-  trainer.train(config_lib.tiny(vocab_size=400), settings, path, synthetic_text(800))
+  trainer.train(CFG, settings, path, synthetic_text(800))
   return path
 
 

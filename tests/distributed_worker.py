@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from helpers import synthetic_text  # noqa: E402
+from helpers import CFG, synthetic_text  # noqa: E402
 
 from jaxformer import config, data, parallel, train, trainer  # noqa: E402
 
@@ -51,7 +51,7 @@ def batches(num_devices: int, process_index: int = 0, process_count: int = 1):
 
 
 def initial_state() -> train.TrainState:
-  cfg = config.tiny(vocab_size=400).replace(dropout_rate=0.0)
+  cfg = CFG.replace(dropout_rate=0.0)
   state = train.create_train_state(cfg, jax.random.key(0))
   # SGD with rate 1 makes each update the combined gradient itself. Adam's first steps are
   # ~sign(g), which turns float rounding in near-zero gradients into differences of 2 * lr.
@@ -114,7 +114,7 @@ elif MODE == 'train':
   settings = config.TrainConfig(num_steps=steps, tokens_per_batch=1024, row_len=LENGTH,
                                 checkpoint_every_steps=2, checkpoint_every_secs=None,
                                 average_last=2, log_every_steps=1, sample_translations=0)
-  summary = trainer.train(config.tiny(vocab_size=400), settings, workdir,
+  summary = trainer.train(CFG, settings, workdir,
                           synthetic_text(400, seed=7), synthetic_text(40, seed=8))
   print('SUMMARY', json.dumps(summary))
 elif MODE == 'hosts2':
