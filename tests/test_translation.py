@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import synthetic_text
+from helpers import CFG, synthetic_text
 
 from jaxformer import config, trainer, translation
 
@@ -70,7 +70,7 @@ def test_over_long_sources_are_cut_to_the_model_and_counted(translator, caplog):
 
 def test_learned_positions_translate_sources_longer_than_the_table(tmp_path):
   """Table 3 row E: the width bucket plus 50 used to pass max_len and break init_cache."""
-  cfg = config.tiny(vocab_size=400).replace(learned_positions=True)  # max_len 64 = row_len
+  cfg = CFG.replace(learned_positions=True)  # max_len 64 = row_len
   settings = config.TrainConfig(num_steps=1, tokens_per_batch=1024, row_len=64,
                                 checkpoint_every_secs=None, average_last=0)
   trainer.train(cfg, settings, tmp_path, synthetic_text(200))
