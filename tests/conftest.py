@@ -100,13 +100,13 @@ def trained(tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope='session')
 def workdir(tmp_path_factory) -> pathlib.Path:
-  """A tiny model trained 4 steps, checkpoints at 2 and 4 (translation quality does not matter
-  where this is used)."""
+  """A tiny model (two layers, for the tests that go through layers: plots, exports) trained
+  4 steps, checkpoints at 2 and 4 (translation quality does not matter where this is used)."""
   path = tmp_path_factory.mktemp('tiny4')
   settings = config_lib.TrainConfig(num_steps=4, tokens_per_batch=1024, row_len=64,
                                     checkpoint_every_steps=2, checkpoint_every_secs=None,
                                     average_last=2, log_every_steps=2)
-  trainer.train(CFG, settings, path, synthetic_text(800))
+  trainer.train(config_lib.tiny(vocab_size=400), settings, path, synthetic_text(800))
   return path
 
 
