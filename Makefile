@@ -60,8 +60,9 @@ jax-extra:
 	@echo $(JAX_EXTRA)
 
 # Three pytest workers (pytest-xdist), each running whole test files (a third fills the waits on
-# subprocesses and the network), the longest files first (tests/conftest.py): 12 min 37 s on
-# 2 cores (2026-11-25, from a fresh clone; the host's speed varies by up to a third).
+# subprocesses and the network), the longest files first (tests/conftest.py): 17 min 44 s on
+# 2 cores (2026-11-25, from a fresh clone, at a slow hour of a host whose speed varied 1.7x that
+# day; docs/benchmarks-log.md, "The test suite's time").
 test: $(STAMP)
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=10
 
