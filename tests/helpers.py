@@ -47,8 +47,9 @@ def synthetic_text(n: int, seed: int = 0) -> data.ParallelText:
 TEXT = synthetic_text(1500)             # the training pairs of the tiny trainer tests
 # Their model: config.tiny with one layer. The trainer's, the commands' and the checkpoints' tests
 # exercise the machinery around the model, and a layer fewer makes each of their many compiles
-# about 40% cheaper. The model's and the cache's tests, and conftest's `workdir` (plots and
-# exports go through layers), keep tiny's two.
+# about a third cheaper (a tiny train step: 3.0-3.3 s against 4.6-4.8 s; docs/benchmarks-log.md).
+# The model's and the cache's tests, and conftest's `workdir` (plots and exports go through
+# layers), keep tiny's two.
 CFG = config.tiny(vocab_size=400).replace(num_layers=1)
 
 

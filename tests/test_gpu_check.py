@@ -75,7 +75,7 @@ def test_gpu_check_fails_attention_that_scales_its_output_and_too_little_trainin
   monkeypatch.setattr(jax.nn, 'dot_product_attention', lambda *a, **k: 1.5 * fused(*a, **k))
   with pytest.raises(AssertionError, match=r'^rows of 64: relative error to float32: logits'):
     gpu_check.check_fused_attention((64,))
-  monkeypatch.setattr(jax.nn, 'dot_product_attention', fused)
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', fused)  # (undo() would drop one_layer)
   with pytest.raises(AssertionError, match=r'^loss \S+ -> \S+ in 10 steps'):
     gpu_check.check_training(10)
 
