@@ -3,6 +3,7 @@
 Nothing here touches the host, the data pipeline or the disk: `trainer` wraps these in pmap
 and runs the loop around them."""
 
+import functools
 from typing import Any
 
 import jax
@@ -30,13 +31,23 @@ class TrainState(train_state.TrainState):
 def create_train_state(config: TransformerConfig, rng: Array, src_len: int = 8,
                        tgt_len: int = 8) -> TrainState:
   """Initialises the model's params and the paper's optimiser."""
-  model = Transformer(config)
+  model, init, schedule, tx = _model_and_optimizer(config)
   dummy_src = jnp.ones((1, src_len), jnp.int32)
   dummy_tgt = jnp.ones((1, tgt_len), jnp.int32)
-  params = jax.jit(model.init)(rng, dummy_src, dummy_tgt)['params']
+  params = init(rng, dummy_src, dummy_tgt)['params']
+  return TrainState.create(apply_fn=model.apply, params=params, config=config, tx=tx,
+                           lr_schedule=schedule)
+
+
+@functools.lru_cache(maxsize=8)
+def _model_and_optimizer(config: TransformerConfig) -> tuple[Transformer, Any, optax.Schedule,
+                                                             optax.GradientTransformation]:
+  """The model, its jitted init, the schedule and the optimiser of a config, made once per
+  process: states of equal configs then have equal static fields (the model's apply, the
+  optimiser), so jitted steps compiled for one state are reused for the next, not traced again."""
+  model = Transformer(config)
   schedule = optim.lrate_schedule(config.d_model, config.warmup_steps)
-  return TrainState.create(apply_fn=model.apply, params=params, config=config,
-                           tx=optim.make_optimizer(config, schedule), lr_schedule=schedule)
+  return model, jax.jit(model.init), schedule, optim.make_optimizer(config, schedule)
 
 
 def _apply(state: TrainState, params: Any, batch: Batch, **kwargs: Any) -> Array:

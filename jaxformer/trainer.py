@@ -319,11 +319,13 @@ def train_recipe(recipe: Recipe, workdir: str | pathlib.Path) -> dict[str, Any]:
   return train(recipe.model, recipe.train, workdir, *pipeline_lib.sources(recipe.data))
 
 
-def _pmapped_steps(train_cfg: TrainConfig) -> tuple[Any, Any]:
-  """The train step (donating its state) and the eval step, pmapped over the local devices."""
+@functools.lru_cache(maxsize=8)
+def _pmapped_steps(accum_steps: int, skip_nonfinite: bool) -> tuple[Any, Any]:
+  """The train step (donating its state) and the eval step, pmapped over the local devices;
+  made once per process, so that a second run in it reuses their compiled programs."""
   p_train_step = jax.pmap(
-      functools.partial(train_step, axis_name='batch', accum_steps=train_cfg.accum_steps,
-                        skip_nonfinite=train_cfg.skip_nonfinite),
+      functools.partial(train_step, axis_name='batch', accum_steps=accum_steps,
+                        skip_nonfinite=skip_nonfinite),
       axis_name='batch', donate_argnums=0)
   return p_train_step, jax.pmap(eval_step, axis_name='batch')
 
@@ -394,7 +396,7 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
                           tgt_len=pipeline.tgt_len, rows=pipeline.rows)
   log.info('training on %s', describe_run(facts))
   p_state, p_rng = parallel.replicate(state), parallel.replicate(rng)
-  p_train_step, p_eval_step = _pmapped_steps(train_cfg)
+  p_train_step, p_eval_step = _pmapped_steps(train_cfg.accum_steps, train_cfg.skip_nonfinite)
   reader = monitor.MetricReader(skip_nonfinite=train_cfg.skip_nonfinite, on_skip=_on_skip)
   summary: dict[str, Any] = {'preempted': False, 'train': {}}
   sink = monitor.MetricsSink(workdir, enabled=jax.process_index() == 0, start_step=start_step,

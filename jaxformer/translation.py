@@ -75,6 +75,14 @@ def _bucket(length: int) -> int:
   return max(8, 1 << (length - 1).bit_length())
 
 
+@functools.lru_cache(maxsize=8)
+def _jitted_search(config: TransformerConfig, beam_size: int, alpha: float) -> Any:
+  """decode_batch jitted for one model shape and search, made once per process: Translators of
+  equal configs (a run's evaluations, a second run) reuse its compiled programs."""
+  return jax.jit(functools.partial(decode_batch, config=config, beam_size=beam_size,
+                                   alpha=alpha), static_argnames=('max_len', 'num_results'))
+
+
 class Translator:
   """Translates text with a model and its sentencepiece vocabulary, by the paper's settings:
   beam 4, alpha 0.6, at most (source length + 50) tokens."""
@@ -85,9 +93,7 @@ class Translator:
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.beam_size, self.alpha, self.extra_length = beam_size, alpha, extra_length
     self.batch_size = batch_size
-    self._search = jax.jit(functools.partial(decode_batch, config=config, beam_size=beam_size,
-                                             alpha=alpha), static_argnames=('max_len',
-                                                                            'num_results'))
+    self._search = _jitted_search(config, beam_size, alpha)
 
   @classmethod
   def from_checkpoint(cls, path: str, average_last: int | None = None,

@@ -123,6 +123,26 @@ def test_a_run_has_one_translator_and_later_evaluations_compile_nothing(tmp_path
   assert compiled[0] > 0 and compiled[1:] == [compiled[0]] * 2, compiled
 
 
+def test_a_second_run_in_the_process_traces_nothing_again(tmp_path):
+  """The model's init, the pmapped steps and the beam search are made once per process for a
+  config: a second run of it (a sweep, a notebook) reuses their compiled programs (before,
+  every run traced them afresh: 8.5 s of a 9 s tiny run)."""
+  def run(name: str) -> None:
+    trainer.train(CFG, _tc(num_steps=2, eval_every_steps=2, bleu_sentences=4), tmp_path / name,
+                  TEXT, synthetic_text(20, seed=9))
+  run('first')
+  traced = []
+  def listener(event: str, duration: float, **kwargs) -> None:
+    if event.endswith('jaxpr_trace_duration'):
+      traced.append(kwargs.get('fun_name', event))
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    run('second')
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert traced == []
+
+
 def test_resuming_with_other_row_lengths_is_a_data_change(trained, tmp_path):
   workdir = tmp_path / 'w'
   shutil.copytree(trained, workdir)
