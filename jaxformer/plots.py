@@ -1,7 +1,9 @@
 """Pictures of what the model learned: encoder-decoder attention and the positional encoding."""
 
+import functools
 import pathlib
 
+import jax
 import jax.numpy as jnp
 import matplotlib
 import numpy as np
@@ -23,9 +25,9 @@ def cross_attention(translator: Translator, sentence: str, translation: str | No
     translation = translator.translate([sentence])[0]
   src = tokenizer.encode([sentence])[0] + [EOS_ID]
   tgt = tokenizer.encode([translation])[0] + [EOS_ID]
-  _, state = Transformer(translator.config.with_execution(attention='einsum')).apply(
-      {'params': translator.params}, jnp.array([src]), jnp.array([[0] + tgt[:-1]]),
-      mutable=['intermediates'])
+  model = Transformer(translator.config.with_execution(attention='einsum'))
+  _, state = jax.jit(functools.partial(model.apply, mutable=['intermediates']))(
+      {'params': translator.params}, jnp.array([src]), jnp.array([[0] + tgt[:-1]]))
   decoder = state['intermediates']['decoder']
   layers = [np.asarray(decoder[f'layers_{i}']['cross_attention']['attention_weights'][0][0])
             for i in range(translator.config.num_layers)]
