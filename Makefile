@@ -60,7 +60,7 @@ jax-extra:
 	@echo $(JAX_EXTRA)
 
 # Three pytest workers (pytest-xdist), each running whole test files (a third fills the waits on
-# subprocesses and the network), the longest files first (tests/conftest.py): 17 min 44 s on
+# subprocesses and the network), the longest files first (tests/conftest.py): 16 min 18 s on
 # 2 cores (2026-11-25, from a fresh clone, at a slow hour of a host whose speed varied 1.7x that
 # day; docs/benchmarks-log.md, "The test suite's time").
 test: $(STAMP)
