@@ -132,6 +132,7 @@ def test_a_second_run_in_the_process_traces_nothing_again(tmp_path):
                   TEXT, synthetic_text(20, seed=9))
   run('first')
   traced = []
+
   def listener(event: str, duration: float, **kwargs) -> None:
     if event.endswith('jaxpr_trace_duration'):
       traced.append(kwargs.get('fun_name', event))
