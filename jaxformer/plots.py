@@ -2,12 +2,14 @@
 
 import functools
 import pathlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import matplotlib
 import numpy as np
 
+from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID
 from jaxformer.translation import Translator
 from jaxformer.model import Transformer, sinusoidal_positions
@@ -25,13 +27,20 @@ def cross_attention(translator: Translator, sentence: str, translation: str | No
     translation = translator.translate([sentence])[0]
   src = tokenizer.encode([sentence])[0] + [EOS_ID]
   tgt = tokenizer.encode([translation])[0] + [EOS_ID]
-  model = Transformer(translator.config.with_execution(attention='einsum'))
-  _, state = jax.jit(functools.partial(model.apply, mutable=['intermediates']))(
+  _, state = _forward_with_intermediates(translator.config)(
       {'params': translator.params}, jnp.array([src]), jnp.array([[0] + tgt[:-1]]))
   decoder = state['intermediates']['decoder']
   layers = [np.asarray(decoder[f'layers_{i}']['cross_attention']['attention_weights'][0][0])
             for i in range(translator.config.num_layers)]
   return tokenizer.pieces(src), tokenizer.pieces(tgt), layers
+
+
+@functools.lru_cache(maxsize=8)
+def _forward_with_intermediates(config: TransformerConfig) -> Any:
+  """The model's forward, jitted once per config and process, returning what it sows (the
+  attention weights; einsum attention, which keeps them)."""
+  model = Transformer(config.with_execution(attention='einsum'))
+  return jax.jit(functools.partial(model.apply, mutable=['intermediates']))
 
 
 def _heatmap(ax, weights: np.ndarray, src: list[str], tgt: list[str], title: str) -> None:
