@@ -116,8 +116,8 @@ bench: $(STAMP)
 	$(PY) experiments/bench --data-dir $(SHARED_DATA) $(ARGS)
 
 # A new host's first command: the device line, then fused attention, its training on packed rows,
-# bf16 training, decoding and checkpoints checked on jax's backend, as a pass/fail table (73 s
-# on 2 CPU cores; on an H100 its first four rows took under 200 s).
+# bf16 training, decoding and checkpoints checked on jax's backend, as a pass/fail table (80 s
+# on 2 CPU cores, with a one-layer model; on an H100 its first four rows took under 200 s).
 gpu-check: $(STAMP)
 	$(PY) experiments/gpu_check.py $(ARGS)
 

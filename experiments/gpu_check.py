@@ -18,7 +18,8 @@ table (exit status 1 if any check fails):
                     half;
   decoding          cached and uncached decoding give the same tokens, greedy and beam 4;
   checkpoints       save, restore and average through orbax, against the values saved.
-Without a GPU it says so in one line and runs the same checks on the CPU (about 75 s on 2 cores).
+Without a GPU it says so in one line and runs the same checks on the CPU, on a one-layer model
+(80 s on 2 cores, 2026-11-25).
 """
 
 import argparse
@@ -39,6 +40,7 @@ from jaxformer.model import Transformer
 
 CFG = config.TransformerConfig(vocab_size=64, num_layers=2, d_model=64, d_ff=256, num_heads=4,
                                max_len=64, warmup_steps=100)
+CPU_CFG = CFG.replace(num_layers=1)  # without a GPU: the same checks at a CPU's speed
 LENGTH, ROWS = 13, 32  # reversal task: source length (+ EOS: even, as cuDNN's training
                        # kernel needs), rows per device
 
@@ -72,14 +74,15 @@ def _packed(batch: dict[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
           'tgt_segments': segments, 'src_positions': positions, 'tgt_positions': positions}
 
 
-def check_fused_attention(widths: tuple[int, ...] = (64, 128)) -> str:
+def check_fused_attention(widths: tuple[int, ...] = (64, 128), cfg: config.TransformerConfig = CFG
+                          ) -> str:
   """Fused attention in bfloat16 is as close to a float32 reference as einsum attention in
   bfloat16 (within 2e-2, or twice einsum's error) on packed rows with padding of each width:
   the logits, and the gradients of a random projection of them with respect to the params."""
   results = []
   for width in widths:
     batch = _packed(_reversal_batches(1, 1, seed=1)[0], width)
-    ok, detail = _fused_against_einsum({key: value[0, :8] for key, value in batch.items()})
+    ok, detail = _fused_against_einsum({key: value[0, :8] for key, value in batch.items()}, cfg)
     results.append((ok, f'rows of {width}: {detail}'))  # 8 packed rows each
   detail = '; '.join(d for _, d in results)
   if not all(ok for ok, _ in results):
@@ -87,26 +90,27 @@ def check_fused_attention(widths: tuple[int, ...] = (64, 128)) -> str:
   return detail
 
 
-def _fused_against_einsum(batch: dict[str, np.ndarray]) -> tuple[bool, str]:
+def _fused_against_einsum(batch: dict[str, np.ndarray], cfg: config.TransformerConfig
+                          ) -> tuple[bool, str]:
   """(whether fused is within the bound on logits and gradients, what was measured)."""
-  cfg = CFG.with_execution(dtype=jnp.bfloat16, attention='fused')  # any backend
+  cfg = cfg.with_execution(dtype=jnp.bfloat16, attention='fused')  # any backend
   layout = {key: batch[key] for key in ('src_segments', 'tgt_segments', 'src_positions',
                                         'tgt_positions')}
   src, tgt, real = batch['src'], batch['tgt_in'], batch['weights'] > 0
   params = Transformer(cfg).init(jax.random.key(0), src[:1], tgt[:1])['params']
-  projection = np.random.default_rng(1).normal(size=(*tgt.shape, CFG.vocab_size))
+  projection = np.random.default_rng(1).normal(size=(*tgt.shape, cfg.vocab_size))
   projection *= real[..., None]
   logits, grads = {}, {}
   variants = {'fused': cfg, 'einsum': cfg.with_execution(attention='einsum'),
               'float32': cfg.with_execution(attention='einsum', dtype=jnp.float32)}  # the reference
   for attention, variant in variants.items():
-    model = Transformer(variant)
-    forward = jax.jit(functools.partial(model.apply, **layout))
-    logits[attention] = np.asarray(forward({'params': params}, src, tgt), np.float32)[real]
-    grad = jax.jit(jax.grad(lambda p, model=model: jnp.sum(
-        model.apply({'params': p}, src, tgt, **layout).astype(jnp.float32) * projection))
-                   ).lower(params).compile()
-    grads[attention] = np.concatenate([np.ravel(g) for g in jax.tree.leaves(grad(params))])
+    def projected(p, model=Transformer(variant)):  # (the projection, the logits)
+      out = model.apply({'params': p}, src, tgt, **layout).astype(jnp.float32)
+      return jnp.sum(out * projection), out
+    grad = jax.jit(jax.grad(projected, has_aux=True)).lower(params).compile()  # one program
+    g, out = grad(params)
+    logits[attention] = np.asarray(out)[real]
+    grads[attention] = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)])
     if attention == 'fused':
       kernel = 'cuDNN kernel' if 'cudnn' in grad.as_text().lower() else 'XLA (no cuDNN kernel)'
 
@@ -122,19 +126,21 @@ def _fused_against_einsum(batch: dict[str, np.ndarray]) -> tuple[bool, str]:
           f'relative error to float32: {", ".join(d for _, d in results)}; {kernel}')
 
 
-def check_fused_training(steps: int = 50, widths: tuple[int, ...] = (64, 192, 256)) -> str:
+def check_fused_training(steps: int = 50, widths: tuple[int, ...] = (64, 192, 256),
+                         cfg: config.TransformerConfig = CFG) -> str:
   """Fused attention trains in bfloat16 on packed rows with padding: finite losses and gradient
   norms at every step, and losses within 2% of einsum attention's (the same init, batches and
   dropout)."""
-  start = train.create_train_state(CFG.with_execution(dtype=jnp.bfloat16), jax.random.key(0))
+  start = train.create_train_state(cfg.with_execution(dtype=jnp.bfloat16), jax.random.key(0))
   results, failed = [], False
   for width in widths:
     batches = [{key: value[0] for key, value in _packed(b, width).items()}
                for b in _reversal_batches(8, 1, seed=2)]
     losses, norms, kernel = {}, {}, ''
     for attention in ('fused', 'einsum'):
-      cfg = CFG.with_execution(dtype=jnp.bfloat16, attention=attention)
-      state = jax.tree.map(jnp.copy, start.replace(apply_fn=Transformer(cfg).apply, config=cfg))
+      variant = cfg.with_execution(dtype=jnp.bfloat16, attention=attention)
+      state = jax.tree.map(jnp.copy, start.replace(apply_fn=Transformer(variant).apply,
+                                                   config=variant))
       step = jax.jit(train.train_step, donate_argnums=0).lower(
           state, batches[0], jax.random.key(1)).compile()
       if attention == 'fused':
@@ -159,12 +165,11 @@ def check_fused_training(steps: int = 50, widths: tuple[int, ...] = (64, 192, 25
   return detail
 
 
-def check_training(steps: int) -> tuple[str, dict]:
+def check_training(steps: int, cfg: config.TransformerConfig = CFG) -> tuple[str, dict]:
   """The fast path trains on packed rows: the mean loss of the last 10 steps is under half the
   first 10's."""
   devices = jax.local_device_count()
-  state = train.create_train_state(config.fast_path(CFG, 'gpu'),
-                                   jax.random.key(0))
+  state = train.create_train_state(config.fast_path(cfg, 'gpu'), jax.random.key(0))
   p_state, p_rng = parallel.replicate(state), parallel.replicate(jax.random.key(1))
   p_step = jax.pmap(functools.partial(train.train_step, axis_name='batch'),
                     axis_name='batch', donate_argnums=0)
@@ -183,13 +188,13 @@ def check_training(steps: int) -> tuple[str, dict]:
   return detail, parallel.unreplicate(p_state.params)
 
 
-def check_decoding(params: dict) -> str:
+def check_decoding(params: dict, cfg: config.TransformerConfig = CFG) -> str:
   """Cached and uncached decoding give the same tokens (float32, as translation runs)."""
   src = jnp.asarray(_reversal_batches(1, 1, seed=7)[0]['src'][0])  # [ROWS, LENGTH + 1]
   lengths = jnp.full((src.shape[0],), LENGTH + 4, jnp.int32)
   correct = []
   for beam in (1, 4):
-    search = functools.partial(translation.decode_batch, params, src, lengths, config=CFG,
+    search = functools.partial(translation.decode_batch, params, src, lengths, config=cfg,
                                max_len=LENGTH + 4, beam_size=beam, alpha=0.6)
     cached, uncached = (np.asarray(jax.jit(search, static_argnames='cached')(cached=c))
                         for c in (True, False))
@@ -201,9 +206,9 @@ def check_decoding(params: dict) -> str:
           'exact reversals)')
 
 
-def check_checkpoints(params: dict) -> str:
+def check_checkpoints(params: dict, cfg: config.TransformerConfig = CFG) -> str:
   """Two saved steps restore exactly, and their average is the element-wise mean."""
-  meta = checkpoint.make_meta(CFG, b'no vocabulary')
+  meta = checkpoint.make_meta(cfg, b'no vocabulary')
   shifted = jax.tree.map(lambda x: x + np.float32(1), params)
   with tempfile.TemporaryDirectory() as workdir:
     manager = checkpoint.make_manager(checkpoint.checkpoint_dir(workdir))
@@ -216,7 +221,7 @@ def check_checkpoints(params: dict) -> str:
   for got, want, atol in pairs:
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
       np.testing.assert_allclose(a, b, rtol=0, atol=atol)
-  if (step, restored_config) != (2, CFG):
+  if (step, restored_config) != (2, cfg):
     raise AssertionError(f'restored step {step} and config {restored_config}')
   return f'{len(jax.tree.leaves(params))} arrays saved at 2 steps, restored, averaged'
 
@@ -246,24 +251,26 @@ def main(argv: list[str] | None = None) -> int:
   args = parser.parse_args(argv)
   line = parallel.devices_line()
   print(line, flush=True)
-  if jax.default_backend() != 'gpu':
-    print(f'no GPU: jax runs on {jax.default_backend()}, so these are the CPU checks (on a GPU '
-          'host, `make install` installs the CUDA build of jax)', flush=True)
+  on_gpu = jax.default_backend() == 'gpu'
+  if not on_gpu:
+    print(f'no GPU: jax runs on {jax.default_backend()}, so these are the CPU checks, on a '
+          'one-layer model (on a GPU host, `make install` installs the CUDA build of jax)',
+          flush=True)
+  cfg = CFG if on_gpu else CPU_CFG
   start = time.perf_counter()
   table: list[tuple[str, bool, str]] = [('devices', True, line)]
-  on_gpu = jax.default_backend() == 'gpu'  # without cuDNN, the length does not matter
-  _run('fused attention == einsum',
-       lambda: check_fused_attention((64, 128) if on_gpu else (64,)), table)
+  widths = (64, 128) if on_gpu else (64,)  # without cuDNN, the length does not matter
+  _run('fused attention == einsum', lambda: check_fused_attention(widths, cfg), table)
   _run('fused attention trains, packed rows',
-       lambda: check_fused_training(args.fused_steps, (64, 192, 256) if on_gpu else (64,)),
+       lambda: check_fused_training(args.fused_steps, (64, 192, 256) if on_gpu else (64,), cfg),
        table)
-  trained = _run('training, bfloat16 fast path', lambda: check_training(args.steps), table)
+  trained = _run('training, bfloat16 fast path', lambda: check_training(args.steps, cfg), table)
   if trained is None:
     table += [(name, False, 'not run: training failed') for name in
               ('cached == uncached decoding', 'checkpoint save/restore/average')]
   else:
-    _run('cached == uncached decoding', lambda: check_decoding(trained[1]), table)
-    _run('checkpoint save/restore/average', lambda: check_checkpoints(trained[1]), table)
+    _run('cached == uncached decoding', lambda: check_decoding(trained[1], cfg), table)
+    _run('checkpoint save/restore/average', lambda: check_checkpoints(trained[1], cfg), table)
   width = max(len(name) for name, _, _ in table)
   print(f'\n{"check":<{width}}  result  detail')
   for name, ok, detail in table:
