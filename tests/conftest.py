@@ -70,7 +70,7 @@ def tiny_model(tiny_config):
   """(model, params) for the tiny config from seed 0."""
   model = Transformer(tiny_config)
   dummy = jnp.ones((1, 4), jnp.int32)
-  params = model.init(jax.random.key(0), dummy, dummy)['params']
+  params = jax.jit(model.init)(jax.random.key(0), dummy, dummy)['params']
   return model, params
 
 

@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-from helpers import init_params
+from helpers import apply, init_params
 
 from jaxformer import cache as cache_lib
 from jaxformer import config as config_lib
@@ -16,8 +16,8 @@ def test_incremental_decoding_matches_full_decoding(tiny_model):
   variables = {'params': params}
   src = jnp.array([[5, 9, 3, 7, 2], [8, 4, 0, 0, 0]])
   tgt = jnp.array([[0, 4, 8, 6, 11, 13], [0, 7, 7, 2, 9, 1]])
-  full = model.apply(variables, src, tgt)
-  encoded = model.apply(variables, src, method=Transformer.encode)
+  full = apply(model, variables, src, tgt)
+  encoded = apply(model, variables, src, method=Transformer.encode)
   cache = model.apply(variables, encoded, 8, method=Transformer.init_cache)
   step = jax.jit(lambda token, cache: model.apply(
       variables, src, token, cache, method=Transformer.decode_step))
@@ -32,21 +32,21 @@ def test_windowed_incremental_decoding_matches_full_decoding():
   params = init_params(cfg)
   model, variables = Transformer(cfg), {'params': params}
   src, tgt = jnp.arange(3, 10)[None], jnp.array([[0, 5, 9, 4, 7, 2, 8]])
-  full = model.apply(variables, src, tgt)
-  encoded = model.apply(variables, src, method=Transformer.encode)
+  full = apply(model, variables, src, tgt)
+  encoded = apply(model, variables, src, method=Transformer.encode)
   cache = model.apply(variables, encoded, 8, method=Transformer.init_cache)
   for t in range(tgt.shape[1]):
-    logits, cache = model.apply(variables, src, tgt[:, t:t + 1], cache,
-                                method=Transformer.decode_step)
+    logits, cache = apply(model, variables, src, tgt[:, t:t + 1], cache,
+                          method=Transformer.decode_step)
     np.testing.assert_allclose(logits, full[:, t], atol=1e-5)
 
 
 def test_cached_and_uncached_steps_give_the_same_logits(translator):
   model, params = Transformer(translator.config), translator.params
   src = jnp.array([[5, 9, 13, 1, 0, 0], [7, 8, 1, 0, 0, 0]])
-  encoded = model.apply({'params': params}, src, method=Transformer.encode)
-  cached = translation.cached_tokens_to_logits(model, params, src)
-  uncached = translation.uncached_tokens_to_logits(model, params, src, encoded)
+  encoded = apply(model, {'params': params}, src, method=Transformer.encode)
+  cached = jax.jit(translation.cached_tokens_to_logits(model, params, src))
+  uncached = jax.jit(translation.uncached_tokens_to_logits(model, params, src, encoded))
   c_cache = model.apply({'params': params}, encoded, 8, method=Transformer.init_cache)
   u_cache = {'tokens': jnp.zeros((2, 8), jnp.int32), 'index': jnp.array(0)}
   for token in ([0, 0], [17, 4], [33, 33], [9, 200]):
@@ -61,13 +61,13 @@ def test_reordered_beams_attend_to_their_own_histories(translator):
   parent twice), each hypothesis's logits are those of its own token history."""
   model, params, beams = Transformer(translator.config), translator.params, 3
   src = jnp.array([[5, 9, 13, 1, 0, 0], [7, 8, 1, 0, 0, 0]])
-  encoded = model.apply({'params': params}, src, method=Transformer.encode)
+  encoded = apply(model, {'params': params}, src, method=Transformer.encode)
   cache = model.apply({'params': params}, encoded, 8, beams, method=Transformer.init_cache)
   per_hypothesis = [x for x in jax.tree.leaves(cache) if x.ndim and x.shape[0] == 2 * beams]
   assert [x.shape for x in per_hypothesis] == [(2 * beams, 8)]  # only the slot map is reordered
   cached = jax.jit(translation.cached_tokens_to_logits(model, params, src))
-  uncached = translation.uncached_tokens_to_logits(
-      model, params, jnp.repeat(src, beams, axis=0), jnp.repeat(encoded, beams, axis=0))
+  uncached = jax.jit(translation.uncached_tokens_to_logits(
+      model, params, jnp.repeat(src, beams, axis=0), jnp.repeat(encoded, beams, axis=0)))
   history = jnp.zeros((2 * beams, 0), jnp.int32)
   tokens = jnp.zeros((2 * beams, 1), jnp.int32)
   for step, parents in enumerate([[[0, 0, 0], [0, 0, 0]], [[2, 0, 1], [1, 1, 2]],

@@ -46,7 +46,7 @@ def _flops_batch(rows=2, src_len=7, tgt_len=5):
 def test_forward_flops_equal_the_dots_of_the_forward_pass():
   batch = _flops_batch()
   model = Transformer(FLOPS_CONFIG)
-  params = model.init(jax.random.key(0), batch['src'], batch['tgt_in'])['params']
+  params = jax.eval_shape(model.init, jax.random.key(0), batch['src'], batch['tgt_in'])['params']
   jaxpr = jax.make_jaxpr(lambda p: model.apply({'params': p}, batch['src'], batch['tgt_in']))
   assert _dot_flops(jaxpr(params).jaxpr) == flops.forward_flops(FLOPS_CONFIG, 2, 7, 5)
 

@@ -1,5 +1,6 @@
 """jaxformer.model: Figure 1 against hand computations, masks, attention kernels, Table 3 shapes."""
 
+import functools
 import math
 
 import flax.linen as nn
@@ -7,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import init_params
+from helpers import apply, init_params
 
 from jaxformer import config as config_lib
 from jaxformer import model as model_lib
@@ -142,16 +143,17 @@ def test_decoder_is_causal(tiny_model):
       return model.apply({'params': params}, SRC, TGT)[0, t].sum()
 
   delta = jnp.zeros((1, length, 32))
+  grad_at = jax.jit(jax.grad(logits_at))  # one program for every t (op by op: ~500 compiles)
   for t in range(length):
-    grad = np.asarray(jax.grad(logits_at)(delta, t))[0]  # [T, D]
+    grad = np.asarray(grad_at(delta, t))[0]  # [T, D]
     assert np.all(grad[t + 1:] == 0.0), f'position {t} sees the future'
     assert np.all(np.abs(grad[: t + 1]).sum(-1) > 0), f'position {t} misses the past'
 
 
 def test_padding_does_not_change_real_logits(tiny_model):
   model, params = tiny_model
-  logits = model.apply({'params': params}, SRC, TGT)
-  padded = model.apply({'params': params}, jnp.pad(SRC, ((0, 0), (0, 3))),
+  logits = apply(model, {'params': params}, SRC, TGT)
+  padded = apply(model, {'params': params}, jnp.pad(SRC, ((0, 0), (0, 3))),
                        jnp.pad(TGT, ((0, 0), (0, 4))))
   np.testing.assert_allclose(padded[:, :TGT.shape[1]], logits, atol=1e-5)
 
@@ -161,9 +163,9 @@ def test_packed_pairs_are_isolated(tiny_model):
   model, params = tiny_model
   src_a, tgt_a = [5, 9, 3], [0, 4, 8, 6]
   src_b, tgt_b = [7, 2, 12, 10], [0, 11, 13]
-  alone_a = model.apply({'params': params}, jnp.array([src_a]), jnp.array([tgt_a]))
-  alone_b = model.apply({'params': params}, jnp.array([src_b]), jnp.array([tgt_b]))
-  packed = model.apply(
+  alone_a = apply(model, {'params': params}, jnp.array([src_a]), jnp.array([tgt_a]))
+  alone_b = apply(model, {'params': params}, jnp.array([src_b]), jnp.array([tgt_b]))
+  packed = apply(model,
       {'params': params},
       jnp.array([src_a + src_b + [0]]), jnp.array([tgt_a + tgt_b + [0, 0]]),
       src_segments=jnp.array([[1, 1, 1, 2, 2, 2, 2, 0]]),
@@ -193,9 +195,9 @@ def test_dropout_is_active_only_in_training(tiny_model):
 def test_bfloat16_compute_keeps_float32_params_and_logits(tiny_config, tiny_model):
   _, params = tiny_model
   model = Transformer(tiny_config.with_execution(dtype=jnp.bfloat16))
-  logits = model.apply({'params': params}, SRC, TGT)
+  logits = apply(model, {'params': params}, SRC, TGT)
   assert logits.dtype == jnp.float32
-  full = Transformer(tiny_config).apply({'params': params}, SRC, TGT)
+  full = apply(Transformer(tiny_config), {'params': params}, SRC, TGT)
   np.testing.assert_allclose(logits, full, atol=0.1)
 
 
@@ -218,9 +220,9 @@ def test_fused_attention_agrees_with_einsum_attention(tiny_model, tiny_config):
   outputs = {}
   for attention in ('einsum', 'fused'):
     cfg = tiny_config.with_execution(attention=attention)
-    logits = Transformer(cfg).apply({'params': params}, **inputs)
-    greedy = translation.decode_batch(params, inputs['src'][1:], jnp.array([9]), config=cfg,
-                                      max_len=10, beam_size=1, alpha=0.6)
+    logits = apply(Transformer(cfg), {'params': params}, **inputs)
+    greedy = translation._jitted_search(cfg, 1, 0.6)(params, inputs['src'][1:], jnp.array([9]),
+                                                     max_len=10)  # as a Translator runs it
     outputs[attention] = (np.asarray(logits)[real], np.asarray(greedy))
   np.testing.assert_allclose(outputs['fused'][0], outputs['einsum'][0], rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(outputs['fused'][1], outputs['einsum'][1])
@@ -240,18 +242,19 @@ def test_fused_attention_names_cudnn_on_gpu_with_full_masks(tiny_model, tiny_con
     return xla(q, k, v, mask=mask, scale=scale)
   even = {name: jnp.pad(x, ((0, 0), (0, 1))) if name.startswith('tgt') else x
           for name, x in _packed_inputs().items()}  # targets of 8
-  on_cpu = Transformer(cfg).apply({'params': params}, **even)
+  on_cpu = jax.jit(Transformer(cfg).apply)({'params': params}, **even)
   monkeypatch.setattr(jax.nn, 'dot_product_attention', fake)
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-  on_gpu = Transformer(cfg).apply({'params': params}, **even)
+  on_gpu = jax.jit(Transformer(cfg).apply)({'params': params}, **even)  # (a new jit: traced)
   np.testing.assert_array_equal(np.asarray(on_gpu), np.asarray(on_cpu))
   assert len(calls) == 3 * cfg.num_layers  # encoder self, decoder self and cross, per layer
   assert all(kernel == 'cudnn' and mask == bias for kernel, mask, bias in calls)
   calls.clear()
-  Transformer(cfg).apply({'params': params}, **_packed_inputs())  # targets of 7
+  jax.eval_shape(Transformer(cfg).apply, {'params': params}, **_packed_inputs())  # targets of 7
   assert [kernel for kernel, _, _ in calls] == ['cudnn'] * 2 + [None] * 4
   calls.clear()
-  Transformer(cfg.with_execution(dtype=jnp.float32)).apply({'params': params}, **even)
+  jax.eval_shape(Transformer(cfg.with_execution(dtype=jnp.float32)).apply, {'params': params},
+                 **even)
   assert {kernel for kernel, _, _ in calls} == {None}  # cuDNN's kernel is bf16/fp16 only
   for length in (64, 128, 192, 248):  # every even length, 64 more than a multiple of 128 too
     calls.clear()
@@ -265,10 +268,10 @@ def test_bfloat16_keeps_layer_norm_softmax_and_logits_in_float32(tiny_model, tin
   _, params = tiny_model
   inputs = _packed_inputs()
   cfg = tiny_config.with_execution(dtype=jnp.bfloat16)
-  logits, state = Transformer(cfg).apply({'params': params}, **inputs,
-                                         mutable=['intermediates'])
-  hidden = Transformer(cfg).apply({'params': params}, **inputs,
-                                 method=Transformer.forward_hidden)
+  logits, state = jax.jit(functools.partial(Transformer(cfg).apply, mutable=['intermediates']))(
+      {'params': params}, **inputs)
+  hidden = apply(Transformer(cfg), {'params': params}, **inputs,
+                 method=Transformer.forward_hidden)
   weights = state['intermediates']['decoder']['layers_0']['self_attention']['attention_weights']
   assert logits.dtype == jnp.float32 and hidden.dtype == jnp.float32  # after the final LN
   assert weights[0].dtype == jnp.bfloat16  # the softmax ran in float32, its output is cast
@@ -288,14 +291,15 @@ def test_independent_qk_and_v_dims_shape_and_train():
   new_state, metrics = jax.jit(train.train_step)(state, batch, jax.random.key(1))
   assert np.isfinite(float(metrics['loss'])) and int(new_state.step) == 1
   model = Transformer(cfg)
-  encoded = model.apply({'params': state.params}, batch['src'], method=Transformer.encode)
+  encoded = apply(model, {'params': state.params}, batch['src'], method=Transformer.encode)
   cache = model.apply({'params': state.params}, encoded, 5, method=Transformer.init_cache)
   assert cache['layers'][0]['self']['k'].shape == (1, 4, 4, 5)  # [B, H, K, L * beams]
   assert cache['layers'][0]['self']['v'].shape == (1, 4, 5, 12)  # [B, H, L * beams, J]
 
 
 def _attention_weights(cfg, params, src, tgt):
-  _, state = Transformer(cfg).apply({'params': params}, src, tgt, mutable=['intermediates'])
+  _, state = jax.jit(functools.partial(Transformer(cfg).apply, mutable=['intermediates']))(
+      {'params': params}, src, tgt)
   return state['intermediates']
 
 
@@ -320,8 +324,8 @@ def test_window_bounds_the_receptive_field_to_r_times_n():
   r = 1
   cfg = config_lib.tiny(vocab_size=32).replace(attention_window=r)  # N = 2 layers
   params = init_params(cfg)
-  encode = lambda src: Transformer(cfg).apply({'params': params}, src,  # noqa: E731
-                                              method=Transformer.encode)
+  encode = lambda src: apply(Transformer(cfg), {'params': params}, src,  # noqa: E731
+                             method=Transformer.encode)
   src = jnp.arange(3, 15)[None]
   changed = src.at[0, 0].set(31)
   delta = np.abs(np.asarray(encode(changed) - encode(src)))[0].max(-1)  # [S]
@@ -334,8 +338,8 @@ def test_a_window_as_long_as_the_input_is_full_attention():
   cfg = config_lib.tiny(vocab_size=32)
   params = init_params(cfg)
   src, tgt = jnp.arange(3, 15)[None], jnp.arange(4, 14)[None]
-  full = Transformer(cfg).apply({'params': params}, src, tgt)
-  windowed = Transformer(cfg.replace(attention_window=12)).apply({'params': params}, src, tgt)
+  full = apply(Transformer(cfg), {'params': params}, src, tgt)
+  windowed = apply(Transformer(cfg.replace(attention_window=12)), {'params': params}, src, tgt)
   np.testing.assert_array_equal(windowed, full)
 
 
@@ -356,8 +360,9 @@ def test_learned_table_refuses_longer_inputs_while_sinusoids_extend():
   params = init_params(cfg.replace(learned_positions=True))
   with pytest.raises(ValueError, match='80 positions but the learned positional embeddings '
                                        'cover max_len=64'):
-    Transformer(cfg.replace(learned_positions=True)).apply({'params': params}, long, long[:, :5])
-  logits = Transformer(cfg).apply({'params': init_params(cfg)}, long, long)
+    jax.eval_shape(Transformer(cfg.replace(learned_positions=True)).apply, {'params': params},
+                   long, long[:, :5])
+  logits = apply(Transformer(cfg), {'params': init_params(cfg)}, long, long)
   assert logits.shape == (1, 80, 32) and bool(jnp.all(jnp.isfinite(logits)))
   pe = model_lib.sinusoidal_positions(jnp.arange(1000), 32)
   assert bool(jnp.all(jnp.isfinite(pe)))
