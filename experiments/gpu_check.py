@@ -97,7 +97,7 @@ def _fused_against_einsum(batch: dict[str, np.ndarray], cfg: config.TransformerC
   layout = {key: batch[key] for key in ('src_segments', 'tgt_segments', 'src_positions',
                                         'tgt_positions')}
   src, tgt, real = batch['src'], batch['tgt_in'], batch['weights'] > 0
-  params = Transformer(cfg).init(jax.random.key(0), src[:1], tgt[:1])['params']
+  params = jax.jit(Transformer(cfg).init)(jax.random.key(0), src[:1], tgt[:1])['params']
   projection = np.random.default_rng(1).normal(size=(*tgt.shape, cfg.vocab_size))
   projection *= real[..., None]
   logits, grads = {}, {}
