@@ -12,7 +12,16 @@ import numpy as np
 from flax import jax_utils
 from jax.experimental import multihost_utils
 
-replicate = jax_utils.replicate
+AXIS = 'batch'  # pmap's axis name, and the mesh axis of the arrays it takes and returns
+
+
+def replicate(tree: Any, devices: list[jax.Device] | None = None) -> Any:
+  """A copy of `tree` on each local device (or each of `devices`), stacked on a new leading
+  axis: pmap's layout. The copies lie on a mesh of axis AXIS, as a pmap's outputs do, so that
+  the state a step returns matches the one it was given and the step's first compiled program
+  serves every later call (with flax's default axis name, the second step traced and compiled
+  the whole train step again)."""
+  return jax_utils.replicate(tree, devices, axis_name=AXIS)
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -30,8 +39,8 @@ def unreplicate(tree: Any) -> Any:
 
 def shard(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
   """Puts a host batch [local devices, ...] on the local devices, one slice each (for pmap)."""
-  mesh = jax.sharding.Mesh(np.array(jax.local_devices()), ('batch',))
-  sharding = jax.NamedSharding(mesh, jax.P('batch'))
+  mesh = jax.sharding.Mesh(np.array(jax.local_devices()), (AXIS,))
+  sharding = jax.NamedSharding(mesh, jax.P(AXIS))
   return jax.tree.map(lambda x: jax.device_put(x, sharding), batch)
 
 

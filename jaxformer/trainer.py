@@ -324,10 +324,10 @@ def _pmapped_steps(accum_steps: int, skip_nonfinite: bool) -> tuple[Any, Any]:
   """The train step (donating its state) and the eval step, pmapped over the local devices;
   made once per process, so that a second run in it reuses their compiled programs."""
   p_train_step = jax.pmap(
-      functools.partial(train_step, axis_name='batch', accum_steps=accum_steps,
+      functools.partial(train_step, axis_name=parallel.AXIS, accum_steps=accum_steps,
                         skip_nonfinite=skip_nonfinite),
-      axis_name='batch', donate_argnums=0)
-  return p_train_step, jax.pmap(eval_step, axis_name='batch')
+      axis_name=parallel.AXIS, donate_argnums=0)
+  return p_train_step, jax.pmap(eval_step, axis_name=parallel.AXIS)
 
 
 def _on_skip(step: int, skipped: int) -> None:

@@ -66,6 +66,23 @@ def _load_npz(path) -> dict:
 
 
 @pytest.mark.slow
+def test_a_step_traces_once_for_the_state_it_returns():
+  """replicate() lays the state out as pmap returns it: the second step reuses the first's
+  program (with flax's default mesh axis name, every run traced and compiled its step twice)."""
+  traces = []
+
+  def step(state, batch):
+    traces.append(1)
+    return {'w': state['w'] + jax.lax.psum(batch, parallel.AXIS)}
+
+  p_step = jax.pmap(step, axis_name=parallel.AXIS, donate_argnums=0)
+  state = parallel.replicate({'w': np.zeros(3, np.float32)})
+  for _ in range(3):
+    state = p_step(state, parallel.shard(np.ones((jax.local_device_count(), 3), np.float32)))
+  assert len(traces) == 1
+  np.testing.assert_array_equal(parallel.unreplicate(state)['w'], 3 * jax.local_device_count())
+
+
 def test_eight_devices_equal_one_device_on_the_same_global_batch(tmp_path):
   """pmap over 8 devices, pmap on 1 and jax.jit over an 8-device mesh (parallel.data_mesh,
   shard_rows) give the same params after 3 steps of the same global batches."""
