@@ -104,6 +104,9 @@ class Execution:
       if jnp.dtype(getattr(self, name)) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
         raise SettingError(f'model.execution.{name} must be float32 or bfloat16, got '
                            f'{getattr(self, name)}.')
+      # One spelling (jnp.float32 and dtype('float32') are equal but hash apart), so that equal
+      # configs share the programs compiled for them (translation._jitted_search).
+      object.__setattr__(self, name, jnp.dtype(getattr(self, name)))
     if self.dropout_rng not in DROPOUT_RNGS:
       raise SettingError(f'model.execution.dropout_rng must be one of {DROPOUT_RNGS}, got '
                          f'{self.dropout_rng!r}.')

@@ -42,6 +42,9 @@ def test_configs_round_trip_and_old_flat_checkpoint_configs_load():
                                  'loss_chunk': 1024, 'norm_dtype': 'float32',
                                  'dropout_rng': 'threefry'}
   assert config.config_from_dict(fields) == cfg
+  # Equal configs hash alike (a checkpoint's config finds the programs compiled for the run's).
+  assert hash(config.config_from_dict(config.config_to_dict(config_lib.tiny()))) == hash(
+      config_lib.tiny())
   # jaxformer 0.1 wrote the execution fields at the top level.
   old = {k: v for k, v in fields.items() if k != 'execution'}
   old.update(dtype='float32', attention='einsum', remat=False, loss_chunk=1024)
