@@ -65,7 +65,6 @@ def _load_npz(path) -> dict:
     return dict(f)
 
 
-@pytest.mark.slow
 def test_a_step_traces_once_for_the_state_it_returns():
   """replicate() lays the state out as pmap returns it: the second step reuses the first's
   program (with flax's default mesh axis name, every run traced and compiled its step twice)."""
@@ -83,6 +82,7 @@ def test_a_step_traces_once_for_the_state_it_returns():
   np.testing.assert_array_equal(parallel.unreplicate(state)['w'], 3 * jax.local_device_count())
 
 
+@pytest.mark.slow
 def test_eight_devices_equal_one_device_on_the_same_global_batch(tmp_path):
   """pmap over 8 devices, pmap on 1 and jax.jit over an 8-device mesh (parallel.data_mesh,
   shard_rows) give the same params after 3 steps of the same global batches."""
