@@ -73,8 +73,8 @@ def run_jit(batch_iter) -> dict:
 def run(batch_iter, devices=None) -> dict:
   p_state = parallel.replicate(initial_state(), devices)
   p_rng = parallel.replicate(jax.random.key(1), devices)
-  step = jax.pmap(functools.partial(train.train_step, axis_name='batch'), axis_name='batch',
-                  devices=devices)
+  step = jax.pmap(functools.partial(train.train_step, axis_name=parallel.AXIS),
+                  axis_name=parallel.AXIS, devices=devices)
   for batch in batch_iter:
     p_state, _ = step(p_state, batch, p_rng)
   return parallel.unreplicate(p_state.params)
