@@ -15,16 +15,21 @@
 #              installed (ratio_to_torch)
 #   profile    where the base step's time goes (experiments/profile_step.py, slowest ops)
 #   sweep      the base step on the fast path with one of its settings taken back at a time
+#   flags      the base step on the fast path under each of XLA_VARIANTS (XLA_FLAGS values,
+#              one per line; the first is the baseline), one process each, compiled side by
+#              side and timed in turn (bench --time-lock): flags_N.json
 #   decode     greedy and beam 4 at base dims, bf16, batches of 128 on newstest2014 sources
 #   multi30k   the multi30k_gpu recipe and a narrow variant side by side (train, then BLEU on
 #              val, which chooses, and on test_2016_flickr)
+#   scale      the data path at WMT14 EN-DE size (4.5M synthetic pairs) on this host's cores,
+#              with the base recipe's 8-device batches (bench --only scale, on the CPU backend)
 # BEFORE=DIR also times the train and decode steps with the jaxformer package in DIR (e.g. an
 # older commit's: git archive REV jaxformer | tar -x -C DIR). PYTHON: the interpreter (python3).
 set -u
 out=${1:?usage: gpu_bench.sh OUT_DIR [DATA_DIR] [STEP...]}
 data=${2:-../shared/data}
 shift $(( $# < 2 ? $# : 2 ))
-steps=${*:-check train profile sweep decode multi30k}
+steps=${*:-check train profile sweep flags decode multi30k scale}
 py=${PYTHON:-python3}
 root=$(cd "$(dirname "$0")/.." && pwd)
 path=$root${PYTHONPATH:+:$PYTHONPATH}
@@ -56,6 +61,12 @@ multi30k_run() {  # multi30k_run NAME TRAIN_OPTION...: train, then eval the last
 }
 bench=("$py" experiments/bench --data-dir "$data")
 previous=attention=einsum,loss_chunk=1024,dropout_rng=threefry,norm_dtype=float32
+variants=${XLA_VARIANTS:-$(printf '%s\n' '' \
+  --xla_gpu_enable_triton_gemm=false \
+  --xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL \
+  --xla_gpu_enable_command_buffer= \
+  '--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUDNN,CUSTOM_CALL,WHILE,CONDITIONAL --xla_gpu_graph_min_graph_size=1' \
+  --xla_gpu_enable_latency_hiding_scheduler=true)}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >&2
 "$py" -c 'import jax, flax, optax; print("jax", jax.__version__, "flax", flax.__version__,
   "optax", optax.__version__, jax.devices())' >&2
@@ -72,6 +83,15 @@ for step in $steps; do
              --no-torch --execution default --execution attention=einsum \
              --execution loss_chunk=1024 --execution dropout_rng=threefry \
              --execution norm_dtype=float32 ;;
+    flags) lock=$(mktemp) i=0
+           while IFS= read -r flags; do  # each process takes its share of the GPU's memory
+             XLA_FLAGS=$flags XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$path \
+               run 300 "flags_$i.json" "${bench[@]}" --only train --train-case base --no-torch \
+               --time-lock "$lock" &
+             i=$((i + 1))
+           done <<< "$variants"
+           wait ;;
+    scale) JAX_PLATFORMS=cpu PYTHONPATH=$path run 400 scale.json "${bench[@]}" --only scale ;;
     decode) PYTHONPATH=$path run 120 decode.json "${bench[@]}" --only decode
             [ -n "${BEFORE:-}" ] && PYTHONPATH=$before run 120 decode_before.json "${bench[@]}" \
               --only decode ;;

@@ -31,7 +31,7 @@ SECTIONS = {
     'data': (data.run, lambda args: {'data_dir': args.data_dir}),
     'train': (train.run, lambda args: {'fast_path': args.fast_path, 'only': args.train_case,
                                        'executions': args.execution,
-                                       'peer': args.peer}),
+                                       'peer': args.peer, 'lock': args.time_lock}),
     'checkpoint': (checkpoint.run, lambda args: {}),
     'decode': (decode.run, lambda args: {'data_dir': args.data_dir,
                                          'demo_model': args.demo_model,
@@ -58,6 +58,10 @@ def main() -> int:
   parser.add_argument('--execution', type=train.execution_changes, action='append',
                       help='train section: time each case with this change to its Execution, '
                       "e.g. loss_chunk=4096,dropout_rng=rbg, or 'default' (repeatable)")
+  parser.add_argument('--time-lock', metavar='FILE',
+                      help='train section: time while holding a lock on FILE, so that bench '
+                      'processes sharing one GPU (e.g. under different XLA_FLAGS) compile side '
+                      'by side and time in turn')
   parser.add_argument('--torch', action=argparse.BooleanOptionalAction, default=True,
                       help='train section: time PyTorch beside jaxformer when it is installed')
   parser.add_argument('--demo-model', help='decode section: also time this trained model '
@@ -88,6 +92,7 @@ def main() -> int:
                          'device': jax.devices()[0].device_kind,
                          'local_devices': jax.local_device_count(),
                          'python': platform.python_version(), 'jax': jax.__version__,
+                         'xla_flags': os.environ.get('XLA_FLAGS', ''),
                          'numpy': np.__version__}}
   for name in sections:
     run, options = SECTIONS[name]

@@ -1,5 +1,7 @@
 """What the sections share: timing, the matmul peak, peak RSS and random full batches."""
 
+import contextlib
+import fcntl
 import pathlib
 import resource
 import statistics
@@ -15,6 +17,18 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+@contextlib.contextmanager
+def turn(lock: str | None):
+  """Holds an exclusive lock on the file `lock` (None: no lock): bench processes that share one
+  GPU compile side by side and time in turn."""
+  if lock is None:
+    yield
+    return
+  with open(lock, 'a', encoding='utf-8') as file:
+    fcntl.flock(file, fcntl.LOCK_EX)  # released when the file closes
+    yield
 
 
 def median_time(fn, runs: int) -> tuple[float, float]:

@@ -21,14 +21,15 @@ import typing
 import jax
 import jax.numpy as jnp
 
-from bench.common import ROOT, matmul_peak, random_batch
+from bench.common import ROOT, matmul_peak, random_batch, turn
 from jaxformer import config, flops, parallel, recipes, train
 
 
 def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accum_steps: int,
-                     timed_steps: int, peak_gflops: float) -> dict:
+                     timed_steps: int, peak_gflops: float, lock: str | None = None) -> dict:
   """Median step time of the pmap'd train step on `rows` x `length`-token rows per side, split
-  over the local devices; MFU against `peak_gflops` (one device's) x devices."""
+  over the local devices; MFU against `peak_gflops` (one device's) x devices. The timing holds
+  `lock` (common.turn)."""
   devices = jax.local_device_count()
   state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
   rng = parallel.replicate(jax.random.key(1))
@@ -40,18 +41,19 @@ def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accu
   compiled = step.lower(state, batch, rng).compile()
   compile_s = time.perf_counter() - start
   times = []
-  for i in range(timed_steps + 2):  # two warm-up steps
-    start = time.perf_counter()
-    state, metrics = compiled(state, batch, rng)
+  with turn(lock):
+    for i in range(timed_steps + 2):  # two warm-up steps
+      start = time.perf_counter()
+      state, metrics = compiled(state, batch, rng)
+      jax.block_until_ready(metrics)
+      if i >= 2:
+        times.append(time.perf_counter() - start)
+    start = time.perf_counter()  # as the trainer runs: the next step queued before this one ends
+    for _ in range(timed_steps):
+      state, metrics = compiled(state, batch, rng)
     jax.block_until_ready(metrics)
-    if i >= 2:
-      times.append(time.perf_counter() - start)
+    pipelined = (time.perf_counter() - start) / timed_steps
   median = statistics.median(times)
-  start = time.perf_counter()  # as the trainer runs: the next step queued before this one ends
-  for _ in range(timed_steps):
-    state, metrics = compiled(state, batch, rng)
-  jax.block_until_ready(metrics)
-  pipelined = (time.perf_counter() - start) / timed_steps
   tokens = rows * length
   model_flops = flops.train_flops(cfg, rows, length, length)
   result = {
@@ -121,11 +123,13 @@ def execution_changes(text: str) -> dict:
 
 
 def run(*, fast_path: bool | None = None, only: list[str] | None = None,
-        executions: list[dict] | None = None, peer: dict | None = None) -> dict:
+        executions: list[dict] | None = None, peer: dict | None = None,
+        lock: str | None = None) -> dict:
   """Train-step throughput and MFU of the cases for this backend (TRAIN_CASES); with
   `executions` (e.g. [{'loss_chunk': 4096}]), each case once per change to its Execution, named
   CASE@loss_chunk=4096. `peer`: torch_peer's results on the same cases, added with jaxformer /
-  torch per case (`ratio_to_torch`)."""
+  torch per case (`ratio_to_torch`). `lock`: a file whose lock each timing holds (common.turn),
+  for processes that share one GPU."""
   backend = jax.default_backend()
   use_fast = backend == 'gpu' if fast_path is None else fast_path
   cases = [c for c in TRAIN_CASES['gpu' if backend == 'gpu' else 'cpu']
@@ -133,14 +137,15 @@ def run(*, fast_path: bool | None = None, only: list[str] | None = None,
   dtype = config.fast_path(config.base(), 'gpu').execution.dtype if use_fast else jnp.float32
   # A CPU reaches its peak by 1024 (2 cores: 112.7, 106.0 and 113.8 GFLOP/s at 1024, 2048 and
   # 4096, the last taking 17 CPU-s alone).
-  peak = matmul_peak(dtype, (2048, 4096, 8192) if backend == 'gpu' else (1024, 2048))
+  with turn(lock):
+    peak = matmul_peak(dtype, (2048, 4096, 8192) if backend == 'gpu' else (1024, 2048))
   results = {'matmul_peak': peak, 'fast_path': use_fast}
   for (name, preset, rows, length, accum, remat, timed), changes in itertools.product(
       cases, executions or [{}]):
     cfg = case_config(preset)
     cfg = config.fast_path(cfg, 'gpu') if use_fast else cfg
     cfg = cfg.with_execution(**{'remat': remat, **changes})  # changes win
-    result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'])
+    result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'], lock)
     result['execution'] = config.config_to_dict(cfg)['execution']
     if preset in PAPER_RECIPES:  # at this speed, the paper's recipe would take this long
       result['paper_recipe_hours'] = round(
