@@ -66,7 +66,7 @@ variants=${XLA_VARIANTS:-$(printf '%s\n' '' \
   --xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL \
   --xla_gpu_enable_command_buffer= \
   '--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUDNN,CUSTOM_CALL,WHILE,CONDITIONAL --xla_gpu_graph_min_graph_size=1' \
-  --xla_gpu_enable_latency_hiding_scheduler=true)}
+  '--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_FULL_UNROLL')}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >&2
 "$py" -c 'import jax, flax, optax; print("jax", jax.__version__, "flax", flax.__version__,
   "optax", optax.__version__, jax.devices())' >&2
