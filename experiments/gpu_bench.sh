@@ -17,7 +17,8 @@
 #   sweep      the base step on the fast path with one of its settings taken back at a time
 #   flags      the base step on the fast path under each of XLA_VARIANTS (XLA_FLAGS values,
 #              one per line; the first is the baseline), one process each, compiled side by
-#              side and timed in turn (bench --time-lock): flags_N.json
+#              side and timed in turn (bench --time-lock): flags_N.json; with BEFORE, the
+#              baseline with that package too: flags_before.json
 #   decode     greedy and beam 4 at base dims, bf16, batches of 128 on newstest2014 sources
 #   multi30k   the multi30k_gpu recipe and a narrow variant side by side (train, then BLEU on
 #              val, which chooses, and on test_2016_flickr)
@@ -84,6 +85,9 @@ for step in $steps; do
              --execution loss_chunk=1024 --execution dropout_rng=threefry \
              --execution norm_dtype=float32 ;;
     flags) lock=$(mktemp) i=0
+           [ -n "${BEFORE:-}" ] && XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$before \
+             run 300 flags_before.json "${bench[@]}" --only train --train-case base --no-torch \
+             --time-lock "$lock" &
            while IFS= read -r flags; do  # each process takes its share of the GPU's memory
              XLA_FLAGS=$flags XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$path \
                run 300 "flags_$i.json" "${bench[@]}" --only train --train-case base --no-torch \

@@ -2,7 +2,7 @@
 
 import functools
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -66,21 +66,24 @@ def accuracy(logits: Array, targets: Array, weights: Array) -> tuple[Array, Arra
   return jnp.sum(correct * weights), jnp.sum(weights)
 
 
-def _projected_chunk(hidden: Array, targets: Array, weights: Array, *, embedding: Array,
-                     epsilon: float, with_grads: bool) -> Any:
+def _projected_chunk(hidden: Array, targets: Array, weights: Array, *, softmax_weights: Array,
+                     weight_sum: Array, epsilon: float, with_grads: bool) -> Any:
   """[loss_sum, correct_sum] of one chunk (hidden [C, D], targets and weights [C]), and with
-  with_grads the loss sum's gradients with respect to hidden [C, D] and embedding [V, D]."""
-  vocab = embedding.shape[0]
+  with_grads the loss sum's gradients with respect to hidden [C, D] and the softmax weights
+  [V, D] (float32). softmax_weights: the embedding in hidden's dtype; weight_sum [D]: the sum of
+  its rows in float32 (both the same for every chunk)."""
+  vocab = softmax_weights.shape[0]
   confidence, low, entropy = _smoothing(epsilon, vocab)
-  softmax_weights = embedding.astype(hidden.dtype)
   logits = jnp.dot(hidden, softmax_weights.T, preferred_element_type=jnp.float32)  # [C, V]
   top = jnp.max(logits, axis=-1)
   exp = jnp.exp(logits - top[:, None])
   log_z = top + jnp.log(jnp.sum(exp, axis=-1))  # [C]
   target_logit = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+  # sum_v z_v = h . sum_v w_v: a product with [D] instead of another pass over the [C, V] logits.
+  logit_sum = jnp.dot(hidden.astype(jnp.float32), weight_sum)
   # -(confidence log p_t + low sum_{v != t} log p_v), where sum_v log p_v = sum_v z_v - V log Z.
   cross_entropy = -((confidence - low) * (target_logit - log_z)
-                    + low * (jnp.sum(logits, axis=-1) - vocab * log_z))
+                    + low * (logit_sum - vocab * log_z))
   sums = jnp.stack([jnp.sum((cross_entropy - entropy) * weights),
                     jnp.sum((target_logit >= top) * weights)])  # a tie with the max is a hit
   if not with_grads:
@@ -91,7 +94,7 @@ def _projected_chunk(hidden: Array, targets: Array, weights: Array, *, embedding
   d_logits = ((probs - target_mass) * weights[:, None]).astype(hidden.dtype)  # [C, V]
   d_hidden = jnp.dot(d_logits, softmax_weights)  # [C, D]
   d_embedding = jnp.dot(d_logits.T, hidden, preferred_element_type=jnp.float32)  # [V, D]
-  return sums, d_hidden, d_embedding.astype(embedding.dtype)
+  return sums, d_hidden, d_embedding
 
 
 def _chunks(x: Array, chunk: int) -> Array:
@@ -104,21 +107,29 @@ def _chunks(x: Array, chunk: int) -> Array:
 def _projected_sums(hidden: Array, embedding: Array, targets: Array, weights: Array,
                     epsilon: float) -> Array:
   """[loss_sum, correct_sum] over chunks: hidden [N, C, D], targets and weights [N, C]."""
-  def body(total, chunk):
-    return total + _projected_chunk(*chunk, embedding=embedding, epsilon=epsilon,
-                                    with_grads=False), None
+  project = _chunk_projection(hidden, embedding, epsilon, with_grads=False)
+  body = lambda total, chunk: (total + project(*chunk), None)  # noqa: E731
   return jax.lax.scan(body, jnp.zeros(2), (hidden, targets, weights))[0]
 
 
 def _projected_sums_fwd(hidden, embedding, targets, weights, epsilon):
+  project = _chunk_projection(hidden, embedding, epsilon, with_grads=True)
   def body(carry, chunk):
     total, d_embedding = carry
-    sums, d_hidden, d_emb = _projected_chunk(*chunk, embedding=embedding, epsilon=epsilon,
-                                             with_grads=True)
+    sums, d_hidden, d_emb = project(*chunk)
     return (total + sums, d_embedding + d_emb), d_hidden
   (sums, d_embedding), d_hidden = jax.lax.scan(
-      body, (jnp.zeros(2), jnp.zeros_like(embedding)), (hidden, targets, weights))
-  return sums, (d_hidden, d_embedding)
+      body, (jnp.zeros(2), jnp.zeros(embedding.shape, jnp.float32)), (hidden, targets, weights))
+  return sums, (d_hidden, d_embedding.astype(embedding.dtype))
+
+
+def _chunk_projection(hidden: Array, embedding: Array, epsilon: float,
+                      with_grads: bool) -> Callable[..., Any]:
+  """_projected_chunk with what every chunk shares computed once, outside the loop."""
+  softmax_weights = embedding.astype(hidden.dtype)
+  return functools.partial(
+      _projected_chunk, softmax_weights=softmax_weights, epsilon=epsilon, with_grads=with_grads,
+      weight_sum=jnp.sum(softmax_weights.astype(jnp.float32), axis=0))
 
 
 def _projected_sums_bwd(epsilon, grads, cotangent):

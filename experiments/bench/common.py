@@ -20,14 +20,15 @@ def peak_rss_mb() -> float:
 
 
 @contextlib.contextmanager
-def turn(lock: str | None):
-  """Holds an exclusive lock on the file `lock` (None: no lock): bench processes that share one
-  GPU compile side by side and time in turn."""
+def turn(lock: str | None, *, compiling: bool = False):
+  """Bench processes that share one GPU, through the file `lock` (None: no lock): they compile
+  side by side (compiling: a shared lock) and time in turn, never while one of them compiles
+  (an exclusive lock). XLA's autotuning runs kernels on the GPU as it compiles."""
   if lock is None:
     yield
     return
   with open(lock, 'a', encoding='utf-8') as file:
-    fcntl.flock(file, fcntl.LOCK_EX)  # released when the file closes
+    fcntl.flock(file, fcntl.LOCK_SH if compiling else fcntl.LOCK_EX)  # released on close
     yield
 
 

@@ -31,15 +31,16 @@ def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accu
   over the local devices; MFU against `peak_gflops` (one device's) x devices. The timing holds
   `lock` (common.turn)."""
   devices = jax.local_device_count()
-  state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
-  rng = parallel.replicate(jax.random.key(1))
-  batch = parallel.shard(random_batch(devices, rows // devices, length, cfg.vocab_size))
-  step = jax.pmap(functools.partial(train.train_step, axis_name=parallel.AXIS,
-                                    accum_steps=accum_steps),
-                  axis_name=parallel.AXIS, donate_argnums=0)
-  start = time.perf_counter()
-  compiled = step.lower(state, batch, rng).compile()
-  compile_s = time.perf_counter() - start
+  with turn(lock, compiling=True):
+    state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
+    rng = parallel.replicate(jax.random.key(1))
+    batch = parallel.shard(random_batch(devices, rows // devices, length, cfg.vocab_size))
+    step = jax.pmap(functools.partial(train.train_step, axis_name=parallel.AXIS,
+                                      accum_steps=accum_steps),
+                    axis_name=parallel.AXIS, donate_argnums=0)
+    start = time.perf_counter()
+    compiled = step.lower(state, batch, rng).compile()
+    compile_s = time.perf_counter() - start
   times = []
   with turn(lock):
     for i in range(timed_steps + 2):  # two warm-up steps
