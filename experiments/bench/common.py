@@ -45,15 +45,21 @@ def median_time(fn, runs: int) -> tuple[float, float]:
   return first, statistics.median(times)
 
 
-def matmul_peak(dtype: Any, sizes: tuple[int, ...]) -> dict:
-  """FLOP/s of square jnp.dot in `dtype` on one device (median of 5 runs per size) on random
-  operands (constant ones can run faster than real data); the peak is the best size's."""
+def matmul_peak(dtype: Any, sizes: tuple[int, ...], *, seconds: float = 0.1) -> dict:
+  """FLOP/s of square jnp.dot in `dtype` on one device on random operands (constant ones can
+  run faster than real data); the peak is the best size's. Per size: the median of 5 samples,
+  after one more as warm-up. On a GPU each sample is `seconds` of products queued back to back
+  (one call's dispatch is not a small product's time, and the clocks rise under load); a CPU's
+  runtime may overlap queued products, so there a sample is one."""
   results = {}
   dot = jax.jit(jnp.dot)
   for n in sizes:
     a, b = jax.random.normal(jax.random.key(n), (2, n, n), dtype)
-    _, median = median_time(lambda a=a, b=b: dot(a, b), runs=5)
-    results[str(n)] = round(2 * n ** 3 / median / 1e9, 1)
+    _, one = median_time(lambda a=a, b=b: dot(a, b), runs=1)  # compiled first
+    reps = max(1, int(seconds / one)) if jax.default_backend() == 'gpu' else 1
+    queued = lambda a=a, b=b: [dot(a, b) for _ in range(reps)][-1]  # noqa: E731
+    _, median = median_time(queued, runs=5)  # the first of its runs warms up
+    results[str(n)] = round(2 * n ** 3 * reps / median / 1e9, 1)
   return {'dtype': jnp.dtype(dtype).name, 'gflops_by_size': results,
           'peak_gflops': max(results.values())}
 
