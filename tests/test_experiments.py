@@ -6,6 +6,8 @@ import json
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 
 import jax.numpy as jnp
 import pytest
@@ -52,6 +54,40 @@ def test_bench_train_reports_mfu_against_its_measured_peak():
   assert tiny['execution']['loss_chunk'] == 1024
   assert tiny['target_tokens_per_s_pipelined'] == pytest.approx(
       2048 / tiny['step_s_pipelined'], rel=1e-2)  # steps queued back to back, as in training
+
+
+def test_bench_processes_compile_side_by_side_and_time_in_turn(tmp_path):
+  """bench --time-lock: a timing waits for every compile and every other timing; compiles do
+  not wait for each other."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  from bench.common import turn  # pylint: disable=g-import-not-at-top
+  lock, events = str(tmp_path / 'lock'), []
+
+  def hold(name, compiling, entered=None):
+    with turn(lock, compiling=compiling):
+      events.append(f'{name} in')
+      if entered:
+        entered.set()
+      time.sleep(0.3)
+      events.append(f'{name} out')
+
+  compiling = threading.Event()
+  first = threading.Thread(target=hold, args=('compile 1', True, compiling))
+  first.start()
+  compiling.wait()
+  others = [threading.Thread(target=hold, args=('time', False)),
+            threading.Thread(target=hold, args=('compile 2', True))]
+  for thread in others:
+    thread.start()
+    time.sleep(0.05)
+  for thread in [first, *others]:
+    thread.join()
+  # The second compile went in beside the first; the timing only after both were out.
+  assert events.index('compile 2 in') < events.index('compile 1 out')
+  assert events.index('time in') > max(events.index('compile 1 out'),
+                                       events.index('compile 2 out'))
+  with turn(None):  # no lock: nothing to wait for
+    pass
 
 
 def test_bench_execution_values_are_parsed_as_set_parses_them():
