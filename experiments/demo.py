@@ -65,9 +65,9 @@ def run(workdir: pathlib.Path, *, num_steps: int | None = None, train_pairs: int
   for src, hyp, ref in list(zip(test.src, hypotheses, test.tgt))[:samples]:
     print(f'  EN  {src}\n  MT  {hyp}\n  REF {ref}\n')
   plots.save_learning_curve(workdir / 'metrics.jsonl', workdir / 'learning_curve.png')
-  sentence = next((s for s, r in zip(test.src, test.tgt) if any(c in r for c in VERB_FINAL)),
-                  test.src[0])
-  attention = plots.save_attention(translator, sentence, workdir / 'attention')
+  pick = next((i for i, r in enumerate(test.tgt) if any(c in r for c in VERB_FINAL)), 0)
+  sentence = test.src[pick]  # its translation is at hand: no search compiled for one sentence
+  attention = plots.save_attention(translator, sentence, workdir / 'attention', hypotheses[pick])
   result = {'workdir': str(workdir), 'model': model_path, 'steps': summary['step'],
             'sacrebleu': round(bleu, 2), 'signature': signature,
             'test_sentences': len(test), 'attention_sentence': sentence,
