@@ -62,22 +62,23 @@ def test_bench_processes_compile_side_by_side_and_time_in_turn(tmp_path):
   sys.path.insert(0, str(ROOT / 'experiments'))
   from bench.common import turn  # pylint: disable=g-import-not-at-top
   lock, events = str(tmp_path / 'lock'), []
+  first_in, second_in = threading.Event(), threading.Event()
 
-  def hold(name, compiling, entered=None):
+  def hold(name, compiling, entered, wait_for=None):
     with turn(lock, compiling=compiling):
       events.append(f'{name} in')
-      if entered:
-        entered.set()
-      time.sleep(0.3)
+      entered.set()
+      if wait_for is not None:  # the first compile stays until the second is in (or 10 s)
+        wait_for.wait(10)
+      time.sleep(0.1)
       events.append(f'{name} out')
 
-  compiling = threading.Event()
-  first = threading.Thread(target=hold, args=('compile 1', True, compiling))
+  first = threading.Thread(target=hold, args=('compile 1', True, first_in, second_in))
   first.start()
-  compiling.wait()
-  others = [threading.Thread(target=hold, args=('time', False)),
-            threading.Thread(target=hold, args=('compile 2', True))]
-  for thread in others:
+  first_in.wait()
+  others = [threading.Thread(target=hold, args=('time', False, threading.Event())),
+            threading.Thread(target=hold, args=('compile 2', True, second_in))]
+  for thread in others:  # the timing asks first, while compile 1 holds the lock
     thread.start()
     time.sleep(0.05)
   for thread in [first, *others]:
