@@ -34,6 +34,10 @@ def test_bench_answers_help():
                         '--execution', 'loss_chunk'], capture_output=True, text=True)
   assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
       "--execution: 'loss_chunk': expected NAME=VALUE[,NAME=VALUE...] or default")
+  bad = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench'), '--only', 'train',
+                        '--time-lock', '/nonexistent/lock'], capture_output=True, text=True)
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+      '--time-lock: cannot open /nonexistent/lock: No such file or directory')
 
 
 def test_bench_train_reports_mfu_against_its_measured_peak():

@@ -79,6 +79,11 @@ def main() -> int:
                       default=os.environ.get('JAXFORMER_SHARED_DATA', ROOT.parent / 'shared/data'),
                       help='folder with multi30k/ and newstest2014/ (default: ../shared/data)')
   args = parser.parse_args()
+  if args.time_lock:
+    try:
+      open(args.time_lock, 'a', encoding='utf-8').close()
+    except OSError as error:
+      parser.error(f'--time-lock: cannot open {args.time_lock}: {error.strerror}')
   sections = args.only or sorted(set(SECTIONS) - {'scale'})  # scale: minutes, GBs of disk
   if {'data', 'decode', 'scale'} & set(sections) and not (args.data_dir / 'multi30k').is_dir():
     print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
