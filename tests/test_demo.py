@@ -9,7 +9,7 @@ import pytest
 from matplotlib import image
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHORT = ['--num-steps', '10', '--train-pairs', '3000', '--test-pairs', '12']
+SHORT = ['--num-steps', '6', '--train-pairs', '3000', '--test-pairs', '12']
 
 
 def _demo(workdir: pathlib.Path) -> subprocess.CompletedProcess:
@@ -25,10 +25,10 @@ def test_short_demo_runs_end_to_end_and_reruns_cleanly(tmp_path):
   summary = json.loads((workdir / 'demo_summary.json').read_text())
   assert isinstance(summary['sacrebleu'], float) and 0 <= summary['sacrebleu'] <= 100
   assert summary['signature'].startswith('nrefs:1|case:mixed|eff:no|tok:13a')
-  assert summary['steps'] == 10 and summary['test_sentences'] == 12
-  assert sorted(int(p.name) for p in (workdir / 'checkpoints').iterdir()) == [2, 4, 6, 8, 10]
+  assert summary['steps'] == 6 and summary['test_sentences'] == 12
+  assert sorted(int(p.name) for p in (workdir / 'checkpoints').iterdir()) == [2, 3, 4, 5, 6]
   assert summary['model'] == str(workdir / 'average-last5')
-  assert (workdir / 'average-last5' / '10').is_dir()
+  assert (workdir / 'average-last5' / '6').is_dir()
   assert len((workdir / 'test_hypotheses.de').read_text().splitlines()) == 12
   # The README's quickstart: the demo's test split, scored again by `jaxformer eval`.
   scored = subprocess.run(
@@ -48,7 +48,7 @@ def test_short_demo_runs_end_to_end_and_reruns_cleanly(tmp_path):
 
   again = _demo(workdir)  # a finished workdir: resumes at the end and re-evaluates
   assert again.returncode == 0, again.stderr[-3000:]
-  assert 'resumed from step 10' in again.stderr
+  assert 'resumed from step 6' in again.stderr
   assert json.loads((workdir / 'demo_summary.json').read_text())['sacrebleu'] == \
       summary['sacrebleu']
 
