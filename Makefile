@@ -60,8 +60,8 @@ jax-extra:
 	@echo $(JAX_EXTRA)
 
 # Three pytest workers (pytest-xdist), each running whole test files (a third fills the waits on
-# subprocesses and the network), the longest files first (tests/conftest.py): 12 min 30 s to
-# 14 min 30 s on 2 cores (2026-11-26, five fresh clones, on a host whose speed varies up to 1.7x
+# subprocesses and the network), the longest files first (tests/conftest.py): 10 min 10 s to
+# 14 min 30 s on 2 cores (2026-11-26, six fresh clones, on a host whose speed varies up to 1.7x
 # within a day; docs/benchmarks-log.md, "Every training run compiled its step twice").
 test: $(STAMP)
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=10
