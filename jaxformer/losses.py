@@ -74,7 +74,10 @@ def _projected_chunk(hidden: Array, targets: Array, weights: Array, *, softmax_w
   its rows in float32 (both the same for every chunk)."""
   vocab = softmax_weights.shape[0]
   confidence, low, entropy = _smoothing(epsilon, vocab)
-  logits = jnp.dot(hidden, softmax_weights.T, preferred_element_type=jnp.float32)  # [C, V]
+  # [C, V] stored in hidden's dtype, rounded as the model's own logits are, and read in float32
+  # by each pass below: in bfloat16 the passes move half the bytes. The barrier keeps XLA from
+  # computing the product in float32 instead (excess precision), which stores twice the bytes.
+  logits = jax.lax.optimization_barrier(jnp.dot(hidden, softmax_weights.T)).astype(jnp.float32)
   top = jnp.max(logits, axis=-1)
   exp = jnp.exp(logits - top[:, None])
   log_z = top + jnp.log(jnp.sum(exp, axis=-1))  # [C]

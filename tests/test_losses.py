@@ -80,7 +80,7 @@ def _hidden_case(seed=0, n_batch=3, length=7, d=16, vocab=50, dtype=jnp.float32)
 
 def _reference(hidden, embedding, targets, weights, epsilon):
   """The loss through whole [..., V] logits and autodiff: (loss, (weight_sum, correct))."""
-  logits = jnp.dot(hidden, embedding.astype(hidden.dtype).T, preferred_element_type=jnp.float32)
+  logits = jnp.dot(hidden, embedding.astype(hidden.dtype).T).astype(jnp.float32)  # as the model's
   loss_sum, weight_sum = losses.smoothed_cross_entropy(logits, targets, weights, epsilon)
   correct, _ = losses.accuracy(logits, targets, weights)
   return loss_sum, (weight_sum, correct)
@@ -123,3 +123,13 @@ def test_chunked_loss_in_bfloat16_is_close_to_float32():
   d_hidden = jax.grad(lambda h: losses.chunked_smoothed_cross_entropy(
       h, *case16[1:], 0.1, chunk=8)[0])(case16[0])
   assert d_hidden.dtype == jnp.bfloat16
+
+
+def test_chunked_loss_in_bfloat16_scores_the_models_bfloat16_logits():
+  """In bfloat16 the chunks' logits are rounded to bfloat16, as `Transformer.logits` rounds
+  them, so the loss is that of the model's own logits, not a more precise one."""
+  case16 = _hidden_case(d=32, vocab=300, dtype=jnp.bfloat16)
+  want, (_, want_correct) = _reference(*case16, 0.1)
+  got, _, correct = losses.chunked_smoothed_cross_entropy(*case16, 0.1, chunk=8)
+  assert float(got) == pytest.approx(float(want), rel=1e-6)
+  assert float(correct) == float(want_correct)
