@@ -120,7 +120,7 @@ def demo_sized(tmp_path_factory) -> tuple[pathlib.Path, list[str]]:
   """A small model (the demo recipe's, with N=1 and d_model 64) trained 250 steps on the embedded
   corpus: enough for real, varied translations (5 to 23 pieces; the demo's own dimensions took
   4.5 min; N=2 agreed with CTranslate2 as well and took 104 CPU-s to train against 69); and 100
-  held-out test sentences. Trained in a process of its own, with XLA's default optimisation
+  held-out test sentences. Trained in a process of its own, with LLVM's optimisation
   (helpers.optimised_env)."""
   path = tmp_path_factory.mktemp('demo_sized')
   subprocess.run([sys.executable, '-c', f'import helpers; helpers.train_demo_sized({str(path)!r})'],

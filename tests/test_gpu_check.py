@@ -22,10 +22,10 @@ CPU_CFG = gpu_check.CPU_CFG  # the checks' model without a GPU: one layer
 
 @pytest.mark.slow
 def test_gpu_check_passes_on_cpu():
-  """The whole check, as `make gpu-check` runs it, in a process with XLA's default optimisation
-  (it runs long rather than compiles much), with 200 bfloat16 training steps instead of 300: on
-  this CPU the one-layer model's loss goes 3.85 -> 0.75 in 200 (the bound is half the first,
-  1.93; 150 steps reach 1.72, 120 only 2.44)."""
+  """The whole check, as `make gpu-check` runs it, in a process with LLVM's optimisation (it
+  runs long rather than compiles much: helpers.optimised_env), with 200 bfloat16 training steps
+  instead of 300: on this CPU the one-layer model's loss goes 3.85 -> 0.68 in 200 (the bound is
+  half the first, 1.93; 150 steps reach 1.72, 120 only 2.44)."""
   run = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'gpu_check.py'),
                         '--steps', '200', '--fused-steps', '5'], capture_output=True, text=True,
                        timeout=900, env=optimised_env())

@@ -279,7 +279,7 @@ def test_bfloat16_keeps_layer_norm_softmax_and_logits_in_float32(tiny_model, tin
 
 
 def test_independent_qk_and_v_dims_shape_and_train():
-  cfg = config_lib.tiny(vocab_size=32).replace(qk_dim=4, v_dim=12)
+  cfg = config_lib.tiny(vocab_size=32).replace(num_layers=1, qk_dim=4, v_dim=12)
   state = train.create_train_state(cfg, jax.random.key(0))
   attention = state.params['encoder']['layers_0']['self_attention']
   assert attention['query']['kernel'].shape == (32, 4, 4)
