@@ -59,12 +59,13 @@ install: $(STAMP)
 jax-extra:
 	@echo $(JAX_EXTRA)
 
-# Three pytest workers (pytest-xdist), each running whole test files (a third fills the waits on
-# subprocesses and the network), the longest files first (tests/conftest.py): 10 min 10 s to
-# 14 min 30 s on 2 cores (2026-11-26, six fresh clones, on a host whose speed varies up to 1.7x
-# within a day; docs/benchmarks-log.md, "Every training run compiled its step twice").
+# Two pytest workers (pytest-xdist), one per core, each running whole test files, the longest
+# files first (tests/conftest.py). A third worker, to fill the waits on subprocesses and the
+# network, made the run slower on 2 cores: the tests and the processes they start then share
+# the cores three ways (docs/benchmarks-log.md, "The test suite's time: gpu-check and the
+# demo-sized model").
 test: $(STAMP)
-	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=10
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=10
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -75,7 +76,7 @@ docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -E -a -W --keep-going -q -b html docs docs/_build/html
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder -m 'not slow'
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m 'not slow'
 
 # The offline demo: generate the embedded corpus, train, average, score, plot (experiments/demo.py).
 demo: WORKDIR ?= workdirs/demo

@@ -37,9 +37,9 @@ jax.config.update('jax_persistent_cache_min_compile_time_secs',
                   float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
 
 
-# The files that take longest, longest first (measured with three workers on 2 cores): `make test`
-# hands whole files to its workers in collection order (--no-loadscope-reorder), so these start
-# first and the run does not end on one worker alone. Every other file follows, in name order.
+# The files that take longest, longest first (measured on 2 cores): `make test` hands whole
+# files to its workers in collection order (--no-loadscope-reorder), so these start first and
+# the run does not end on one worker alone. Every other file follows, in name order.
 _LONGEST_FIRST = ('test_trainer.py', 'test_gpu_check.py', 'test_experiments.py', 'test_model.py',
                   'test_train.py', 'test_cli.py', 'test_docs.py', 'test_export.py',
                   'test_package.py', 'test_demo.py', 'test_parallel.py', 'test_translation.py',
@@ -120,7 +120,7 @@ def demo_sized(tmp_path_factory) -> tuple[pathlib.Path, list[str]]:
   """A small model (the demo recipe's, with N=1 and d_model 64) trained 250 steps on the embedded
   corpus: enough for real, varied translations (5 to 23 pieces; the demo's own dimensions took
   4.5 min; N=2 agreed with CTranslate2 as well and took 104 CPU-s to train against 69); and 100
-  held-out test sentences. Trained in a process of its own, with LLVM's optimisation
+  held-out test sentences. Trained in a process of its own, at XLA's backend level 1
   (helpers.optimised_env)."""
   path = tmp_path_factory.mktemp('demo_sized')
   subprocess.run([sys.executable, '-c', f'import helpers; helpers.train_demo_sized({str(path)!r})'],

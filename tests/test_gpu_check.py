@@ -22,7 +22,7 @@ CPU_CFG = gpu_check.CPU_CFG  # the checks' model without a GPU: one layer
 
 @pytest.mark.slow
 def test_gpu_check_passes_on_cpu():
-  """The whole check, as `make gpu-check` runs it, in a process with LLVM's optimisation (it
+  """The whole check, as `make gpu-check` runs it, in a process at XLA's backend level 1 (it
   runs long rather than compiles much: helpers.optimised_env), with 200 bfloat16 training steps
   instead of 300: on this CPU the one-layer model's loss goes 3.85 -> 0.68 in 200 (the bound is
   half the first, 1.93; 150 steps reach 1.72, 120 only 2.44)."""
