@@ -1,10 +1,12 @@
 """Runs a few pmap train steps for the multi-device tests, in a process of its own (device counts
-and jax.distributed must be set before jax starts). Writes the final params to an .npz file.
+and jax.distributed must be set before jax starts). Writes the final params to .npz files.
 
-  python distributed_worker.py devices N OUT    N local devices (simulated on CPU)
-  python distributed_worker.py jit N OUT        the same, the step under jax.jit over a mesh
+  python distributed_worker.py devices DIR      one process, 8 devices (simulated on CPU): pmap
+                                                over 8 (DIR/devices8.npz), over 1 with all rows
+                                                (devices1.npz), jax.jit over an 8-device mesh
+                                                (jit8.npz), and pmap over 2 fed like the 2 hosts
+                                                below (hosts2.npz)
   python distributed_worker.py host I PORT OUT  process I of 2 in a jax.distributed cluster
-  python distributed_worker.py hosts2 OUT       one process, 2 devices, fed like the 2 hosts
   python distributed_worker.py train I PORT WORKDIR STEPS
                                                 process I of 2 runs train_and_evaluate
 """
@@ -13,9 +15,9 @@ import os
 import sys
 
 MODE = sys.argv[1]
-if MODE in ('devices', 'jit', 'hosts2'):
-  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' --xla_force_host_platform_'
-                             f'device_count={2 if MODE == "hosts2" else sys.argv[2]}')
+if MODE == 'devices':
+  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
+                             + ' --xla_force_host_platform_device_count=8')
 
 import functools  # noqa: E402
 
@@ -31,6 +33,7 @@ from jaxformer import config, data, parallel, train, trainer  # noqa: E402
 STEPS, ROWS, LENGTH = 3, 8, 64
 
 
+@functools.cache  # (the devices mode reads it five times)
 def corpus() -> data.TokenizedCorpus:
   text = synthetic_text(400, seed=7)
   workdir = os.environ.get('WORKER_TMP', '/tmp')
@@ -87,17 +90,16 @@ def save(params: dict, path: str) -> None:
 
 
 if MODE == 'devices':
-  n, out = int(sys.argv[2]), sys.argv[3]
-  if n == 1:  # the same global batches, all rows on one device
-    merged = ({k: v.reshape(1, -1, v.shape[-1]) for k, v in b.items()} for b in batches(8))
-    save(run(merged, jax.devices()[:1]), out)
-  else:
-    assert jax.local_device_count() == n
-    save(run(batches(n)), out)
-elif MODE == 'jit':
-  n, out = int(sys.argv[2]), sys.argv[3]
-  assert jax.local_device_count() == n
-  save(run_jit(batches(n)), out)
+  out = sys.argv[2]
+  assert jax.local_device_count() == 8
+  save(run(batches(8)), f'{out}/devices8.npz')
+  # The same global batches, all rows on one device.
+  merged = ({k: v.reshape(1, -1, v.shape[-1]) for k, v in b.items()} for b in batches(8))
+  save(run(merged, jax.devices()[:1]), f'{out}/devices1.npz')
+  save(run_jit(batches(8)), f'{out}/jit8.npz')
+  both = zip(batches(1, 0, 2), batches(1, 1, 2))  # what each of the 2 hosts is fed
+  save(run(({k: np.concatenate([a[k], b[k]]) for k in a} for a, b in both), jax.devices()[:2]),
+       f'{out}/hosts2.npz')
 elif MODE == 'host':
   index, port, out = int(sys.argv[2]), sys.argv[3], sys.argv[4]
   parallel.initialize(f'localhost:{port}', 2, index)
@@ -117,7 +119,3 @@ elif MODE == 'train':
   summary = trainer.train(CFG, settings, workdir,
                           synthetic_text(400, seed=7), synthetic_text(40, seed=8))
   print('SUMMARY', json.dumps(summary))
-elif MODE == 'hosts2':
-  out = sys.argv[2]
-  both = zip(batches(1, 0, 2), batches(1, 1, 2))
-  save(run({k: np.concatenate([a[k], b[k]]) for k in a} for a, b in both), out)

@@ -1,5 +1,6 @@
 """jaxformer.parallel: prefetching, and pmap over 8 devices or 2 processes equal to one."""
 
+import pathlib
 import socket
 import subprocess
 import threading
@@ -82,21 +83,26 @@ def test_a_step_traces_once_for_the_state_it_returns():
   np.testing.assert_array_equal(parallel.unreplicate(state)['w'], 3 * jax.local_device_count())
 
 
+@pytest.fixture(scope='module')
+def one_process(tmp_path_factory) -> pathlib.Path:
+  """The params after 3 steps of one process with 8 devices: pmap over 8, over 1 and over 2 (fed
+  like the two hosts below), and jax.jit over an 8-device mesh (tests/distributed_worker.py)."""
+  folder = tmp_path_factory.mktemp('one_process')
+  _finish(start_worker('devices', str(folder), tmp_path=folder))
+  return folder
+
+
 @pytest.mark.slow
-def test_eight_devices_equal_one_device_on_the_same_global_batch(tmp_path):
+def test_eight_devices_equal_one_device_on_the_same_global_batch(one_process):
   """pmap over 8 devices, pmap on 1 and jax.jit over an 8-device mesh (parallel.data_mesh,
   shard_rows) give the same params after 3 steps of the same global batches."""
-  workers = [start_worker(mode, n, str(tmp_path / f'{mode}{n}.npz'), tmp_path=tmp_path)
-             for mode, n in (('devices', '8'), ('devices', '1'), ('jit', '8'))]
-  for worker in workers:
-    _finish(worker)
-  eight = _load_npz(tmp_path / 'devices8.npz')
-  assert_trees_equal(eight, _load_npz(tmp_path / 'devices1.npz'), atol=1e-5, rtol=0)
-  assert_trees_equal(eight, _load_npz(tmp_path / 'jit8.npz'), atol=1e-5, rtol=0)
+  eight = _load_npz(one_process / 'devices8.npz')
+  assert_trees_equal(eight, _load_npz(one_process / 'devices1.npz'), atol=1e-5, rtol=0)
+  assert_trees_equal(eight, _load_npz(one_process / 'jit8.npz'), atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow
-def test_two_processes_equal_one_process(tmp_path):
+def test_two_processes_equal_one_process(tmp_path, one_process):
   with socket.socket() as s:
     s.bind(('localhost', 0))
     port = str(s.getsockname()[1])
@@ -104,6 +110,5 @@ def test_two_processes_equal_one_process(tmp_path):
            for i in range(2)]
   for process in hosts:
     _finish(process)
-  _finish(start_worker('hosts2', str(tmp_path / 'one.npz'), tmp_path=tmp_path))
-  assert_trees_equal(_load_npz(tmp_path / 'hosts.npz'), _load_npz(tmp_path / 'one.npz'),
-                      atol=1e-5, rtol=0)
+  assert_trees_equal(_load_npz(tmp_path / 'hosts.npz'), _load_npz(one_process / 'hosts2.npz'),
+                     atol=1e-5, rtol=0)
