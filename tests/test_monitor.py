@@ -123,14 +123,18 @@ def test_sink_without_tensorboard_writes_metrics_and_warns(tmp_path, monkeypatch
 
 
 def _seconds_to_ctrl_c_inside_a_gc_callback() -> float:
-  """How long a 30 s sleep lasts after SIGINT's handler ran inside a gc callback (the
+  """How long 30 s of sleeping lasts after SIGINT's handler ran inside a gc callback (the
   KeyboardInterrupt must arrive: pytest.raises)."""
   callback = sigint_inside_a_gc_callback()
   start = time.monotonic()
   try:
     with pytest.raises(KeyboardInterrupt):
       gc.collect()
-      time.sleep(30)  # cut short about 10 ms in: the signal goes to this (the main) thread
+      # Cut short about 10 ms in: the signal goes to this (the main) thread. In short sleeps: a
+      # signal that lands just before a sleep begins (a busy host) is handled when it ends,
+      # which once took a single 30 s sleep to its end.
+      while time.monotonic() < start + 30:
+        time.sleep(0.1)
   finally:
     gc.callbacks.remove(callback)
   return time.monotonic() - start
