@@ -130,9 +130,8 @@ def _seconds_to_ctrl_c_inside_a_gc_callback() -> float:
   try:
     with pytest.raises(KeyboardInterrupt):
       gc.collect()
-      # Cut short about 10 ms in: the signal goes to this (the main) thread. In short sleeps: a
-      # signal that lands just before a sleep begins (a busy host) is handled when it ends,
-      # which once took a single 30 s sleep to its end.
+      # Cut short about 10 ms in: the signal goes to this (the main) thread. Short sleeps: a
+      # signal landing just before a sleep starts (on a busy host) is handled when it ends.
       while time.monotonic() < start + 30:
         time.sleep(0.1)
   finally:
