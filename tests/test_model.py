@@ -101,8 +101,10 @@ def test_opened_padding_rows_change_no_real_logit_and_no_gradient(tiny_config, a
   opened = logits_and_grads()
   monkeypatch.setattr(model_lib, 'attend_somewhere', lambda mask: mask)
   empty = logits_and_grads()
+  # Two programs, which XLA may sum in another order: float32 rounding apart (up to 3e-7 seen).
+  # A padding row that leaked into a real one would move them by orders of magnitude more.
   np.testing.assert_allclose(opened[0], empty[0], rtol=1e-6, atol=1e-6)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), *[
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), *[
       g for _, g in (opened, empty)])
 
 
