@@ -76,6 +76,8 @@ def save_attention(translator: Translator, sentence: str, out_dir: str | pathlib
     for h, ax in enumerate(axes.flat):
       if h < heads:
         _heatmap(ax, weights[h], src, tgt, f'layer {i + 1}, head {h + 1}')
+        # The pieces once per row and column of the grid: left, and under the lowest map.
+        ax.tick_params(labelleft=h % cols == 0, labelbottom=h + cols >= heads)
       else:
         ax.axis('off')
     fig.tight_layout()
