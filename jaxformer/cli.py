@@ -309,11 +309,12 @@ def _translate(args: argparse.Namespace) -> int:
         if args.nbest is None:
           out.write(''.join(t + '\n' for t in model.translate(sentences, progress=True)))
         else:
-          for start in range(0, len(sentences), args.batch_size):
-            _write(model, sentences[start:start + args.batch_size], start, args.nbest, out)
+          for start in range(0, len(sentences), chunk := args.batch_size * model.workers):
+            _write(model, sentences[start:start + chunk], start, args.nbest, out)
         return 0
       lines = _lines(sys.stdin.buffer, 'stdin')
-      size = 1 if sys.stdin.isatty() else args.batch_size  # a terminal: answer each line
+      # A terminal: answer each line; a pipe: a batch for each of the translator's workers.
+      size = 1 if sys.stdin.isatty() else args.batch_size * model.workers
       first = 0
       while chunk := list(itertools.islice(lines, size)):
         _write(model, chunk, first, args.nbest, out)

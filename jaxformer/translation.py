@@ -4,8 +4,10 @@ checkpoint or an exported folder). Decoding follows §6.1: beam 4, alpha 0.6, at
 source length + 50 tokens.
 """
 
+import concurrent.futures
 import functools
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,16 +85,29 @@ def _jitted_search(config: TransformerConfig, beam_size: int, alpha: float) -> A
                                    alpha=alpha), static_argnames=('max_len', 'num_results'))
 
 
+def default_workers() -> int:
+  """Batches searched side by side: on CPU one per core this process may use, since XLA:CPU
+  runs a small model's search on little more than one core (two on 2 cores decode the demo
+  model 1.8x faster: docs/BENCHMARKS.md); elsewhere one, as an accelerator runs one program
+  at a time."""
+  if jax.default_backend() != 'cpu':
+    return 1
+  return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+
+
 class Translator:
   """Translates text with a model and its sentencepiece vocabulary, by the paper's settings:
-  beam 4, alpha 0.6, at most (source length + 50) tokens."""
+  beam 4, alpha 0.6, at most (source length + 50) tokens. Batches of `batch_size` sentences are
+  searched by `workers` threads side by side (default_workers()); outputs keep the inputs'
+  order whatever the workers."""
 
   def __init__(self, params: Any, config: TransformerConfig, tokenizer: Tokenizer, *,
                beam_size: int = 4, alpha: float = 0.6, extra_length: int = 50,
-               batch_size: int = 32):
+               batch_size: int = 32, workers: int | None = None):
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.beam_size, self.alpha, self.extra_length = beam_size, alpha, extra_length
     self.batch_size = batch_size
+    self.workers = workers or default_workers()
     self._search = _jitted_search(config, beam_size, alpha)
 
   @classmethod
@@ -139,7 +154,8 @@ class Translator:
     return out
 
   def _batches(self, sentences: Sequence[str], progress: bool, num_results: int | None):
-    """(indices, ids, scores or None) per decoded batch, shortest sources first."""
+    """(indices, ids, scores or None) per decoded batch, longest sources first (the longest
+    searches start first, so that workers finish together)."""
     ids = self.tokenizer.encode(sentences)
     limit = self.config.max_len - 1  # pieces, leaving room for EOS
     cut = [i for i, x in enumerate(ids) if len(x) > limit]
@@ -149,22 +165,33 @@ class Translator:
                   ', '.join(map(str, cut[:10])), ', ...' if len(cut) > 10 else '')
       for i in cut:
         ids[i] = ids[i][:limit]
-    todo = sorted((i for i, x in enumerate(ids) if x), key=lambda i: len(ids[i]))
-    with tqdm(total=len(todo), desc='translating', unit='sent', disable=not progress) as bar:
-      for start in range(0, len(todo), self.batch_size):
-        chosen = todo[start:start + self.batch_size]
-        rows = [ids[i] + [EOS_ID] for i in chosen]
-        width = min(_bucket(max(map(len, rows))), self.config.max_len)
-        src = np.zeros((self.batch_size, width), np.int32)  # a fixed batch: one compile per width
-        for r, row in enumerate(rows):
-          src[r, :len(row)] = row
-        max_lengths = np.zeros(self.batch_size, np.int32)
-        max_lengths[:len(rows)] = [len(row) + self.extra_length for row in rows]
-        max_len = min(width + self.extra_length, self.config.max_len)
-        result = self._search(self.params, src, np.minimum(max_lengths, max_len),
-                              max_len=max_len, num_results=num_results)
-        if num_results is None:
-          yield chosen, np.asarray(result)[:len(rows)], None
-        else:
-          yield chosen, np.asarray(result[0])[:len(rows)], np.asarray(result[1])[:len(rows)]
-        bar.update(len(chosen))
+    todo = sorted((i for i, x in enumerate(ids) if x), key=lambda i: -len(ids[i]))
+    groups = [todo[start:start + self.batch_size] for start in range(0, len(todo),
+                                                                      self.batch_size)]
+
+    def search(chosen: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
+      rows = [ids[i] + [EOS_ID] for i in chosen]
+      width = min(_bucket(max(map(len, rows))), self.config.max_len)
+      src = np.zeros((self.batch_size, width), np.int32)  # a fixed batch: one compile per width
+      for r, row in enumerate(rows):
+        src[r, :len(row)] = row
+      max_lengths = np.zeros(self.batch_size, np.int32)
+      max_lengths[:len(rows)] = [len(row) + self.extra_length for row in rows]
+      max_len = min(width + self.extra_length, self.config.max_len)
+      result = jax.device_get(self._search(self.params, src, np.minimum(max_lengths, max_len),
+                                           max_len=max_len, num_results=num_results))
+      if num_results is None:
+        return result[:len(rows)], None
+      return result[0][:len(rows)], result[1][:len(rows)]
+
+    workers = min(self.workers, len(groups))
+    pool = concurrent.futures.ThreadPoolExecutor(workers) if workers > 1 else None
+    try:
+      results = pool.map(search, groups) if pool else map(search, groups)
+      with tqdm(total=len(todo), desc='translating', unit='sent', disable=not progress) as bar:
+        for chosen, (found, scores) in zip(groups, results):
+          yield chosen, found, scores
+          bar.update(len(chosen))
+    finally:  # an error, or a caller that stops early: no batch is started after it
+      if pool:
+        pool.shutdown(cancel_futures=True)

@@ -1,5 +1,9 @@
 """jaxformer.translation: the Translator and its search glue."""
 
+import os
+import threading
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +34,46 @@ def test_batch_padding_does_not_change_a_translation(translator):
   alone = [translator.translate([s])[0] for s in SENTENCES]
   assert together == alone
   assert len(set(together)) > 1
+
+
+def test_workers_search_batches_side_by_side_and_keep_the_order(translator, monkeypatch):
+  sentences = [f'{s} {n}' for n in range(3) for s in SENTENCES]  # 12: six batches of two
+  one = translation.Translator(translator.params, translator.config, translator.tokenizer,
+                               batch_size=2, workers=1)
+  expected, expected_nbest = one.translate(sentences), one.translate_nbest(sentences, 2)
+  three = translation.Translator(translator.params, translator.config, translator.tokenizer,
+                                 batch_size=2, workers=3)
+  search, meeting, threads = three._search, threading.Barrier(3, timeout=60), set()
+
+  def side_by_side(*args, **kwargs):  # three searches must be under way at once to pass
+    meeting.wait()
+    threads.add(threading.get_ident())
+    return search(*args, **kwargs)
+  monkeypatch.setattr(three, '_search', side_by_side)
+  assert three.translate(sentences) == expected
+  assert three.translate_nbest(sentences, 2) == expected_nbest
+  assert len(threads) == 3
+
+
+def test_an_error_in_a_batch_stops_the_translation(translator, monkeypatch):
+  two = translation.Translator(translator.params, translator.config, translator.tokenizer,
+                               batch_size=1, workers=2)
+  calls = []
+
+  def failing(*args, **kwargs):
+    calls.append(1)
+    time.sleep(0.2)  # time for the caller to see the first failure
+    raise RuntimeError('out of memory')
+  monkeypatch.setattr(two, '_search', failing)
+  with pytest.raises(RuntimeError, match='out of memory'):
+    two.translate(SENTENCES * 10)  # 40 batches: those not started are cancelled
+  assert len(calls) < 10
+
+
+def test_default_workers_are_the_cores_on_cpu_and_one_on_an_accelerator(monkeypatch):
+  assert translation.default_workers() == len(os.sched_getaffinity(0))
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  assert translation.default_workers() == 1
 
 
 def test_blank_lines_stay_blank_and_counts_are_kept(translator):

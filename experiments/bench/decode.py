@@ -56,21 +56,25 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
   beam 4 with the translator's alpha and length limit, batches of the translator's size, each
   compiled / loaded and warmed up first, then timed `repeats` times in turn (medians).
 
-  CTranslate2 runs with 1 and with `threads` intra-op threads, and the faster counts: on this
-  2-vCPU host its 2-thread runs of small models are several times slower than 1-thread ones.
-  Per search: tokens/s of each (output pieces, EOS excluded), jaxformer / the faster
+  jaxformer searches `translator.workers` batches side by side. CTranslate2 runs in three ways,
+  and the fastest counts: one batch at a time on 1 and on `threads` intra-op threads
+  ('1x1', '1x2'), and `threads` batches side by side on one thread each (inter_threads,
+  '2x1'). Per search: tokens/s of each (output pieces, EOS excluded), jaxformer / the fastest
   CTranslate2, and the fraction of sentences with the same output ids.
   """
   import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
-  engines = {n: ctranslate2.Translator(str(model_dir), device='cpu', inter_threads=1,
-                                       intra_threads=n) for n in sorted({1, threads})}
+  ways = {(1, 1), (1, threads), (threads, 1)}
+  engines = {f'{inter}x{intra}': ctranslate2.Translator(
+      str(model_dir), device='cpu', inter_threads=inter, intra_threads=intra)
+             for inter, intra in sorted(ways)}
   tok = translator.tokenizer
   pieces = [tok.pieces(ids + [data.EOS_ID]) for ids in tok.encode(sentences)]
   results = {}
   for name, beam in (('greedy', 1), ('beam4', 4)):
     ours = Translator(
         translator.params, translator.config, tok, beam_size=beam, alpha=translator.alpha,
-        extra_length=translator.extra_length, batch_size=translator.batch_size)
+        extra_length=translator.extra_length, batch_size=translator.batch_size,
+        workers=translator.workers)
 
     def theirs(engine, beam=beam):
       found = engine.translate_batch(
@@ -90,12 +94,13 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
     results[name] = {
         'jaxformer_tokens_per_s': round(rates['jaxformer'], 1),
         'ctranslate2_tokens_per_s': round(rates[best], 1),
-        'ctranslate2_tokens_per_s_by_threads': {n: round(rates[n], 1) for n in engines},
+        'ctranslate2_tokens_per_s_by_way': {n: round(rates[n], 1) for n in engines},
         'ratio': round(rates['jaxformer'] / rates[best], 3),
         'same_output': round(float(np.mean([a == b for a, b in
                                             zip(outputs['jaxformer'], outputs[best])])), 4)}
   return {'ctranslate2': ctranslate2.__version__, 'sentences': len(sentences),
-          'ctranslate2_threads_tried': sorted(engines), 'batch_size': translator.batch_size,
+          'ctranslate2_ways': sorted(engines), 'jaxformer_workers': translator.workers,
+          'batch_size': translator.batch_size,
           'repeats': repeats, **results}
 
 
