@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import itertools
 import json
 import logging
 import os
@@ -282,8 +281,22 @@ def _eval(args: argparse.Namespace) -> int:
 # --- translate ------------------------------------------------------------------------------------
 
 
-def _lines(stream, name: str) -> Iterable[str]:
-  return (data.decode_line(raw, f'{name}:{number}') for number, raw in enumerate(stream, 1))
+def _chunks(stream, name: str, size: int) -> Iterable[list[str]]:
+  """The stream's lines, `size` at a time; the lines before one that is not UTF-8 come out
+  before its error."""
+  chunk = []
+  try:
+    for number, raw in enumerate(stream, 1):
+      chunk.append(data.decode_line(raw, f'{name}:{number}'))
+      if len(chunk) == size:
+        yield chunk
+        chunk = []
+  except data.DataError:
+    if chunk:
+      yield chunk
+    raise
+  if chunk:
+    yield chunk
 
 
 def _write(model, chunk: list[str], first: int, nbest: int | None, out) -> None:
@@ -312,11 +325,10 @@ def _translate(args: argparse.Namespace) -> int:
           for start in range(0, len(sentences), chunk := args.batch_size * model.workers):
             _write(model, sentences[start:start + chunk], start, args.nbest, out)
         return 0
-      lines = _lines(sys.stdin.buffer, 'stdin')
       # A terminal: answer each line; a pipe: a batch for each of the translator's workers.
       size = 1 if sys.stdin.isatty() else args.batch_size * model.workers
       first = 0
-      while chunk := list(itertools.islice(lines, size)):
+      for chunk in _chunks(sys.stdin.buffer, 'stdin', size):
         _write(model, chunk, first, args.nbest, out)
         first += len(chunk)
   except OSError as e:  # the output file

@@ -141,13 +141,13 @@ def _tree_snapshot(folder: pathlib.Path) -> dict[str, tuple[int, int]]:
 def test_translate_refuses_invalid_utf8_naming_the_line(workdir):
   result = subprocess.run(
       [sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir', str(workdir),
-       '--batch-size', '1'], input=b'the dog\n\xff\xfe not utf-8\nthe man\n',
+       '--batch-size', '4'], input=b'the dog\nthe cat\n\xff\xfe not utf-8\nthe man\n',
       capture_output=True, timeout=300)
   assert result.returncode == 1
   assert result.stderr.decode().strip().splitlines()[-1] == (
-      'error: stdin:2: not valid UTF-8 (byte 0: invalid start byte); re-encode it as UTF-8.')
+      'error: stdin:3: not valid UTF-8 (byte 0: invalid start byte); re-encode it as UTF-8.')
   assert 'Traceback' not in result.stderr.decode()
-  assert len(result.stdout.decode().splitlines()) == 1  # line 1 was translated before it
+  assert len(result.stdout.decode().splitlines()) == 2  # the lines before it, translated
 
 
 def test_translate_into_a_closed_pipe_ends_quietly(workdir):
