@@ -87,9 +87,9 @@ def _jitted_search(config: TransformerConfig, beam_size: int, alpha: float) -> A
 
 def default_workers() -> int:
   """Batches searched side by side: on CPU one per core this process may use, since XLA:CPU
-  runs a small model's search on little more than one core (two on 2 cores decode the demo
-  model 1.8x faster: docs/BENCHMARKS.md); elsewhere one, as an accelerator runs one program
-  at a time."""
+  runs a small model's search on little more than one core (two on 2 cores translate the demo
+  model's test split 1.6x faster: docs/benchmarks-log.md); elsewhere one, as an accelerator
+  runs one program at a time."""
   if jax.default_backend() != 'cpu':
     return 1
   return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
@@ -107,7 +107,9 @@ class Translator:
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.beam_size, self.alpha, self.extra_length = beam_size, alpha, extra_length
     self.batch_size = batch_size
-    self.workers = workers or default_workers()
+    if workers is not None and workers < 1:
+      raise ValueError(f'workers must be at least 1 (or None for the default), got {workers}.')
+    self.workers = default_workers() if workers is None else workers
     self._search = _jitted_search(config, beam_size, alpha)
 
   @classmethod

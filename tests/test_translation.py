@@ -74,6 +74,8 @@ def test_default_workers_are_the_cores_on_cpu_and_one_on_an_accelerator(monkeypa
   assert translation.default_workers() == len(os.sched_getaffinity(0))
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   assert translation.default_workers() == 1
+  with pytest.raises(ValueError, match='workers must be at least 1'):
+    translation.Translator(None, CFG, None, workers=0)
 
 
 def test_blank_lines_stay_blank_and_counts_are_kept(translator):
