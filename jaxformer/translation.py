@@ -85,14 +85,18 @@ def _jitted_search(config: TransformerConfig, beam_size: int, alpha: float) -> A
                                    alpha=alpha), static_argnames=('max_len', 'num_results'))
 
 
+MAX_WORKERS = 8  # each batch in flight holds its own cache: ~1 GB for base, beam 4, 32 x 256
+
+
 def default_workers() -> int:
-  """Batches searched side by side: on CPU one per core this process may use, since XLA:CPU
-  runs a small model's search on little more than one core (two on 2 cores translate the demo
-  model's test split 1.6x faster: docs/benchmarks-log.md); elsewhere one, as an accelerator
-  runs one program at a time."""
+  """Batches searched side by side: on CPU one per core this process may use, at most
+  MAX_WORKERS, since XLA:CPU runs a small model's search on little more than one core (two on
+  2 cores translate the demo model's test split 1.6x faster: docs/benchmarks-log.md);
+  elsewhere one, as an accelerator runs one program at a time."""
   if jax.default_backend() != 'cpu':
     return 1
-  return len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
+  return max(1, min(cores or 1, MAX_WORKERS))
 
 
 class Translator:

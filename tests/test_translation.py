@@ -71,7 +71,9 @@ def test_an_error_in_a_batch_stops_the_translation(translator, monkeypatch):
 
 
 def test_default_workers_are_the_cores_on_cpu_and_one_on_an_accelerator(monkeypatch):
-  assert translation.default_workers() == len(os.sched_getaffinity(0))
+  assert translation.default_workers() == min(len(os.sched_getaffinity(0)), 8)
+  monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(64)))
+  assert translation.default_workers() == translation.MAX_WORKERS == 8
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   assert translation.default_workers() == 1
   with pytest.raises(ValueError, match='workers must be at least 1'):
