@@ -62,7 +62,7 @@ def test_an_error_in_a_batch_stops_the_translation(translator, monkeypatch):
 
   def failing(*args, **kwargs):
     calls.append(1)
-    time.sleep(0.2)  # time for the caller to see the first failure
+    time.sleep(0.5)  # the caller sees the first failure long before 10 calls could start
     raise RuntimeError('out of memory')
   monkeypatch.setattr(two, '_search', failing)
   with pytest.raises(RuntimeError, match='out of memory'):
