@@ -96,7 +96,7 @@ def default_workers() -> int:
   if jax.default_backend() != 'cpu':
     return 1
   cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-  return max(1, min(cores or 1, MAX_WORKERS))
+  return min(cores or 1, MAX_WORKERS)
 
 
 class Translator:
