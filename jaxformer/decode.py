@@ -61,7 +61,7 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: A
 
   def body(s: GreedyState) -> GreedyState:
     logits, cache = tokens_to_logits(s.last[:, None], s.cache)  # --> [B, V]
-    token = jnp.where(s.done, 0, jnp.argmax(_no_padding(logits), axis=-1).astype(jnp.int32))
+    token = jnp.where(s.done, 0, argmax(_no_padding(logits)))
     done = s.done | (token == eos_id) | (s.step + 1 >= max_lengths)
     return GreedyState(step=s.step + 1, last=token, out=s.out.at[:, s.step].set(token),
                        done=done, cache=cache)
@@ -126,6 +126,17 @@ def reorder_rows(cache: Cache, parents: Array) -> Cache:
 def _no_padding(logits: Array) -> Array:
   """logits [N, V] with padding's (id 0) at NEG_INF: padding is never generated."""
   return jnp.where(jnp.arange(logits.shape[-1]) == 0, NEG_INF, logits)
+
+
+def argmax(x: Array) -> Array:
+  """jnp.argmax over the last axis of x [N, V] (ties to the lower index; int32; in range
+  for a row holding NaN too) as two vectorised reductions, the maximum and the lowest index holding it:
+  XLA:CPU lowers argmax's (value, index) reduction to a scalar loop, 2-6x slower at V = 1000 to
+  37000 (docs/benchmarks-log.md)."""
+  most = jnp.max(x, axis=-1, keepdims=True)
+  vocab = x.shape[-1]
+  return jnp.min(jnp.where(x == most, jnp.arange(vocab, dtype=jnp.int32), vocab - 1),
+                 axis=-1)
 
 
 BLOCK = 32  # entries per block of `top_k`'s first pass
