@@ -156,6 +156,19 @@ def _top_k_times(rows: int = 128, k: int = 8) -> dict:
   return {'rows': rows, 'k': k, **results}
 
 
+def _argmax_times(rows: int = 32) -> dict:
+  """Milliseconds of one greedy step's argmax (32 sentences) over the vocabularies of the demo,
+  the multi30k recipe and the paper: jnp.argmax against decode.argmax, median of 20 calls."""
+  results = {}
+  for vocab in (1000, 8000, 37000):
+    x = jax.random.normal(jax.random.key(0), (rows, vocab))
+    for name, fn in (('jnp', functools.partial(jnp.argmax, axis=-1)),
+                     ('two_passes', decode.argmax)):
+      _, median = median_time(lambda fn=jax.jit(fn): fn(x), runs=20)
+      results[f'{name}_ms_vocab_{vocab}'] = round(median * 1e3, 3)
+  return {'rows': rows, **results}
+
+
 def _side_by_side(data_dir: pathlib.Path, trained: dict[str, str]) -> dict:
   """compare_ctranslate2 at base dimensions with random weights (64 newstest2014 sources of 20
   pieces each, outputs to the length limit) and on each trained model given: 'demo' on 256
@@ -208,6 +221,7 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None,
         / results[f'{search}_uncached']['target_tokens_per_s'], 1)
   results['setup'] = {'batch': batch, 'source_tokens': src_len, 'output_tokens': out_len}
   results['top_k'] = _top_k_times()
+  results['argmax'] = _argmax_times()
 
   # The tiny config through the Translator (bucketing, batching) on newstest2014 sources.
   with tempfile.TemporaryDirectory() as tmp:
