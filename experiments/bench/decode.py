@@ -51,7 +51,7 @@ def _alternating(fns: dict, repeats: int) -> tuple[dict, dict]:
 
 
 def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
-                        sentences: list[str], *, threads: int = 2, repeats: int = 3) -> dict:
+                        sentences: list[str], *, threads: int = 2, repeats: int = 5) -> dict:
   """jaxformer and a CTranslate2 export of the same weights on the same sentences: greedy and
   beam 4 with the translator's alpha and length limit, batches of the translator's size, each
   compiled / loaded and warmed up first, then timed `repeats` times in turn (medians).
