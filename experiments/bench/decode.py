@@ -142,31 +142,32 @@ def base_fast_path(data_dir: pathlib.Path, *, batch_size: int = 128,
   return results
 
 
-def _top_k_times(rows: int = 128, k: int = 8) -> dict:
-  """Milliseconds of one beam-4 step's first top-k (8 of each of 32 sentences x 4 beams' rows)
-  over the vocabularies of the multi30k recipe and the paper: jax.lax.top_k against
-  decode.top_k (block maxima), median of 20 calls each."""
+def _op_times(fns: dict, rows: int, vocabs: tuple[int, ...]) -> dict:
+  """Milliseconds of each jitted fn on random [rows, V] float32 for each V, median of 20
+  calls: {'<name>_ms_vocab_<V>': ms}."""
   results = {}
-  for vocab in (8000, 37000):
+  for vocab in vocabs:
     x = jax.random.normal(jax.random.key(0), (rows, vocab))
-    for name, fn in (('lax', jax.lax.top_k), ('blocks', decode.top_k)):
-      fn = jax.jit(functools.partial(fn, k=k))
-      _, median = median_time(lambda fn=fn: fn(x), runs=20)
-      results[f'{name}_ms_vocab_{vocab}'] = round(median * 1e3, 2)
-  return {'rows': rows, 'k': k, **results}
+    for name, fn in fns.items():
+      _, median = median_time(lambda fn=jax.jit(fn): fn(x), runs=20)
+      results[f'{name}_ms_vocab_{vocab}'] = round(median * 1e3, 3)
+  return results
+
+
+def _top_k_times(rows: int = 128, k: int = 8) -> dict:
+  """One beam-4 step's first top-k (8 of each of 32 sentences x 4 beams' rows) over the
+  vocabularies of the multi30k recipe and the paper: jax.lax.top_k against decode.top_k
+  (block maxima)."""
+  fns = {'lax': functools.partial(jax.lax.top_k, k=k),
+         'blocks': functools.partial(decode.top_k, k=k)}
+  return {'rows': rows, 'k': k, **_op_times(fns, rows, (8000, 37000))}
 
 
 def _argmax_times(rows: int = 32) -> dict:
-  """Milliseconds of one greedy step's argmax (32 sentences) over the vocabularies of the demo,
-  the multi30k recipe and the paper: jnp.argmax against decode.argmax, median of 20 calls."""
-  results = {}
-  for vocab in (1000, 8000, 37000):
-    x = jax.random.normal(jax.random.key(0), (rows, vocab))
-    for name, fn in (('jnp', functools.partial(jnp.argmax, axis=-1)),
-                     ('two_passes', decode.argmax)):
-      _, median = median_time(lambda fn=jax.jit(fn): fn(x), runs=20)
-      results[f'{name}_ms_vocab_{vocab}'] = round(median * 1e3, 3)
-  return {'rows': rows, **results}
+  """One greedy step's argmax (32 sentences) over the vocabularies of the demo, the multi30k
+  recipe and the paper: jnp.argmax against decode.argmax."""
+  fns = {'jnp': functools.partial(jnp.argmax, axis=-1), 'two_passes': decode.argmax}
+  return {'rows': rows, **_op_times(fns, rows, (1000, 8000, 37000))}
 
 
 def _side_by_side(data_dir: pathlib.Path, trained: dict[str, str]) -> dict:
