@@ -3,6 +3,7 @@ test files of their own)."""
 
 import argparse
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -43,10 +44,12 @@ def test_bench_answers_help():
 def test_bench_train_reports_mfu_against_its_measured_peak():
   result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench'), '--only',
                            'train', '--train-case', 'tiny'], capture_output=True, text=True,
-                          check=True, timeout=300)
+                          check=True, timeout=300,
+                          env={**os.environ, 'GLIBC_TUNABLES': 'glibc.malloc.hugetlb=1'})
   report = json.loads(result.stdout)
   train, tiny = report['train'], report['train']['tiny']
   assert report['machine']['backend'] == 'cpu' and train['fast_path'] is False
+  assert report['machine']['glibc_tunables'] == 'glibc.malloc.hugetlb=1'
   peak = train['matmul_peak']['peak_gflops']
   assert peak == max(train['matmul_peak']['gflops_by_size'].values()) > 0
   flops = 3 * forward_flops(config.tiny(), 32, 64, 64)

@@ -98,6 +98,7 @@ def main() -> int:
                          'local_devices': jax.local_device_count(),
                          'python': platform.python_version(), 'jax': jax.__version__,
                          'xla_flags': os.environ.get('XLA_FLAGS', ''),
+                         'glibc_tunables': os.environ.get('GLIBC_TUNABLES', ''),
                          'numpy': np.__version__}}
   for name in sections:
     run, options = SECTIONS[name]
