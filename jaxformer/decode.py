@@ -131,8 +131,8 @@ def _no_padding(logits: Array) -> Array:
 def argmax(x: Array) -> Array:
   """jnp.argmax over the last axis of x [N, V] (ties to the lower index; int32; in range for
   a row holding NaN too) as two vectorised reductions: the maximum, then the lowest index
-  holding it. XLA:CPU lowers argmax's (value, index) reduction to a scalar loop, 3-5x slower on
-  32 rows of V = 1000 to 37000 (docs/BENCHMARKS.md)."""
+  holding it. XLA:CPU lowers argmax's (value, index) reduction to a scalar loop, 2.8-5.5x
+  slower on 32 rows of V = 1000 to 37000 (docs/BENCHMARKS.md and its log)."""
   most = jnp.max(x, axis=-1, keepdims=True)
   vocab = x.shape[-1]
   return jnp.min(jnp.where(x == most, jnp.arange(vocab, dtype=jnp.int32), vocab - 1),
