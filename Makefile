@@ -101,15 +101,18 @@ eval: $(STAMP)
 	$(JAXFORMER) eval --workdir $(WORKDIR) $(if $(AVERAGE_LAST),--average-last $(AVERAGE_LAST)) \
 	  $(TFDS_FLAG) $(ARGS)
 
-# Multi30k EN->DE on CPU (jaxformer/recipes/multi30k.py): train, then BLEU on test_2016_flickr.
+# Multi30k EN->DE on CPU (jaxformer/recipes/multi30k.py): train, then BLEU on test_2016_flickr
+# with the checkpoints the run averaged (the last 5; fewer after a run shortened with ARGS).
+# Each file is read unpacked or as the Multi30k repository ships it (train.en.gz, ...).
 DATA_DIR ?= ../shared/data/multi30k
+m30k = $(firstword $(wildcard $(DATA_DIR)/$(1) $(DATA_DIR)/$(1).gz) $(DATA_DIR)/$(1))
 train-multi30k: WORKDIR ?= workdirs/multi30k
 train-multi30k: $(STAMP)
 	$(JAXFORMER) train --config multi30k --workdir $(WORKDIR) \
-	  --train-src $(DATA_DIR)/train.en --train-tgt $(DATA_DIR)/train.de \
-	  --eval-src $(DATA_DIR)/val.en --eval-tgt $(DATA_DIR)/val.de $(ARGS)
-	$(JAXFORMER) eval --checkpoint $(WORKDIR)/average-last5 \
-	  --src $(DATA_DIR)/test_2016_flickr.en --ref $(DATA_DIR)/test_2016_flickr.de
+	  --train-src $(call m30k,train.en) --train-tgt $(call m30k,train.de) \
+	  --eval-src $(call m30k,val.en) --eval-tgt $(call m30k,val.de) $(ARGS)
+	$(JAXFORMER) eval --checkpoint "$$(ls -d $(WORKDIR)/average-last* | sort -V | tail -n 1)" \
+	  --src $(call m30k,test_2016_flickr.en) --ref $(call m30k,test_2016_flickr.de)
 
 # Real corpora for benchmarks live beside the repository, never in it.
 SHARED_DATA ?= ../shared/data

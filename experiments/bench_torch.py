@@ -33,6 +33,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench.train import TRAIN_CASES, case_config  # noqa: E402  (one table for both frameworks)
 from jaxformer import config  # noqa: E402
 
+OPTIM = config.OptimConfig()  # the paper's Adam, lrate and label smoothing, as jaxformer trains
+
 
 class PaperTransformer(nn.Module):
   """nn.Transformer with the paper's shared, scaled embedding and sinusoidal positions."""
@@ -68,10 +70,10 @@ class PaperTransformer(nn.Module):
     return hidden @ self.embed.weight.T  # [B, T, V]: the softmax shares the embedding
 
 
-def _lrate(cfg: config.TransformerConfig):
+def _lrate(cfg: config.TransformerConfig, warmup_steps: int = OPTIM.warmup_steps):
   """The paper's lrate at 1-based step_num (LambdaLR passes the 0-based count)."""
   return lambda count: cfg.d_model ** -0.5 * min((count + 1) ** -0.5,
-                                                 (count + 1) * cfg.warmup_steps ** -1.5)
+                                                 (count + 1) * warmup_steps ** -1.5)
 
 
 def time_case(cfg: config.TransformerConfig, rows: int, length: int, accum_steps: int,
@@ -79,8 +81,8 @@ def time_case(cfg: config.TransformerConfig, rows: int, length: int, accum_steps
   """Median step time of one Adam update on rows x length random tokens per side."""
   torch.manual_seed(0)
   model = PaperTransformer(cfg).to(device)
-  optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(cfg.adam_b1, cfg.adam_b2),
-                               eps=cfg.adam_eps)
+  optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(OPTIM.adam_b1, OPTIM.adam_b2),
+                               eps=OPTIM.adam_eps)
   schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lrate(cfg))
   tokens = torch.from_numpy(np.random.default_rng(0).integers(
       3, cfg.vocab_size, (rows, length)).astype(np.int64)).to(device)
@@ -95,7 +97,7 @@ def time_case(cfg: config.TransformerConfig, rows: int, length: int, accum_steps
       with autocast:
         logits = forward(micro, micro)
       loss = F.cross_entropy(logits.float().flatten(0, 1), micro.flatten(),
-                             label_smoothing=cfg.label_smoothing)
+                             label_smoothing=OPTIM.label_smoothing)
       (loss / accum_steps).backward()
     optimizer.step()
     schedule.step()

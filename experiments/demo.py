@@ -44,7 +44,7 @@ def run(workdir: pathlib.Path, *, num_steps: int | None = None, train_pairs: int
     settings = dataclasses.replace(settings,
                                    bleu_sentences=min(settings.bleu_sentences, test_pairs))
   summary = trainer.train(recipe.model, settings, workdir, corpus['train'],
-                          corpus['validation'])
+                          corpus['validation'], optim=recipe.optim)
   if summary.get('signal') == 'SIGINT':  # saved; the rerun resumes
     raise KeyboardInterrupt
   if summary['preempted']:

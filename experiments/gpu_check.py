@@ -39,7 +39,8 @@ from jaxformer import checkpoint, config, parallel, train, translation
 from jaxformer.model import Transformer
 
 CFG = config.TransformerConfig(vocab_size=64, num_layers=2, d_model=64, d_ff=256, num_heads=4,
-                               max_len=64, warmup_steps=100)
+                               max_len=64)
+OPTIM = config.OptimConfig(warmup_steps=100)
 CPU_CFG = CFG.replace(num_layers=1)  # without a GPU: the same checks at a CPU's speed
 LENGTH, ROWS = 13, 32  # reversal task: source length (+ EOS: even, as cuDNN's training
                        # kernel needs), rows per device
@@ -131,7 +132,8 @@ def check_fused_training(steps: int = 50, widths: tuple[int, ...] = (64, 192, 25
   """Fused attention trains in bfloat16 on packed rows with padding: finite losses and gradient
   norms at every step, and losses within 2% of einsum attention's (the same init, batches and
   dropout; einsum is not run for a width whose fused training went non-finite)."""
-  start = train.create_train_state(cfg.with_execution(dtype=jnp.bfloat16), jax.random.key(0))
+  start = train.create_train_state(cfg.with_execution(dtype=jnp.bfloat16), jax.random.key(0),
+                                   optim=OPTIM)
   results, failed = [], False
   for width in widths:
     batches = [{key: value[0] for key, value in _packed(b, width).items()}
@@ -174,7 +176,7 @@ def check_training(steps: int, cfg: config.TransformerConfig = CFG) -> tuple[str
   """The fast path trains on packed rows: the mean loss of the last 10 steps is under half the
   first 10's."""
   devices = jax.local_device_count()
-  state = train.create_train_state(config.fast_path(cfg, 'gpu'), jax.random.key(0))
+  state = train.create_train_state(config.fast_path(cfg, 'gpu'), jax.random.key(0), optim=OPTIM)
   p_state, p_rng = parallel.replicate(state), parallel.replicate(jax.random.key(1))
   p_step = jax.pmap(functools.partial(train.train_step, axis_name=parallel.AXIS),
                     axis_name=parallel.AXIS, donate_argnums=0)

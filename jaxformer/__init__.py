@@ -10,7 +10,7 @@ import pkgutil
 from typing import Any
 
 from jaxformer import config, losses, model, optim
-from jaxformer.config import TransformerConfig, base, big, tiny
+from jaxformer.config import OptimConfig, TransformerConfig, base, big, tiny
 from jaxformer.model import Transformer
 
 __version__ = '0.1.0'
@@ -18,8 +18,8 @@ __version__ = '0.1.0'
 _LAZY_SUBMODULES = tuple(sorted(module.name for module in pkgutil.iter_modules(__path__)
                                 if module.name not in globals()))  # the rest of the package
 
-__all__ = ['TransformerConfig', 'Transformer', 'base', 'big', 'tiny', 'config', 'losses',
-           'model', 'optim', *_LAZY_SUBMODULES]
+__all__ = ['OptimConfig', 'TransformerConfig', 'Transformer', 'base', 'big', 'tiny', 'config',
+           'losses', 'model', 'optim', *_LAZY_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:

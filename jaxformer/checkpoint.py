@@ -15,6 +15,7 @@ or `average-best<N>/<step>/`) holds params and meta, and loads like any other.
 
 import base64
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import logging
@@ -30,8 +31,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxformer import files
-from jaxformer.config import (BEST_METRICS, SettingError, TransformerConfig, config_from_dict,
-                              config_to_dict)
+from jaxformer.config import (BEST_METRICS, OptimConfig, SettingError, TransformerConfig,
+                              config_from_dict, config_to_dict, optim_from_dict)
 from jaxformer.errors import JaxformerError
 
 log = logging.getLogger(__name__)
@@ -58,12 +59,21 @@ def meta_config(meta: dict[str, Any]) -> TransformerConfig:
     raise CheckpointError(f'checkpoint {e}') from None
 
 
-def make_meta(config: TransformerConfig, spm_model: bytes) -> dict[str, Any]:
-  """What a checkpoint records beside its arrays: the model config and the sentencepiece model
-  (its bytes and their sha256), which restoring and `check_compatible` read."""
+def make_meta(config: TransformerConfig, spm_model: bytes, optim: OptimConfig | None = None
+              ) -> dict[str, Any]:
+  """What a checkpoint records beside its arrays: the model config, how it was trained (not
+  pinned: see meta_optim) and the sentencepiece model (its bytes and their sha256), which
+  restoring and `check_compatible` read."""
   return {'config': config_to_dict(config),
+          'optim': dataclasses.asdict(optim or OptimConfig()),
           'spm_sha256': hashlib.sha256(spm_model).hexdigest(),
           'spm_model': base64.b64encode(spm_model).decode('ascii')}
+
+
+def meta_optim(meta: dict[str, Any]) -> OptimConfig:
+  """The optimisation settings a checkpoint was trained with; checkpoints from before
+  OptimConfig kept them among the model's fields."""
+  return optim_from_dict(meta.get('optim', meta['config']))
 
 
 def spm_model_bytes(meta: dict[str, Any]) -> bytes:
@@ -205,17 +215,23 @@ def _restore_items(manager: ocp.CheckpointManager, step: int, items: dict[str, A
 
 
 def restore(manager: ocp.CheckpointManager, step: int, *, params: PyTree | None = None,
-            train: PyTree | None = None, with_data: bool = False,
+            train: PyTree | Callable[[dict[str, Any]], PyTree] | None = None,
+            with_data: bool = False,
             check: Callable[[dict[str, Any], str], None] | None = None) -> dict[str, Any]:
-  """Restores step's meta, and params/train shaped like the given templates (None: as saved).
+  """Restores step's meta, and params/train shaped like the given templates (None: as saved;
+  `train` may be a function of the meta, for a state whose shape the checkpoint's settings
+  decide).
 
   `check(meta, where)` runs on the meta before any array is read, so that a different model
   gets an IncompatibleCheckpointError naming the difference instead of a shape error. Raises
   CheckpointError for a damaged checkpoint.
   """
-  if check is not None:
-    check(_restore_items(manager, step, {'meta': ocp.args.JsonRestore()})['meta'],
-          f'checkpoint {manager.directory / str(step)}')
+  if check is not None or callable(train):
+    meta = _restore_items(manager, step, {'meta': ocp.args.JsonRestore()})['meta']
+    if check is not None:
+      check(meta, f'checkpoint {manager.directory / str(step)}')
+    if callable(train):
+      train = train(meta)
   items = {'meta': ocp.args.JsonRestore(), 'params': ocp.args.StandardRestore(params)}
   if train is not None:
     items['train'] = ocp.args.StandardRestore(train)

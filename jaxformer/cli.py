@@ -2,7 +2,7 @@
 
 Thin wrappers around library functions. Flags are spelled with dashes (`--num-steps`); the
 underscore spelling (`--num_steps`) is accepted too. Every model, training and data setting can
-be changed with `--set SECTION.NAME=VALUE` (SECTION: model, train, data).
+be changed with `--set SECTION.NAME=VALUE` (SECTION: model, train, data, optim).
 """
 
 import argparse
@@ -19,11 +19,14 @@ import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import jax
+
 from jaxformer import checkpoint, data, export, monitor, parallel, recipes, scoring, trainer
 from jaxformer import config as config_lib
-from jaxformer.config import DataConfig, SettingError, TrainConfig
+from jaxformer.config import DataConfig, OptimConfig, SettingError, TrainConfig
 from jaxformer.errors import JaxformerError
 from jaxformer.model import parameter_count
+from jaxformer.recipes import auto as auto_recipe
 from jaxformer.translation import Translator
 
 _PRESETS = ('tiny', 'base', 'big')
@@ -117,9 +120,18 @@ def _setting_type(hint: Any):
   return parse
 
 
+# The sections whose every field is also a flag of `jaxformer train` (--num-steps for --set
+# train.num_steps=...): the data section has its own few.
+_SHORTCUTS = (('train', TrainConfig), ('optim', OptimConfig))
+_SECTION_TITLES = {'train': 'training', 'optim': 'optimisation: the learning rate, Adam, clipping, '
+                   'label smoothing'}
+
+
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument('--config', required=True,
-                      help=f'a shipped recipe ({", ".join(recipes.NAMES)}) or a recipe .py file')
+  parser.add_argument('--config', default='auto',
+                      help='auto: a recipe sized from the training corpus (--train-src, '
+                      f'--train-tgt); a shipped recipe ({", ".join(recipes.NAMES)}); or a recipe '
+                      '.py file')
   parser.add_argument('--workdir', required=True, type=path_arg, help='checkpoints, '
                       'vocabulary, token cache, logs; rerunning resumes from its newest '
                       'checkpoint')
@@ -129,10 +141,13 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
                       metavar='SECTION.NAME=VALUE',
                       help='change any setting, e.g. --set model.dropout_rate=0.2 --set '
                       'train.num_steps=5000 --set model.vocab_size=8000 (repeatable; SECTION: '
-                      'model, train, data; a wrong name lists the valid ones)')
+                      'model, train, data, optim; a wrong name lists the valid ones)')
   group = parser.add_argument_group(
       'data (shortcuts for --set data.NAME=...)')
   _flag(group, 'source', choices=('wmt14', 'text', 'embedded'), help="default: the recipe's")
+  for name, side in (('source_language', 'source'), ('target_language', 'target')):
+    _flag(group, name, metavar='LANG', help=f'the {side} language (ISO 639: en, de, zh, ...); '
+          "wmt14 reads en->de, de->en, en->fr or fr->en (default: the recipe's)")
   for name, help_text in (('train_src', 'training source file (text source)'),
                           ('train_tgt', 'training target file'),
                           ('eval_src', 'validation source file (optional)'),
@@ -141,17 +156,23 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
     _flag(group, name, type=path_arg, help=help_text)
   _flag(group, 'download', action='store_true', default=None,
         help='let tfds download and prepare WMT14 (needs internet; hours)')
-  group = parser.add_argument_group(
-      'training (shortcuts for --set train.NAME=...; defaults: the recipe\'s)')
-  hints = typing.get_type_hints(TrainConfig)
-  for field in dataclasses.fields(TrainConfig):
-    help_text = f"{field.metadata['help']} (default: the recipe's; TrainConfig's: {field.default})"
-    if bool in (hints[field.name], *typing.get_args(hints[field.name])):
-      _flag(group, field.name, action=argparse.BooleanOptionalAction, default=None,
-            help=help_text)
-    else:
-      _flag(group, field.name, type=_setting_type(hints[field.name]),
-            metavar='NAME' if hints[field.name] is str else 'N', default=None, help=help_text)
+  groups = {}
+  for section, cls in _SHORTCUTS:
+    group = groups[section] = parser.add_argument_group(
+        f"{_SECTION_TITLES[section]} (shortcuts for --set {section}.NAME=...; defaults: the "
+        "recipe's)")
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+      help_text = (f"{field.metadata['help']} (default: the recipe's; {cls.__name__}'s: "
+                   f'{field.default})')
+      if bool in (hints[field.name], *typing.get_args(hints[field.name])):
+        _flag(group, field.name, action=argparse.BooleanOptionalAction, default=None,
+              help=help_text)
+      else:
+        _flag(group, field.name, type=_setting_type(hints[field.name]),
+              metavar=field.metadata['metavar'] or ('NAME' if hints[field.name] is str else 'N'),
+              default=None, help=help_text)
+  group = groups['train']
   _flag(group, 'allow_cpu', action='store_true',
         help="train the paper's recipes even on a CPU backend (= --no-require-accelerator)")
   group.add_argument('--remat', action='store_true',
@@ -168,13 +189,33 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
 def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
   """The recipe of `args`: --config and --variant, then the shortcut flags spelled as --set,
   then --set itself (which wins)."""
-  recipe = recipes.load(args.config, args.variant)
+  auto = args.config == 'auto'
+  if auto and args.variant:
+    raise SettingError('--variant makes a Table 3 row of the base recipe: give --config base.')
+  recipe = recipes.AUTO if auto else recipes.load(args.config, args.variant)
   shortcuts = [f'{section}.{field.name}={getattr(args, field.name)}'
-               for section, cls in (('data', DataConfig), ('train', TrainConfig))
+               for section, cls in (('data', DataConfig), *_SHORTCUTS)
                for field in dataclasses.fields(cls) if getattr(args, field.name, None) is not None]
   shortcuts += ['train.require_accelerator=false'] * args.allow_cpu
   shortcuts += ['model.execution.remat=true'] * args.remat
-  return recipes.override(recipe, shortcuts + args.assignments)
+  assignments = shortcuts + args.assignments
+  recipe = recipes.override(recipe, assignments)
+  parent = export.model_config(recipe.train.init_from) if recipe.train.init_from else None
+  if auto:
+    inherited = None if parent is None else data.Tokenizer.from_bytes(
+        parent[1], f'the vocabulary of {recipe.train.init_from}')
+    sizing = auto_recipe.size(recipe, assignments, backend=jax.default_backend(),
+                              tokenizer=inherited)
+    logging.getLogger('jaxformer.recipes.auto').info(
+        '%s (recorded in %s)', '\n  '.join(sizing.reasons),
+        auto_recipe.record(args.workdir, sizing))
+    recipe = sizing.recipe
+  if parent is None:
+    return recipe
+  # Fine-tuning: the parent's model, changed only where --set says so (the trainer checks that
+  # only what check_fine_tune allows changed).
+  model_sets = [a for a in assignments if a.strip().startswith('model.')]
+  return recipes.override(dataclasses.replace(recipe, model=parent[0]), model_sets)
 
 
 @_one_line_errors
@@ -220,23 +261,12 @@ def _add_model_flags(parser: argparse.ArgumentParser, *, beam: bool = True) -> N
     _flag(parser, 'batch_size', type=positive_int, default=32, help='sentences per batch')
 
 
-def load_model(path: str, average_last: int | None) -> tuple[Any, Any, bytes, int]:
-  """(params, config, sentencepiece model, step) of a workdir, a checkpoint folder or an
-  exported folder (one with a config.json; export.load says what it lacks, if anything)."""
-  if (pathlib.Path(path) / 'config.json').is_file():
-    if average_last:
-      raise config_lib.SettingError(f'--average-last averages the checkpoints of a training '
-                                    f'workdir; {path} is an exported folder (one set of params).')
-    return export.load(path)
-  return checkpoint.load(path, average_last)
-
-
-def translator(path: str, args: argparse.Namespace) -> Translator:
-  """A Translator of a workdir, checkpoint folder or exported folder."""
-  params, config, spm_model, _ = load_model(path, args.average_last)
+def translator(path: str, args: argparse.Namespace) -> tuple[Translator, int]:
+  """A Translator of a workdir, checkpoint folder or exported folder, and the model's step."""
+  params, config, spm_model, step = export.load_model(path, args.average_last)
   tokenizer = data.Tokenizer.from_bytes(spm_model, f'the vocabulary of {path}')
   return Translator(params, config, tokenizer, beam_size=args.beam, alpha=args.alpha,
-                    extra_length=args.extra_length, batch_size=args.batch_size)
+                    extra_length=args.extra_length, batch_size=args.batch_size), step
 
 
 # --- eval -----------------------------------------------------------------------------------------
@@ -247,15 +277,17 @@ def _test_set(args: argparse.Namespace) -> tuple[data.ParallelText, str]:
     if not (args.src and args.ref):
       raise data.DataError('--src and --ref go together.')
     return data.read_parallel_text(args.src, args.ref), pathlib.Path(args.src).stem
-  text = data.load_wmt14(args.target_language, 'test', data_dir=args.tfds_data_dir)
-  return text, f'newstest2014-en{args.target_language}'
+  text = data.load_wmt14(args.target_language, 'test', source_language=args.source_language,
+                         data_dir=args.tfds_data_dir)
+  return text, f'newstest2014-{args.source_language}{args.target_language}'
 
 
 @_one_line_errors
 def _eval(args: argparse.Namespace) -> int:
   logging.getLogger('absl').setLevel(logging.WARNING)
+  scoring.check_language(args.target_language)  # before the model is loaded and run
   path = args.model
-  model = translator(path, args)
+  model, step = translator(path, args)
   text, name = _test_set(args)
   output = pathlib.Path(args.output or pathlib.Path(path) / f'hyps-{name}.txt')
   if not output.parent.is_dir():  # found out before the translation, not after
@@ -269,6 +301,8 @@ def _eval(args: argparse.Namespace) -> int:
     output.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
   except OSError as e:
     return _fail(f'cannot write the hypotheses to {output} ({e.strerror}).')
+  if warning := scoring.undertrained(hypotheses, step):
+    print(f'warning: {warning}', file=sys.stderr)
   result = scoring.scores(hypotheses, text.tgt, args.target_language)
   print('\n'.join(scoring.report(
       result, lang=args.target_language, origin=text.origin, segments=len(text),
@@ -313,7 +347,7 @@ def _write(model, chunk: list[str], first: int, nbest: int | None, out) -> None:
 def _translate(args: argparse.Namespace) -> int:
   if args.nbest and args.nbest > args.beam:
     return _fail(f'--nbest {args.nbest} needs --beam >= {args.nbest}.')
-  model = translator(args.model, args)
+  model = translator(args.model, args)[0]
   sentences = data.read_lines(args.input) if args.input else None
   try:
     with open(args.output, 'w', encoding='utf-8') if args.output else \
@@ -344,7 +378,7 @@ def _export(args: argparse.Namespace) -> int:
   if (args.model is None) == (args.path is None):
     return _fail('give the model to export once: jaxformer export --model PATH OUT.')
   path = args.model or args.path
-  params, config, spm_model, step = load_model(path, args.average_last)
+  params, config, spm_model, step = export.load_model(path, args.average_last)
   if args.format == 'ctranslate2':
     out = export.save_ctranslate2(args.out, params, config, spm_model)
   else:
@@ -385,6 +419,21 @@ _TRAIN_DESCRIPTION = (
     '  GLIBC_TUNABLES=glibc.malloc.hugetlb=1 jaxformer train ...')
 
 
+def _add_eval_flags(parser: argparse.ArgumentParser) -> None:
+  """eval's test set: newstest2014 from tfds, or local files, and the target language."""
+  _flag(parser, 'target_language', metavar='LANG', default='de',
+        help="the test set's target language (ISO 639: de, es, zh, ...): sacreBLEU's "
+        'tokenizer (13a; zh; ja-mecab and ko-mecab with sacrebleu[ja], [ko]) and the Moses rules '
+        'of the tokenized BLEU follow it')
+  _flag(parser, 'source_language', metavar='LANG', default='en',
+        help='with tfds: which newstest2014 direction (en->de, de->en, en->fr, fr->en)')
+  _flag(parser, 'tfds_data_dir', help='tfds data folder (default: $TFDS_DATA_DIR)')
+  parser.add_argument('--src', type=path_arg, help='a local source file instead of tfds')
+  parser.add_argument('--ref', type=path_arg, help='its reference translations, line-aligned')
+  parser.add_argument('--output', type=path_arg,
+                          help='hypotheses file (default: next to the checkpoint)')
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='jaxformer', formatter_class=_Formatter,
@@ -411,13 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
       'the hypotheses.')
   _add_model_path(evaluation, '--checkpoint')
   _add_model_flags(evaluation)
-  _flag(evaluation, 'target_language', choices=('de', 'fr'), default='de',
-        help='tfds newstest2014 direction, and the Moses rules of the tokenized BLEU')
-  _flag(evaluation, 'tfds_data_dir', help='tfds data folder (default: $TFDS_DATA_DIR)')
-  evaluation.add_argument('--src', type=path_arg, help='a local source file instead of tfds')
-  evaluation.add_argument('--ref', type=path_arg, help='its reference translations, line-aligned')
-  evaluation.add_argument('--output', type=path_arg,
-                          help='hypotheses file (default: next to the checkpoint)')
+  _add_eval_flags(evaluation)
 
   translate = command(
       'translate', _translate, 'translate text (stdin, or --input) with beam 4, alpha 0.6',

@@ -7,6 +7,8 @@ This module imports only jax; recipes, the trainer and the command line build on
 """
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from typing import Any
@@ -57,6 +59,8 @@ def check_fields(settings: Any, section: str, ranges: dict[str, Range]) -> None:
     value, hint = getattr(settings, field.name), hints[field.name]
     allowed = typing.get_args(hint) if typing.get_origin(hint) is types.UnionType else (hint,)
     if hint is Any or any(_is_a(value, kind) for kind in allowed):
+      if isinstance(value, float) and not math.isfinite(value):
+        raise SettingError(f'{section}.{field.name} must be a finite number, got {value}.')
       if field.name in ranges and value is not None and value not in ranges[field.name]:
         unset = ' (or unset)' if type(None) in allowed else ''
         raise SettingError(f'{section}.{field.name} must be {ranges[field.name]}{unset}, got '
@@ -115,7 +119,8 @@ class Execution:
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
-  """Hyperparameters of the encoder-decoder Transformer (Vaswani et al., 2017)."""
+  """Hyperparameters of the encoder-decoder Transformer (Vaswani et al., 2017): what it
+  computes. How it is trained is OptimConfig's, which checkpoints record but do not pin."""
 
   vocab_size: int = 37000
   """Shared source/target vocabulary (§5.1); id 0 is padding."""
@@ -137,8 +142,6 @@ class TransformerConfig:
   """On attention weights; 0.0 as in t2t at publication."""
   relu_dropout_rate: float = 0.0
   """After the FFN's ReLU; 0.0 as in t2t at publication."""
-  label_smoothing: float = 0.1
-  """epsilon_ls: the label smoothing mass (§5.4)."""
   pre_ln: bool = False
   """False: the paper's LayerNorm(x + Dropout(Sublayer(x)))."""
   max_len: int = 256
@@ -147,18 +150,6 @@ class TransformerConfig:
   """A learned [max_len, D] table per stack (Table 3 row E)."""
   attention_window: int | None = None
   """Restricted self-attention: keys within +-r only (§4)."""
-  warmup_steps: int = 4000
-  """warmup_steps of the lrate schedule (§5.3)."""
-  adam_b1: float = 0.9
-  """Adam beta_1 (§5.3)."""
-  adam_b2: float = 0.98
-  """Adam beta_2 (§5.3)."""
-  adam_eps: float = 1e-9
-  """Adam epsilon (§5.3)."""
-  grad_clip_norm: float | None = None
-  """Global-norm clipping; the paper uses none."""
-  weight_decay: float = 0.0
-  """Decoupled (AdamW) weight decay; the paper uses none."""
   execution: Execution = Execution()
   """How it is computed (dtype, attention kernel, remat)."""
 
@@ -166,10 +157,9 @@ class TransformerConfig:
       'vocab_size': Range(4), 'num_layers': AT_LEAST_1, 'd_model': AT_LEAST_1,
       'd_ff': AT_LEAST_1, 'num_heads': AT_LEAST_1, 'qk_dim': AT_LEAST_1, 'v_dim': AT_LEAST_1,
       'dropout_rate': FRACTION, 'attention_dropout_rate': FRACTION,
-      'relu_dropout_rate': FRACTION, 'label_smoothing': FRACTION, 'max_len': Range(2),
-      'attention_window': AT_LEAST_0, 'warmup_steps': AT_LEAST_1, 'adam_b1': FRACTION,
-      'adam_b2': FRACTION, 'adam_eps': POSITIVE, 'grad_clip_norm': POSITIVE,
-      'weight_decay': AT_LEAST_0}
+      'relu_dropout_rate': FRACTION, 'max_len': Range(2), 'attention_window': AT_LEAST_0}
+  # What a fine-tuning run may change (`--init-from`): the others fix what the params mean.
+  FINE_TUNABLE = ('dropout_rate', 'attention_dropout_rate', 'relu_dropout_rate', 'max_len')
 
   def __post_init__(self):
     check_fields(self, 'model', self.RANGES)
@@ -202,6 +192,21 @@ class TransformerConfig:
     return self.replace(execution=dataclasses.replace(self.execution, **changes))
 
 
+def check_fine_tune(parent: TransformerConfig, config: TransformerConfig, where: str) -> None:
+  """SettingError naming the first setting in which `config` differs from `parent` (the model at
+  `where` that it fine-tunes) where only FINE_TUNABLE ones may (and max_len only with
+  sinusoidal positions: a learned table has max_len rows)."""
+  pinned_len = {'max_len'} if parent.learned_positions else set()
+  tunable = set(TransformerConfig.FINE_TUNABLE) - pinned_len
+  for name in (f.name for f in dataclasses.fields(TransformerConfig)):
+    if name not in tunable and name != 'execution' and (
+        getattr(parent, name) != getattr(config, name)):
+      raise SettingError(
+          f'model.{name}={getattr(config, name)} differs from the model it fine-tunes ({where}: '
+          f"{getattr(parent, name)}): a fine-tuning run keeps its parent's model; only "
+          f'{", ".join(sorted(tunable))} may change.')
+
+
 def fast_path(config: TransformerConfig, backend: str | None = None) -> TransformerConfig:
   """`config` computed the fastest way on `backend` (default: jax's): on GPU, bfloat16 compute
   and residual stream (float32 params, LayerNorm statistics, softmax and loss), cuDNN's fused
@@ -229,8 +234,7 @@ def big(vocab_size: int = 37000) -> TransformerConfig:
 def tiny(vocab_size: int = 64) -> TransformerConfig:
   """A two-layer model small enough for CPU tests (not from the paper)."""
   return TransformerConfig(
-      vocab_size=vocab_size, num_layers=2, d_model=32, d_ff=64, num_heads=4,
-      max_len=64, warmup_steps=100)
+      vocab_size=vocab_size, num_layers=2, d_model=32, d_ff=64, num_heads=4, max_len=64)
 
 
 # Validation metrics that can rank checkpoints (average_best), and which way is better.
@@ -240,9 +244,51 @@ BEST_METRICS = {'loss': 'min', 'bleu': 'max'}
 # --- the training run -----------------------------------------------------------------------------
 
 
-def setting(default: Any, help: str) -> Any:  # pylint: disable=redefined-builtin
-  """A config field with its help text (the command line's flags and --help read it)."""
-  return dataclasses.field(default=default, metadata={'help': help})
+def setting(default: Any, help: str, metavar: str | None = None  # pylint: disable=redefined-builtin
+            ) -> Any:
+  """A config field with its help text, and the name its flag's value has in --help if not N
+  (the command line's flags and --help read them)."""
+  return dataclasses.field(default=default, metadata={'help': help, 'metavar': metavar})
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """How the model is trained (§5.3, §5.4): the learning rate, Adam, clipping, weight decay and
+  label smoothing. Checkpoints record it but do not pin it: a resume may change any of it (the
+  change is logged), and a fine-tuning run (`--init-from`) starts its optimiser afresh."""
+  warmup_steps: int = setting(4000, 'warmup_steps of the lrate schedule (§5.3)')
+  learning_rate: float | None = setting(
+      None, 'peak learning rate, reached linearly over warmup_steps and then decayed as the '
+      "inverse square root of the step (fairseq's --lr with inverse_sqrt; e.g. 1e-4 to "
+      "fine-tune); none: the paper's d_model^-0.5 * warmup_steps^-0.5")
+  lr_scale: float = setting(1.0, 'multiplies the learning rate at every step (e.g. 0.5 to resume '
+                            'after a non-finite loss)')
+  adam_b1: float = setting(0.9, 'Adam beta_1 (§5.3)')
+  adam_b2: float = setting(0.98, 'Adam beta_2 (§5.3)')
+  adam_eps: float = setting(1e-9, 'Adam epsilon (§5.3)')
+  grad_clip_norm: float | None = setting(None, 'clip gradients to this global norm (none: the '
+                                         "paper's no clipping)")
+  weight_decay: float = setting(0.0, "decoupled (AdamW) weight decay (the paper's: 0)")
+  label_smoothing: float = setting(0.1, 'epsilon_ls: the label smoothing mass (§5.4)')
+
+  RANGES = {'warmup_steps': AT_LEAST_1, 'learning_rate': POSITIVE, 'lr_scale': POSITIVE,
+            'adam_b1': FRACTION, 'adam_b2': FRACTION, 'adam_eps': POSITIVE,
+            'grad_clip_norm': POSITIVE, 'weight_decay': AT_LEAST_0, 'label_smoothing': FRACTION}
+
+  def __post_init__(self):
+    check_fields(self, 'optim', self.RANGES)
+
+  def changes(self, old: 'OptimConfig') -> list[str]:
+    """'name old -> new' for every setting that differs from `old`."""
+    return [f'{f.name} {getattr(old, f.name)} -> {getattr(self, f.name)}'
+            for f in dataclasses.fields(self) if getattr(old, f.name) != getattr(self, f.name)]
+
+
+def optim_from_dict(fields: dict[str, Any]) -> OptimConfig:
+  """OptimConfig of recorded fields; those this jaxformer does not know are ignored (a newer
+  jaxformer's settings do not stop an older one from resuming)."""
+  return OptimConfig(**{f.name: fields[f.name] for f in dataclasses.fields(OptimConfig)
+                        if f.name in fields})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,6 +326,10 @@ class TrainConfig:
                                    'attention, loss chunks of 4096, rbg dropout bits '
                                    '(none: on GPU only)')
   require_accelerator: bool = setting(False, "refuse a CPU backend (the paper's recipes set it)")
+  init_from: str | None = setting(None, 'fine-tune: start from the params and vocabulary of this '
+                                  'model (a workdir, a checkpoint or an exported folder) at '
+                                  'step 0, with a fresh optimiser; its model settings are kept',
+                                  metavar='MODEL')
   reset_data: bool = setting(False, "resume the checkpoint's params, optimiser state and step "
                              'on a fresh data stream (after changing the corpus or the seed)')
   host_sync_every_steps: int = setting(10, 'several hosts agree on preemption and timed saves '
@@ -322,11 +372,16 @@ class TrainConfig:
 # --- where the pairs come from --------------------------------------------------------------------
 
 
+# WMT14's directions, (source, target): the paper's two and the reverse ones (back-translation).
+WMT14_DIRECTIONS = (('en', 'de'), ('de', 'en'), ('en', 'fr'), ('fr', 'en'))
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   """Where the training and validation pairs come from (data.pipeline.sources reads them)."""
   source: str = 'text'                  # 'wmt14' (tfds), 'text' (files) or 'embedded' (generated)
-  target_language: str = 'de'           # wmt14: EN->DE or EN->FR
+  source_language: str = 'en'           # ISO 639 codes; wmt14: en->de, de->en, en->fr, fr->en
+  target_language: str = 'de'           # (also: validation BLEU's tokenizer, e.g. zh)
   tfds_data_dir: str | None = None      # wmt14: tfds data folder (None: $TFDS_DATA_DIR)
   download: bool = False                # wmt14: let tfds download and prepare it (hours, online)
   train_src: str | None = None          # text: line-aligned training files
@@ -344,9 +399,15 @@ class DataConfig:
     if self.source not in ('wmt14', 'text', 'embedded'):
       raise SettingError(f"data.source must be 'wmt14', 'text' or 'embedded', got "
                          f'{self.source!r}.')
-    if self.target_language not in ('de', 'fr'):
-      raise SettingError(f"data.target_language must be 'de' or 'fr', got "
-                         f'{self.target_language!r}.')
+    for name in ('source_language', 'target_language'):
+      if not re.fullmatch(r'[a-z]{2,3}', getattr(self, name)):
+        raise SettingError(f'data.{name} must be an ISO 639 code such as en, de or zh, got '
+                           f'{getattr(self, name)!r}.')
+    pair = (self.source_language, self.target_language)
+    if self.source == 'wmt14' and pair not in WMT14_DIRECTIONS:
+      raise SettingError(f'WMT14 has no {"->".join(pair)} direction: set data.source_language '
+                         f'and data.target_language to one of '
+                         f'{", ".join("->".join(d) for d in WMT14_DIRECTIONS)}.')
     for src, tgt in (('train_src', 'train_tgt'), ('eval_src', 'eval_tgt')):
       if (getattr(self, src) is None) != (getattr(self, tgt) is None):
         raise SettingError(f'data.{src} and data.{tgt} go together: give both files or '
@@ -374,10 +435,14 @@ def config_to_dict(config: TransformerConfig) -> dict[str, Any]:
   return fields
 
 
+_OPTIM_FIELDS = frozenset(f.name for f in dataclasses.fields(OptimConfig))
+
+
 def config_from_dict(fields: dict[str, Any]) -> TransformerConfig:
   """The inverse of config_to_dict (SettingError for fields this jaxformer does not know); also
-  reads the configs of jaxformer 0.1, whose execution fields sat at the top level."""
-  fields = dict(fields)
+  reads older configs: jaxformer 0.1's, whose execution fields sat at the top level, and those
+  from before OptimConfig, whose optimisation fields it drops (optim_from_dict reads them)."""
+  fields = {k: v for k, v in fields.items() if k not in _OPTIM_FIELDS}
   execution = dict(fields.pop('execution', {}))
   for name in (f.name for f in dataclasses.fields(Execution)):
     if name in fields:

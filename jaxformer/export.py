@@ -29,7 +29,7 @@ from flax import traverse_util
 
 import jaxformer
 from jaxformer import checkpoint, files
-from jaxformer.config import TransformerConfig, config_from_dict, config_to_dict
+from jaxformer.config import SettingError, TransformerConfig, config_from_dict, config_to_dict
 from jaxformer.data.tokenizer import Tokenizer, respect_umask
 from jaxformer.model import Transformer, sinusoidal_positions
 
@@ -101,6 +101,34 @@ def load(path: str | pathlib.Path) -> tuple[Any, TransformerConfig, bytes, int]:
   _check_shapes(path, tensors, config)
   return (traverse_util.unflatten_dict(tensors, sep='/'), config, spm_model,
           int(meta.get('step', 0)))
+
+
+def load_model(path: str | pathlib.Path, average_last: int | None = None
+               ) -> tuple[Any, TransformerConfig, bytes, int]:
+  """(params, config, sentencepiece model bytes, step) of any model: a training workdir (its
+  newest checkpoint, or with average_last=N the mean of its last N), a checkpoint folder (e.g.
+  WORKDIR/average-last5) or an exported folder (one with a config.json; `load` says what it
+  lacks, if anything)."""
+  if (pathlib.Path(path) / 'config.json').is_file():
+    if average_last:
+      raise SettingError(f'--average-last averages the checkpoints of a training workdir; {path} '
+                         'is an exported folder (one set of params).')
+    return load(path)
+  return checkpoint.load(path, average_last)
+
+
+def model_config(path: str | pathlib.Path) -> tuple[TransformerConfig, bytes]:
+  """(config, sentencepiece model bytes) of any model load_model reads, without its arrays."""
+  path = pathlib.Path(path)
+  if (path / 'config.json').is_file():
+    try:
+      config = config_from_dict(json.loads((path / 'config.json').read_text())['model'])
+      return config, (path / 'spm.model').read_bytes()
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise checkpoint.CheckpointError(f'{path}: damaged export ({type(e).__name__}: {e}).'
+                                       ) from None
+  meta = checkpoint.newest_meta(path)[1]
+  return checkpoint.meta_config(meta), checkpoint.spm_model_bytes(meta)
 
 
 def _check_vocabulary(path: pathlib.Path, meta: dict[str, Any], config: TransformerConfig,

@@ -12,8 +12,9 @@ import optax
 from flax import struct
 from flax.training import train_state
 
-from jaxformer import losses, optim
-from jaxformer.config import TransformerConfig
+from jaxformer import losses
+from jaxformer import optim as optim_lib
+from jaxformer.config import OptimConfig, TransformerConfig
 from jaxformer.model import Transformer
 
 Array = jax.Array
@@ -22,32 +23,42 @@ _LAYOUT_KEYS = ('src_segments', 'tgt_segments', 'src_positions', 'tgt_positions'
 
 
 class TrainState(train_state.TrainState):
-  """Params, optimiser state and step (flax), plus the config the step reads and the learning
-  rate schedule the optimiser was built with (the logged lr reads it)."""
+  """Params, optimiser state and step (flax), plus the config the step reads, how it trains
+  (label smoothing) and the learning rate schedule the optimiser was built with (the logged lr
+  reads it)."""
   config: TransformerConfig = struct.field(pytree_node=False)
+  optim: OptimConfig = struct.field(pytree_node=False)
   lr_schedule: optax.Schedule = struct.field(pytree_node=False)
 
 
 def create_train_state(config: TransformerConfig, rng: Array, src_len: int = 8,
-                       tgt_len: int = 8) -> TrainState:
-  """Initialises the model's params and the paper's optimiser."""
-  model, init, schedule, tx = _model_and_optimizer(config)
+                       tgt_len: int = 8, *, optim: OptimConfig | None = None) -> TrainState:
+  """Initialises the model's params and the optimiser of `optim` (default: the paper's)."""
+  init = _model_and_optimizer(config, optim or OptimConfig())[1]
   dummy_src = jnp.ones((1, src_len), jnp.int32)
   dummy_tgt = jnp.ones((1, tgt_len), jnp.int32)
-  params = init(rng, dummy_src, dummy_tgt)['params']
-  return TrainState.create(apply_fn=model.apply, params=params, config=config, tx=tx,
-                           lr_schedule=schedule)
+  return train_state_from_params(config, init(rng, dummy_src, dummy_tgt)['params'], optim=optim)
+
+
+def train_state_from_params(config: TransformerConfig, params: Any, *,
+                            optim: OptimConfig | None = None) -> TrainState:
+  """A train state at step 0 of given params (e.g. a trained model's, to fine-tune it), with a
+  fresh optimiser state and schedule of `optim` (default: the paper's)."""
+  optim = optim or OptimConfig()
+  model, _, schedule, tx = _model_and_optimizer(config, optim)
+  return TrainState.create(apply_fn=model.apply, params=params, config=config, optim=optim,
+                           tx=tx, lr_schedule=schedule)
 
 
 @functools.lru_cache(maxsize=8)
-def _model_and_optimizer(config: TransformerConfig) -> tuple[Transformer, Any, optax.Schedule,
-                                                             optax.GradientTransformation]:
+def _model_and_optimizer(config: TransformerConfig, optim: OptimConfig
+                         ) -> tuple[Transformer, Any, optax.Schedule, optax.GradientTransformation]:
   """The model, its jitted init, the schedule and the optimiser of a config, made once per
   process: states of equal configs then have equal static fields (the model's apply, the
   optimiser), so jitted steps compiled for one state are reused for the next, not traced again."""
   model = Transformer(config)
-  schedule = optim.lrate_schedule(config.d_model, config.warmup_steps)
-  return model, jax.jit(model.init), schedule, optim.make_optimizer(config, schedule)
+  schedule = optim_lib.make_schedule(config, optim)
+  return model, jax.jit(model.init), schedule, optim_lib.make_optimizer(config, optim, schedule)
 
 
 def _apply(state: TrainState, params: Any, batch: Batch, **kwargs: Any) -> Array:
@@ -92,7 +103,7 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
                       method=Transformer.forward_hidden, rngs={'dropout': micro_rng})
       loss_sum, weight_sum, correct = losses.chunked_smoothed_cross_entropy(
           hidden.astype(state.config.execution.dtype), params['embed']['embedding'],
-          micro_batch['tgt_out'], micro_batch['weights'], state.config.label_smoothing,
+          micro_batch['tgt_out'], micro_batch['weights'], state.optim.label_smoothing,
           chunk=state.config.execution.loss_chunk)
       return loss_sum, (weight_sum, correct)
     (loss_sum, (weight_sum, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
@@ -136,7 +147,7 @@ def eval_step(state: TrainState, batch: Batch) -> dict[str, Array]:
   logits = _apply(state, state.params, batch, deterministic=True)
   targets, weights = batch['tgt_out'], batch['weights']
   loss_sum, tokens = losses.smoothed_cross_entropy(
-      logits, targets, weights, state.config.label_smoothing)
+      logits, targets, weights, state.optim.label_smoothing)
   nll_sum, _ = losses.cross_entropy(logits, targets, weights)
   correct, _ = losses.accuracy(logits, targets, weights)
   return {'loss_sum': loss_sum, 'nll_sum': nll_sum, 'correct': correct, 'tokens': tokens}

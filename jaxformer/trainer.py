@@ -20,13 +20,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer import checkpoint, monitor, parallel, scoring
+from jaxformer import checkpoint, export, monitor, parallel, scoring
 from jaxformer import data as data_lib
-from jaxformer.config import TrainConfig, TransformerConfig, config_to_dict
+from jaxformer import optim as optim_lib
+from jaxformer.config import (OptimConfig, TrainConfig, TransformerConfig, check_fine_tune,
+                              config_to_dict)
 from jaxformer.data import pipeline as pipeline_lib
+from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.errors import JaxformerError
 from jaxformer.recipes import Recipe
-from jaxformer.train import TrainState, create_train_state, eval_step, train_step
+from jaxformer.train import (TrainState, create_train_state, eval_step, train_state_from_params,
+                             train_step)
 from jaxformer.translation import Translator
 
 log = logging.getLogger(__name__)
@@ -138,10 +142,11 @@ def describe_run(facts: dict[str, Any]) -> str:
           f'{facts["row_lengths"][1]} tokens)')
 
 
-def _hparams(config: TransformerConfig, train_cfg: TrainConfig, facts: dict[str, Any]
-             ) -> dict[str, Any]:
+def _hparams(config: TransformerConfig, train_cfg: TrainConfig, optim: OptimConfig,
+             facts: dict[str, Any]) -> dict[str, Any]:
   """The run's settings as TensorBoard hparams (numbers, booleans and strings only)."""
-  settings = {'model': config_to_dict(config), 'train': dataclasses.asdict(train_cfg), 'run': facts}
+  settings = {'model': config_to_dict(config), 'optim': dataclasses.asdict(optim),
+              'train': dataclasses.asdict(train_cfg), 'run': facts}
   return jax.tree.map(lambda v: v if isinstance(v, (bool, int, float, str)) else str(v),
                       settings, is_leaf=lambda v: v is None or isinstance(v, list))
 
@@ -192,21 +197,37 @@ def resume_data(batches: data_lib.PackedBatches, hosts: list[dict[str, int]],
 
 
 def init_or_restore(config: TransformerConfig, train_cfg: TrainConfig,
-                    pipeline: pipeline_lib.Pipeline, manager: Any) -> tuple[TrainState, Array]:
-  """A fresh state and rng, or the newest compatible checkpoint's (the data stream moved to its
-  position). The state computes with train_cfg.computed(config); checkpoints record `config`."""
+                    pipeline: pipeline_lib.Pipeline, manager: Any, optim: OptimConfig,
+                    init_params: Any = None) -> tuple[TrainState, Array]:
+  """A fresh state (of `init_params` if given, else random) and rng, or the newest compatible
+  checkpoint's (the data stream moved to its position). The state computes with
+  train_cfg.computed(config) and trains with `optim`, which may differ from the checkpoint's
+  (the change is logged); checkpoints record `config`."""
   init_rng, rng = jax.random.split(jax.random.key(train_cfg.seed))
-  state = create_train_state(train_cfg.computed(config), init_rng)
+  computed = train_cfg.computed(config)
+  state = create_train_state(computed, init_rng, optim=optim) if init_params is None else \
+      train_state_from_params(computed, init_params, optim=optim)
+  saved_optim: list[OptimConfig] = []
+
+  def train_template(meta: dict[str, Any]) -> dict[str, Any]:
+    """The train item shaped as the checkpoint's optimiser made it (its chain may differ)."""
+    saved_optim.append(checkpoint.meta_optim(meta))
+    template = state if saved_optim[-1] == optim else train_state_from_params(
+        computed, state.params, optim=saved_optim[-1])
+    return _train_item(template, rng)
   found = checkpoint.restore_latest(
-      manager, params=state.params, train=_train_item(state, rng), with_data=True,
+      manager, params=state.params, train=train_template, with_data=True,
       check=functools.partial(checkpoint.check_compatible, config=config,
                               spm_model=pipeline.tokenizer.model_proto))
   if found is None:
     return state, rng
   step, restored = found
   train_item = restored['train']
-  state = state.replace(params=restored['params'], opt_state=train_item['opt_state'],
-                        step=train_item['step'])
+  opt_state = train_item['opt_state']
+  if changes := optim.changes(saved_optim[-1]):
+    log.info('optimiser settings changed since the checkpoint: %s.', '; '.join(changes))
+    opt_state = optim_lib.carry_state(opt_state, state.opt_state)
+  state = state.replace(params=restored['params'], opt_state=opt_state, step=train_item['step'])
   resume_data(pipeline.train, restored['data']['hosts'], train_cfg)
   log.info('resumed from step %d (%s)', step, manager.directory / str(step))
   return state, jax.random.wrap_key_data(train_item['rng'])
@@ -233,17 +254,20 @@ def _finish_saves(manager: Any, keep_train_state: int) -> None:
 
 def _average(workdir: pathlib.Path, manager: Any, train_cfg: TrainConfig, summary: dict) -> None:
   """The end-of-run averages of a run that finished (or stopped early), not one preempted: the
-  last average_last checkpoints ('averaged') and the best average_best by validation
-  best_metric ('averaged_best'), each when there are enough."""
+  last average_last checkpoints, or as many as there are ('averaged'), and the best
+  average_best by validation best_metric ('averaged_best'), when there are enough."""
   finished = summary['step'] == train_cfg.num_steps or summary.get('stopped_early')
   if not finished or summary['preempted']:
     return
   available = len(manager.all_steps())
-  if train_cfg.average_last and available >= train_cfg.average_last:
-    summary['averaged'] = str(checkpoint.save_average(workdir, train_cfg.average_last))
-  elif train_cfg.average_last:
-    log.warning('only %d checkpoints: not averaging the last %d.', available,
-                train_cfg.average_last)
+  if train_cfg.average_last and available:
+    # A short run averages the checkpoints it has, under a name that says how many.
+    count = min(available, train_cfg.average_last)
+    summary['averaged'] = str(checkpoint.save_average(workdir, count))
+    if count < train_cfg.average_last:
+      log.warning('the run saved %d checkpoint(s), fewer than average_last=%d: averaged those '
+                  'into %s; use that path next.', count, train_cfg.average_last,
+                  summary['averaged'])
   if train_cfg.average_best:
     ranked = sum(manager.metrics(step) is not None for step in manager.all_steps())
     if ranked >= train_cfg.average_best:
@@ -282,6 +306,8 @@ def _translate_validation(translator: Translator, params: Any, text: data_lib.Pa
   count = max(train_cfg.bleu_sentences, train_cfg.sample_translations)
   translator.params = params
   hypotheses = translator.translate(text.src[:count])
+  if warning := scoring.undertrained(hypotheses, step):
+    log.warning('validation at step %d: %s', step, warning)
   if train_cfg.bleu_sentences:
     result['bleu'] = scoring.sacre_bleu(hypotheses, text.tgt[:train_cfg.bleu_sentences])[0]
   if train_cfg.sample_translations:
@@ -296,10 +322,12 @@ def _translate_validation(translator: Translator, params: Any, text: data_lib.Pa
 
 
 def train(config: TransformerConfig, train_cfg: TrainConfig, workdir: str | pathlib.Path,
-          train_pairs: data_lib.PairSource, validation: data_lib.ParallelText | None = None
-          ) -> dict[str, Any]:
+          train_pairs: data_lib.PairSource, validation: data_lib.ParallelText | None = None, *,
+          optim: OptimConfig | None = None) -> dict[str, Any]:
   """Trains `config` on `train_pairs` in `workdir` (resuming from its checkpoints), evaluating
-  on `validation` if given: the backend check, data.pipeline.build, train_and_evaluate.
+  on `validation` if given, with the optimiser of `optim` (default: the paper's): the backend
+  check, data.pipeline.build, train_and_evaluate. With train_cfg.init_from, a fresh workdir
+  starts from that model's params and vocabulary (fine-tuning; see `inherit`).
 
   One run at a time per workdir: process 0 holds its lock (checkpoint.locked), and a second run
   on the same workdir stops at once, naming the process that holds it."""
@@ -308,15 +336,72 @@ def train(config: TransformerConfig, train_cfg: TrainConfig, workdir: str | path
   first = jax.process_index() == 0  # the other processes of this run share the workdir
   with checkpoint.locked(pipeline_lib.make_workdir(workdir), 'a training run') if first \
       else contextlib.nullcontext():
+    init_params = inherit(train_cfg.init_from, config, pathlib.Path(workdir), train_pairs) \
+        if train_cfg.init_from and not _has_checkpoints(workdir) else None
     pipeline = pipeline_lib.build(workdir, config, train_cfg, train_pairs, validation)
-    return train_and_evaluate(config, train_cfg, workdir, pipeline)
+    return train_and_evaluate(config, train_cfg, workdir, pipeline, optim=optim,
+                              init_params=init_params)
 
 
 def train_recipe(recipe: Recipe, workdir: str | pathlib.Path) -> dict[str, Any]:
   """`train` on the recipe's data (data.pipeline.sources), checking the backend before any
   data is read."""
   check_backend(recipe.train)
-  return train(recipe.model, recipe.train, workdir, *pipeline_lib.sources(recipe.data))
+  return train(recipe.model, recipe.train, workdir, *pipeline_lib.sources(recipe.data),
+               optim=recipe.optim)
+
+
+# --- fine-tuning --------------------------------------------------------------------------------
+
+
+def _has_checkpoints(workdir: str | pathlib.Path) -> bool:
+  return any(path.name.isdigit() for path in (pathlib.Path(workdir) / 'checkpoints').glob('*'))
+
+
+def inherit(path: str, config: TransformerConfig, workdir: pathlib.Path,
+            pairs: data_lib.PairSource) -> Any:
+  """The params of the model at `path` (any kind export.load_model reads), checked to be of
+  `config`'s model (check_fine_tune). Its vocabulary is written into `workdir` as spm.model,
+  recorded as inherited, so that the run tokenises with it and never trains one; how well it
+  covers `pairs` is logged first (report_coverage)."""
+  params, parent_config, spm_model, step = export.load_model(path)
+  check_fine_tune(parent_config, config, path)
+  origin = f'{path} (step {step})'
+  coverage = report_coverage(data_lib.Tokenizer.from_bytes(spm_model, f'the vocabulary of {path}'),
+                             pairs, tokenizer_lib.record_near(path))
+  tokenizer_lib.inherit_vocabulary(spm_model, workdir / 'spm.model', origin, coverage)
+  log.info('fine-tuning %s: its params and vocabulary, a fresh optimiser and schedule', origin)
+  return params
+
+
+# Above this share of characters spelled in byte pieces, the inherited vocabulary does not know
+# the new text's script or alphabet well (a vocabulary trained on that text has none: every
+# character it sees is a piece of its own).
+FALLBACK_WARNING = 0.005
+
+
+def report_coverage(tokenizer: data_lib.Tokenizer, pairs: data_lib.PairSource,
+                    record: dict[str, Any] | None, sample: int = tokenizer_lib.COVERAGE_SAMPLE
+                    ) -> dict[str, float]:
+  """Logs in one line how well an inherited vocabulary covers the first `sample` sentences of the
+  new data, beside its coverage of its own data where its record has it; a warning when more
+  than FALLBACK_WARNING of the characters fall back to bytes or unk, or the words take over
+  1.5 times the pieces they took in the parent's data."""
+  now = tokenizer.coverage(tokenizer_lib.first_sentences(pairs, sample))
+  before = (record or {}).get('coverage')
+  line = (f'the inherited vocabulary on the new data: {now["fallback_share"]:.2%} of characters '
+          f'in byte pieces or unk, {now["pieces_per_word"]:.2f} pieces per word')
+  if before:
+    line += (f' (its own data: {before["fallback_share"]:.2%}, '
+             f'{before["pieces_per_word"]:.2f})')
+  poor = now['fallback_share'] > FALLBACK_WARNING or (
+      before and now['pieces_per_word'] > 1.5 * before['pieces_per_word'])
+  if poor:
+    log.warning('%s: it fits the new text poorly, and fine-tuning cannot change it; a model '
+                'trained with a vocabulary of its own may do better.', line)
+  else:
+    log.info(line)
+  return now
 
 
 @functools.lru_cache(maxsize=8)
@@ -378,20 +463,21 @@ def _nonfinite_error(e: monitor.NonFiniteLoss, manager: Any) -> 'TrainingError':
   return TrainingError(
       f'{e}. The last good checkpoint is '
       f'{manager.directory / str(latest) if latest is not None else "none (no save yet)"}'
-      '; resume from it with a lower learning rate or --skip-nonfinite.')
+      '; rerun the same command with a lower learning rate to resume from it (e.g. --set '
+      'optim.lr_scale=0.5, or --set optim.grad_clip_norm=1.0), or with --skip-nonfinite.')
 
 
 def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
-                       workdir: str | pathlib.Path,
-                       pipeline: pipeline_lib.Pipeline) -> dict[str, Any]:
-  """Trains `config` on the pipeline's batches, resuming from the workdir. Returns a summary:
-  final step, train metrics, evaluation, the newest and averaged checkpoints, and 'preempted'
-  (with the 'signal' its host received) or 'stopped_early' (patience ran out; averaged too)."""
-  workdir = pathlib.Path(workdir)
+                       workdir: str | pathlib.Path, pipeline: pipeline_lib.Pipeline, *,
+                       optim: OptimConfig | None = None, init_params: Any = None) -> dict:
+  """Trains `config` with `optim` (default: the paper's) on the pipeline's batches, resuming
+  from the workdir, else from `init_params` if given. Returns a summary: final step, metrics,
+  the checkpoints, and 'preempted' (with its 'signal') or 'stopped_early' (out of patience)."""
+  workdir, optim = pathlib.Path(workdir), optim or OptimConfig()
   manager = _checkpoint_manager(workdir, train_cfg, pipeline.validation is not None)
-  state, rng = init_or_restore(config, train_cfg, pipeline, manager)
+  state, rng = init_or_restore(config, train_cfg, pipeline, manager, optim, init_params)
   start_step = int(state.step)
-  meta = checkpoint.make_meta(config, pipeline.tokenizer.model_proto)
+  meta = checkpoint.make_meta(config, pipeline.tokenizer.model_proto, optim)
   facts = execution_facts(state.config, train_cfg, src_len=pipeline.src_len,
                           tgt_len=pipeline.tgt_len, rows=pipeline.rows)
   log.info('training on %s', describe_run(facts))
@@ -436,7 +522,7 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
   device_batches = pipeline.device_batches()
   try:
     with sink, monitor.PreemptionGuard() as guard:
-      sink.start(start_step, facts, describe_run(facts), _hparams(config, train_cfg, facts))
+      sink.start(start_step, facts, describe_run(facts), _hparams(config, train_cfg, optim, facts))
       for step in range(start_step + 1, train_cfg.num_steps + 1):
         batch, data_state = next(device_batches)
         p_state, metrics = p_train_step(p_state, batch, p_rng)

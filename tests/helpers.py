@@ -174,9 +174,10 @@ def demo_sized_corpus() -> dict[str, data.ParallelText]:
 def train_demo_sized(workdir: str) -> None:
   """conftest's `demo_sized` model, trained into workdir (run in a process of its own)."""
   recipe = recipes.load('demo')
-  model = recipe.model.replace(num_layers=1, d_model=64, d_ff=256, warmup_steps=100)
+  model = recipe.model.replace(num_layers=1, d_model=64, d_ff=256)
   settings = dataclasses.replace(
       recipe.train, num_steps=250, tokens_per_batch=2048, checkpoint_every_steps=250,
       average_last=0, bleu_sentences=0, sample_translations=0, spm_sample_size=12_000,
       log_every_steps=50)
-  trainer.train(model, settings, pathlib.Path(workdir), demo_sized_corpus()['train'])
+  trainer.train(model, settings, pathlib.Path(workdir), demo_sized_corpus()['train'],
+                optim=config.OptimConfig(warmup_steps=100))

@@ -11,6 +11,7 @@ import sys
 
 import jax
 import pytest
+import sacrebleu
 from helpers import assert_trees_equal, hold_lock, train_command
 
 from jaxformer import checkpoint, cli, recipes, translation
@@ -54,14 +55,13 @@ def test_params_command_prints_the_documented_counts(capsys, preset, count):
                                          '(or unset), '
                                          'got -5.'),
     (['--set', 'model.dropout'], "error: --set 'model.dropout': expected SECTION.NAME=VALUE with "
-                                 'SECTION one of model, train, data (e.g. --set '
+                                 'SECTION one of model, train, data, optim (e.g. --set '
                                  'model.dropout_rate=0.2).'),
     (['--set', 'model.dropout=0.2'], 'error: unknown setting model.dropout; valid model settings: '
                                      'vocab_size, num_layers, d_model, d_ff, num_heads, qk_dim, '
                                      'v_dim, dropout_rate, attention_dropout_rate, '
-                                     'relu_dropout_rate, label_smoothing, pre_ln, max_len, '
-                                     'learned_positions, attention_window, warmup_steps, '
-                                     'adam_b1, adam_b2, adam_eps, grad_clip_norm, weight_decay, '
+                                     'relu_dropout_rate, pre_ln, max_len, '
+                                     'learned_positions, attention_window, '
                                      'execution.dtype, execution.attention, execution.remat, '
                                      'execution.loss_chunk, execution.norm_dtype, '
                                      'execution.dropout_rng.'),
@@ -185,6 +185,32 @@ def test_eval_checks_the_output_folder_before_translating(workdir, tmp_path, cap
   assert 'translating' not in err
   assert err.strip().splitlines() == [
       f'error: {tmp_path / "missing"}: no such folder for the hypotheses.']
+
+
+def test_eval_scores_any_target_language_and_says_when_the_model_is_undertrained(
+    workdir, tmp_path, capsys, monkeypatch):
+  """A Chinese target is scored with sacreBLEU's zh tokenizer; a language whose tokenizer is
+  not installed is refused before the model is read; a model whose translations are all alike
+  gets a one-line warning with its step (the workdir's model has 4 steps)."""
+  (tmp_path / 'test.src').write_text('the dog\nthe cat\nthe house\n')
+  (tmp_path / 'test.ref').write_text('狗\n猫\n房子\n')
+  monkeypatch.setattr(translation.Translator, 'translate', lambda self, s, **k: ['狗'] * len(s))
+  args = ['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
+          str(tmp_path / 'test.ref'), '--output', str(tmp_path / 'hyps.txt')]
+  assert _eval_main([*args, '--target-language', 'zh']) == 0
+  out, err = capsys.readouterr()
+  assert 'tok:zh' in out.splitlines()[0] and '(Moses -l zh' in out
+  assert err.strip().splitlines()[-1] == (
+      "warning: 3 of 3 translations are the same ('狗'): the model is undertrained after 4 "
+      'steps; train it longer (more --num-steps), or on more data.')
+  try:
+    sacrebleu.metrics.BLEU(trg_lang='ja')
+  except RuntimeError:  # (where MeCab is installed, Japanese is scored like any other)
+    assert _eval_main([*args[:1], str(tmp_path / 'nowhere'), *args[2:],
+                       '--target-language', 'ja']) == 1
+    assert capsys.readouterr().err.strip() == (
+        "error: sacreBLEU's tokenizer for ja needs a package that is not installed: pip "
+        "install 'sacrebleu[ja]'.")
 
 
 def test_eval_interrupted_while_translating_ends_quietly(workdir, tmp_path, capsys,

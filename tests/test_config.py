@@ -76,12 +76,15 @@ def test_train_settings_check_themselves(changes, message):
 
 @pytest.mark.parametrize('cls,changes,message', [
     (config.TransformerConfig, {'num_heads': 0}, r'^model\.num_heads must be >= 1, got 0\.$'),
-    (config.TransformerConfig, {'warmup_steps': 0}, r'^model\.warmup_steps must be >= 1'),
+    (config.OptimConfig, {'warmup_steps': 0}, r'^optim\.warmup_steps must be >= 1'),
     (config.TransformerConfig, {'dropout_rate': 1.5},
      r'^model\.dropout_rate must be in \[0, 1\), got 1\.5\.$'),
-    (config.TransformerConfig, {'label_smoothing': -3}, r'^model\.label_smoothing must be in'),
-    (config.TransformerConfig, {'adam_eps': 0.0}, r'^model\.adam_eps must be > 0, got 0\.0'),
-    (config.TransformerConfig, {'grad_clip_norm': -1.0}, r'must be > 0 \(or unset\), got -1'),
+    (config.OptimConfig, {'label_smoothing': -3}, r'^optim\.label_smoothing must be in'),
+    (config.OptimConfig, {'adam_eps': 0.0}, r'^optim\.adam_eps must be > 0, got 0\.0'),
+    (config.OptimConfig, {'grad_clip_norm': -1.0}, r'must be > 0 \(or unset\), got -1'),
+    (config.OptimConfig, {'learning_rate': 0.0}, r'^optim\.learning_rate must be > 0 \(or unset\)'),
+    (config.OptimConfig, {'lr_scale': float('nan')}, r'^optim\.lr_scale must be a finite number'),
+    (config.OptimConfig, {'learning_rate': float('inf')}, r'must be a finite number, got inf'),
     (config.TransformerConfig, {'vocab_size': '8000'},
      r"^model\.vocab_size must be int, got str '8000'\.$"),
     (config.TransformerConfig, {'pre_ln': 1}, r'^model\.pre_ln must be bool, got int 1\.$'),
@@ -91,7 +94,11 @@ def test_train_settings_check_themselves(changes, message):
     (config.TrainConfig, {'tokens_per_batch': 0.5}, r'must be int, got float 0\.5\.$'),
     (config.TrainConfig, {'checkpoint_every_secs': '600'}, r'must be float or none, got str'),
     (config.DataConfig, {'train_pairs': 0}, r'^data\.train_pairs must be >= 1, got 0\.$'),
-    (config.DataConfig, {'target_language': 'es'}, r"^data\.target_language must be 'de' or"),
+    (config.DataConfig, {'target_language': 'Spanish'},
+     r"^data\.target_language must be an ISO 639 code such as en, de or zh, got 'Spanish'\.$"),
+    (config.DataConfig, {'source': 'wmt14', 'target_language': 'es'},
+     r'^WMT14 has no en->es direction: set data\.source_language and data\.target_language to '
+     r'one of en->de, de->en, en->fr, fr->en\.$'),
     (config.DataConfig, {'eval_src': 'val.en'}, r'^data\.eval_src and data\.eval_tgt go together'),
     (config.DataConfig, {'source': 'embedded', 'train_src': 'a', 'train_tgt': 'b'},
      r"^data\.train_src is read only from a text source, and this one is 'embedded': add "

@@ -49,11 +49,17 @@ def test_corpus_layout_appends_eos(tokenizer, corpus):
   assert corpus.src_tokens.dtype == np.uint16
 
 
-def test_dropped_pairs_are_reported_as_a_warning(tokenizer, caplog):
+def test_dropped_pairs_are_reported_as_a_warning(tokenizer, caplog, tmp_path):
   text = data.ParallelText(['the man', ''], ['der mann', 'die frau'], 'one-empty')
   data.tokenize_corpus(text, tokenizer, max_len=32)
-  assert 'one-empty: read 2 pairs, kept 1, dropped 1 empty and 0 longer than 32 tokens.' in [
-      r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+  assert 'one-empty: read 2 pairs, kept 1, dropped 1 empty and 0 longer than 32 tokens: 50.00% ' \
+      'of the pairs lost.' in [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+  long = data.ParallelText(['the man', 'the man ' * 20, 'a'], ['der mann'] * 3, 'one-long')
+  caplog.clear()
+  data.tokenize_corpus(long, tokenizer, max_len=16, cache_dir=tmp_path)
+  assert [r.getMessage() for r in caplog.records if r.levelname == 'WARNING'] == [
+      'one-long: read 3 pairs, kept 2, dropped 0 empty and 1 longer than 16 tokens: 33.33% of '
+      'the pairs lost (raise model.max_len and train.row_len to keep the long ones).']
 
 
 _MEMORY_CHILD = """

@@ -56,19 +56,29 @@ tf = pytest.importorskip('tensorflow')
 PAIRS = [('Hello world.', 'Hallo Welt.'), ('The house is red.', 'Das Haus ist rot.')]
 
 
-def test_wmt14_en_de_picks_english_as_source():
-  """tfds's supervised keys are (de, en): the loader must select fields by name."""
-  def as_dataset(self, *args, **kwargs):
-    del self, args, kwargs
-    return tf.data.Dataset.from_tensor_slices(
-        {'de': [de for _, de in PAIRS], 'en': [en for en, _ in PAIRS]})
+WMT14_FAKE = {'de': {'en': ['Hello world.', 'The house is red.'],
+                     'de': ['Hallo Welt.', 'Das Haus ist rot.']},
+              'fr': {'en': ['Hello world.', 'The house is red.'],
+                     'fr': ['Bonjour le monde.', 'La maison est rouge.']}}
+
+
+@pytest.mark.parametrize('source,target', [('en', 'de'), ('de', 'en'), ('en', 'fr'),
+                                           ('fr', 'en')])
+def test_wmt14_reads_all_four_directions(source, target):
+  """tfds's supervised keys are (de|fr, en): the loader selects fields by name, either way
+  round, from the dataset of the non-English language."""
+  other = target if source == 'en' else source
+
+  def as_dataset(builder, *args, **kwargs):
+    del args, kwargs
+    assert builder.name == 'wmt14_translate' and builder.builder_config.name == f'{other}-en'
+    return tf.data.Dataset.from_tensor_slices(WMT14_FAKE[other])
 
   with tfds.testing.mock_data(as_dataset_fn=as_dataset):
     # Under the mock nothing is prepared on disk; download_and_prepare is a no-op.
-    text = data.load_wmt14('de', 'test', download=True)
-  assert text.src == [en for en, _ in PAIRS]
-  assert text.tgt == [de for _, de in PAIRS]
-  assert text.origin == 'tfds:wmt14_translate/de-en:test'
+    text = data.load_wmt14(target, 'test', source_language=source, download=True)
+  assert text.src == WMT14_FAKE[other][source] and text.tgt == WMT14_FAKE[other][target]
+  assert text.origin == f'tfds:wmt14_translate/{other}-en:test'
 
 
 def test_a_locally_stored_tfds_dataset_goes_through_the_real_loader(tmp_path):
@@ -113,9 +123,12 @@ def test_the_prepare_command_runs_up_to_the_download(tmp_path):
   assert result.stdout.strip() == str(tmp_path / 'wmt14_translate' / 'de-en' / '1.0.0')
 
 
-def test_unknown_target_language_is_a_clear_error():
-  with pytest.raises(DataError, match="must be one of \\['de', 'fr'\\]"):
+def test_a_direction_wmt14_lacks_is_a_clear_error():
+  with pytest.raises(DataError, match='^WMT14 has no en->es direction: it has en->de, de->en, '
+                     'en->fr, fr->en.$'):
     data.load_wmt14('es', 'train')
+  with pytest.raises(DataError, match='no de->fr direction'):
+    data.load_wmt14('fr', 'train', source_language='de')
 
 
 _NUMBERED = ''.join(f'line {i}\n' for i in range(9000)).encode()

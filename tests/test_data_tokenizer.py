@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -78,15 +79,20 @@ def test_tokenizer_rejects_a_file_that_is_not_a_model(tmp_path):
 
 @pytest.mark.parametrize('vocab_size,message', [
     (5000, r'^vocab_size=5000 is more pieces than sentencepiece can make of these 600 sentences '
-           r'\(at most \d+\): lower vocab_size, or train on more text\.$'),
+           r'\(at most (\d+)\): --set model.vocab_size=\1 \(or less\), or train on more text\.$'),
     (100, r'^vocab_size=100 is too small: the 256 byte-fallback pieces, the special ids and the '
-          r'characters of this text need at least \d+: raise vocab_size\.$')])
+          r'characters of this text need at least (\d+): --set model.vocab_size=\1 '
+          r'\(or more\)\.$')])
 def test_vocabulary_sizes_sentencepiece_cannot_make_say_what_to_change(tmp_path, vocab_size,
                                                                        message):
+  """The error names the setting and the value that works: that value trains."""
   text = synthetic_text(300, seed=2)
-  with pytest.raises(DataError, match=message):
+  with pytest.raises(DataError, match=message) as error:
     data.train_tokenizer(text.src + text.tgt, tmp_path / 'spm.model', vocab_size)
   assert not list(tmp_path.iterdir())  # no model, no temporary file left behind
+  works = int(re.match(message, str(error.value))[1])
+  assert data.train_tokenizer(text.src + text.tgt, tmp_path / 'spm.model', works).vocab_size \
+      == works
 
 
 _RACE = """

@@ -150,7 +150,7 @@ def test_torch_peer_matches_jaxformer():
     ours = parameter_count(cfg)
     peer = sum(p.numel() for p in bench_torch.PaperTransformer(cfg).parameters())
     assert peer == ours + 2 * 2 * cfg.d_model
-    schedule = optim.lrate_schedule(cfg.d_model, cfg.warmup_steps)
+    schedule = optim.lrate_schedule(cfg.d_model, config.OptimConfig().warmup_steps)
     for count in (0, 99, 3999, 50_000):
       peer_lr = bench_torch._lrate(cfg)(count)  # pylint: disable=protected-access
       assert peer_lr == pytest.approx(float(schedule(count)), rel=1e-5)

@@ -1,5 +1,6 @@
 """The Makefile: the jax build it installs, its targets, huge pages and gpu-check."""
 
+import gzip
 import json
 import os
 import pathlib
@@ -168,3 +169,25 @@ def test_make_help_lists_every_target():
   targets = set(phony.replace('\\', ' ').split()) - {'help'}
   listed = set(re.findall(r'^make (\S+)', _make('help').stdout, flags=re.M))
   assert targets <= listed, sorted(targets - listed)
+
+
+@pytest.mark.slow
+def test_train_multi30k_reads_the_corpus_as_multi30k_ships_it(tmp_path):
+  """The Multi30k repository ships train.en.gz etc.: the make target reads them (a short run,
+  which averages the one checkpoint it has and scores that)."""
+  sys.path.insert(0, str(ROOT / 'tests'))
+  from helpers import synthetic_text  # pylint: disable=g-import-not-at-top
+  for split, count in (('train', 600), ('val', 10), ('test_2016_flickr', 10)):
+    text = synthetic_text(count, seed=len(split))
+    for lang, lines in (('en', text.src), ('de', text.tgt)):
+      (tmp_path / f'{split}.{lang}.gz').write_bytes(gzip.compress(
+          ''.join(line + '\n' for line in lines).encode()))
+  result = subprocess.run(
+      ['make', '-s', 'train-multi30k', f'DATA_DIR={tmp_path}', f'WORKDIR={tmp_path / "w"}',
+       'ARGS=--num-steps 1 --set model.vocab_size=400 --tokens-per-batch 2048 '
+       '--sample-translations 0'], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f'{tmp_path}/train.en.gz|{tmp_path}/train.de.gz: read 600 pairs' in result.stderr
+  assert result.stdout.splitlines()[-6].startswith('sacreBLEU ')
+  assert f'test set: {tmp_path}/test_2016_flickr.en.gz' in result.stdout
+  assert (tmp_path / 'w' / 'average-last1').is_dir()

@@ -34,13 +34,18 @@ def test_variant_parameter_count_matches_the_formula(name):
 
 
 def test_variants_change_only_their_row():
+  """Each row changes the model's fields it names, or (D3, D4: label smoothing) the optimiser's,
+  and nothing else."""
   base = config_lib.base()
   for name, row in table3.VARIANTS.items():
-    cfg = table3.variant_config(name)
-    changed = {k for k in row.changes if getattr(cfg, k) != getattr(base, k)}
-    assert {k: getattr(cfg, k) for k in changed} == {
-        k: v for k, v in row.changes.items() if k in changed}
-    assert cfg.replace(**{k: getattr(base, k) for k in row.changes}) == base
+    cfg, optim = table3.variant_config(name), table3.optim_overrides(name)
+    model_changes = {k: v for k, v in row.changes.items() if k not in optim}
+    changed = {k for k in model_changes if getattr(cfg, k) != getattr(base, k)}
+    assert {k: getattr(cfg, k) for k in changed} == {k: model_changes[k] for k in changed}
+    assert cfg.replace(**{k: getattr(base, k) for k in model_changes}) == base
+    assert optim == {k: v for k, v in row.changes.items() if k == 'label_smoothing'}
+  assert table3.optim_overrides('D4') == {'label_smoothing': 0.2}
+  assert recipes.load('base', 'D4').optim == config_lib.OptimConfig(label_smoothing=0.2)
   assert table3.variant_config('big') == config_lib.big()
   assert table3.train_overrides('big')['num_steps'] == 300_000
   with pytest.raises(ValueError, match='unknown Table 3 variant'):

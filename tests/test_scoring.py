@@ -2,6 +2,7 @@
 
 import collections
 import math
+import re
 import subprocess
 import sys
 
@@ -107,3 +108,53 @@ def test_lowercased_tokenized_bleu_is_the_multi30k_protocol():
   assert result['lowercase_tokenized_bleu'] == 100.0 and result['sacrebleu'] < 100.0
   report = scoring.report(result, lang='de', origin='x', segments=1, decoding='beam 4')
   assert report[2].startswith('lowercased tokenized BLEU 100.00  (Moses normalize + tokenize')
+
+
+def test_sacrebleu_tokenizes_as_the_target_language_says():
+  """Chinese is scored on characters (sacreBLEU's zh tokenizer); an unspaced Chinese sentence
+  is one 13a token. Other languages keep 13a."""
+  hyp, ref = ['我喜欢吃苹果'], ['我喜欢吃香蕉']
+  zh, zh_signature = scoring.sacre_bleu(hyp, ref, 'zh')
+  assert 'tok:zh' in zh_signature and zh == pytest.approx(
+      sacrebleu.corpus_bleu(hyp, [ref], tokenize='zh').score)
+  assert 0 < zh < 100 and scoring.sacre_bleu(hyp, ref)[0] == 0.0  # one 13a word, and wrong
+  assert 'tok:13a' in scoring.sacre_bleu(['Hola.'], ['Hola.'], 'es')[1]
+  assert 'tok:zh' in scoring.scores(hyp, ref, 'zh')['signature']
+
+
+@pytest.mark.parametrize('lang,extra', [('ja', 'sacrebleu[ja]'), ('ko', 'sacrebleu[ko]')])
+def test_a_tokenizer_whose_package_is_missing_names_the_extra(lang, extra):
+  pytest.importorskip('sacrebleu')
+  try:  # where MeCab is installed, there is nothing to say
+    sacrebleu.metrics.BLEU(trg_lang=lang)
+    pytest.skip(f'sacrebleu[{lang}] is installed here')
+  except RuntimeError:
+    pass
+  with pytest.raises(scoring.ScoringError, match=rf"^sacreBLEU's tokenizer for {lang} needs a "
+                     rf"package that is not installed: pip install '{re.escape(extra)}'\.$"):
+    scoring.check_language(lang)
+  with pytest.raises(scoring.ScoringError, match='expected an ISO 639 code'):
+    scoring.check_language('Spanish')
+
+
+def test_moses_rules_follow_the_language_and_fall_back_to_english():
+  # Spanish's nonbreaking prefixes keep "Sra." whole; English's split it.
+  assert scoring.paper_tokenize('La Sra. García llegó.', 'es') == 'La Sra. García llegó .'
+  assert scoring.paper_tokenize('La Sra. García llegó.', 'en') == 'La Sra . García llegó .'
+  assert scoring.moses_language('es') == 'es' and scoring.moses_language('sw') == 'en'
+  report = scoring.report(scoring.scores(['Habari'], ['Habari'], 'sw'), lang='sw', origin='x',
+                          segments=1, decoding='beam 4')
+  assert '(Moses -l en [Moses has no rules for sw] + compound splitting' in report[1]
+
+
+@pytest.mark.parametrize('hypotheses,warned', [
+    (['', '', 'a house'], '2 of 3 translations are empty'),
+    (['ein Mann .', 'ein Mann .', 'ein Hund .'], "2 of 3 translations are the same ('ein Mann .')"),
+    (['ein Mann .', 'ein Hund .', ''], None), (['ein Mann .'], None)])
+def test_undertrained_output_is_named(hypotheses, warned):
+  warning = scoring.undertrained(hypotheses, 120)
+  if warned is None:
+    assert warning is None
+  else:
+    assert warning == f'{warned}: the model is undertrained after 120 steps; train it longer ' \
+        '(more --num-steps), or on more data.'

@@ -16,6 +16,7 @@ EOS = 1
 # The step's tests train tiny with one layer (their compiles are about a third cheaper); the
 # stored loss is tiny's own, two layers.
 CFG = config_lib.tiny(vocab_size=32).replace(num_layers=1)
+OPTIM = config_lib.OptimConfig(warmup_steps=100)  # tiny's short runs warm up in 100 steps
 
 
 def reverse_batch(rng: np.random.Generator, batch: int, length: int, vocab: int) -> dict:
@@ -30,7 +31,7 @@ def reverse_batch(rng: np.random.Generator, batch: int, length: int, vocab: int)
 def test_first_step_matches_the_stored_loss():
   """Update the stored values only if the change to the model or step was intended."""
   cfg = config_lib.tiny(vocab_size=32)
-  state = train.create_train_state(cfg, jax.random.key(0))
+  state = train.create_train_state(cfg, jax.random.key(0), optim=OPTIM)
   batch = reverse_batch(np.random.default_rng(0), batch=8, length=6, vocab=32)
   step = jax.jit(train.train_step)
   state, first = step(state, batch, jax.random.key(1))
@@ -52,7 +53,7 @@ def test_loss_is_normalised_by_the_global_token_count():
   """Two shards with uneven token counts, combined by psum, equal one step on the whole batch."""
   cfg = CFG.replace(dropout_rate=0.0)
   # Plain SGD with rate 1 makes the update the gradient itself (Adam's first step is ~sign(g)).
-  state = train.create_train_state(cfg, jax.random.key(0)).replace(tx=optax.sgd(1.0))
+  state = train.create_train_state(cfg, jax.random.key(0), optim=OPTIM).replace(tx=optax.sgd(1.0))
   state = state.replace(opt_state=state.tx.init(state.params))
   batch = reverse_batch(np.random.default_rng(1), batch=4, length=6, vocab=32)
   batch['weights'] = batch['weights'].at[:2, 3:].set(0.0)  # shard 0 holds fewer real tokens
@@ -72,7 +73,7 @@ def test_loss_is_normalised_by_the_global_token_count():
 def test_tiny_learns_to_reverse_sequences():
   """The paper's recipe (dropout, label smoothing, Adam, lrate) on a reversal task: >= 99%."""
   cfg = CFG
-  state = train.create_train_state(cfg, jax.random.key(0))
+  state = train.create_train_state(cfg, jax.random.key(0), optim=OPTIM)
   step, evaluate = jax.jit(train.train_step), jax.jit(train.eval_step)
   rng = np.random.default_rng(0)
   held_out = reverse_batch(np.random.default_rng(123), batch=256, length=10, vocab=32)
@@ -89,7 +90,7 @@ def test_tiny_learns_to_reverse_sequences():
 
 def test_gradient_accumulation_equals_the_big_batch():
   cfg = CFG.replace(dropout_rate=0.0)
-  state = train.create_train_state(cfg, jax.random.key(0)).replace(tx=optax.sgd(1.0))
+  state = train.create_train_state(cfg, jax.random.key(0), optim=OPTIM).replace(tx=optax.sgd(1.0))
   state = state.replace(opt_state=state.tx.init(state.params))
   batch = reverse_batch(np.random.default_rng(2), batch=4, length=6, vocab=32)
   batch['weights'] = batch['weights'].at[0, 2:].set(0.0)  # micro-batches of unequal size
@@ -106,7 +107,7 @@ def test_remat_changes_neither_params_nor_loss_nor_gradients():
   """With dropout on: the recomputed forward pass must draw the same masks."""
   cfg = CFG
   batch = reverse_batch(np.random.default_rng(0), batch=4, length=6, vocab=32)
-  params = train.create_train_state(cfg, jax.random.key(0)).params
+  params = train.create_train_state(cfg, jax.random.key(0), optim=OPTIM).params
   results = []
   for remat in (False, True):
     model = Transformer(cfg.with_execution(remat=remat))  # the same params fit both
@@ -128,7 +129,8 @@ def test_bfloat16_trains_and_stays_close_to_float32():
   batch = reverse_batch(np.random.default_rng(0), batch=16, length=8, vocab=32)
   curves = {}
   for dtype in (jnp.float32, jnp.bfloat16):
-    state = train.create_train_state(cfg.with_execution(dtype=dtype), jax.random.key(0))
+    state = train.create_train_state(cfg.with_execution(dtype=dtype), jax.random.key(0),
+                                     optim=OPTIM)
     step = jax.jit(train.train_step)
     curve = []
     for i in range(60):
@@ -150,12 +152,13 @@ def test_rbg_dropout_bits_and_bfloat16_norms_train():
   fast = cfg.with_execution(dtype=jnp.bfloat16, norm_dtype=jnp.bfloat16, dropout_rng='rbg')
   first = {}
   for name, c in (('threefry', cfg.with_execution(dtype=jnp.bfloat16)), ('rbg', fast)):
-    state = train.create_train_state(c, jax.random.key(0))
+    state = train.create_train_state(c, jax.random.key(0), optim=OPTIM)
     first[name] = [float(jax.jit(train.train_step)(state, batch, jax.random.key(k))[1]['loss'])
                    for k in (1, 1, 2)]
   assert first['rbg'][0] == first['rbg'][1] != first['rbg'][2]  # a function of the key
   assert first['rbg'][0] != first['threefry'][0]  # other bits than threefry's
-  state, step = train.create_train_state(fast, jax.random.key(0)), jax.jit(train.train_step)
+  state = train.create_train_state(fast, jax.random.key(0), optim=OPTIM)
+  step = jax.jit(train.train_step)
   curve = []
   for i in range(80):
     state, metrics = step(state, batch, jax.random.key(i))

@@ -1,5 +1,6 @@
 """jaxformer.trainer: the loop, its actions, resuming, guards, preemption and several hosts."""
 
+import functools
 import gc
 import json
 import os
@@ -29,7 +30,7 @@ from helpers import (
 from helpers import poison_third_batch as _poison_third_batch
 from helpers import train_settings as _tc
 
-from jaxformer import checkpoint, cli, data, optim, trainer, translation
+from jaxformer import checkpoint, cli, config, data, export, optim, trainer, translation
 
 
 def _due(step, tc, *, evaluating, save_signal=False) -> set[str]:
@@ -373,7 +374,7 @@ def test_logged_lr_is_the_rate_applied_after_a_skipped_update(tmp_path, monkeypa
   trainer.train(CFG, _tc(num_steps=4, skip_nonfinite=True, log_every_steps=1), tmp_path, TEXT)
   logged = {r['step']: r['lr'] for r in map(json.loads, (tmp_path / 'metrics.jsonl').open())
             if r['split'] == 'train'}
-  schedule = optim.lrate_schedule(CFG.d_model, CFG.warmup_steps)
+  schedule = optim.lrate_schedule(CFG.d_model, config.OptimConfig().warmup_steps)
   expected = {1: schedule(0), 2: schedule(1), 3: schedule(2), 4: schedule(2)}
   assert logged == pytest.approx({k: float(v) for k, v in expected.items()}, rel=1e-6)
 
@@ -487,3 +488,141 @@ def test_a_second_run_on_a_workdir_in_use_stops_naming_the_first(tmp_path, capsy
     first.wait()
   with checkpoint.locked(tmp_path, 'a training run'):
     pass
+
+
+# --- fine-tuning (--init-from) and the optimiser's settings on resume ---------------------------
+
+
+def _parent_kinds(trained, tmp_path) -> dict[str, pathlib.Path]:
+  """The trained tiny model as each kind of MODEL --init-from takes."""
+  exported = export.save(tmp_path / 'exported', *checkpoint.load(trained)[:3], step=6)
+  return {'workdir': trained, 'checkpoints': trained / 'checkpoints',
+          'averaged': trained / 'average-last3', 'exported': exported}
+
+
+@pytest.mark.parametrize('kind', ['workdir', 'checkpoints', 'averaged', 'exported'])
+def test_init_from_starts_at_step_0_from_the_parents_params_and_vocabulary(
+    trained, tmp_path, kind, caplog):
+  parent = _parent_kinds(trained, tmp_path)[kind]
+  parent_params = export.load_model(parent)[0]
+  # A learning rate so small that one update leaves the params as they started, to the float.
+  optim_cfg = config.OptimConfig(learning_rate=1e-12, warmup_steps=1)
+  workdir = tmp_path / 'child'
+  with caplog.at_level('INFO'):
+    summary = trainer.train(CFG, _tc(num_steps=1, checkpoint_every_steps=1, log_every_steps=1,
+                                     init_from=str(parent)),
+                            workdir, synthetic_text(300, seed=4), optim=optim_cfg)
+  assert summary['step'] == 1
+  assert_trees_equal(checkpoint.load(workdir)[0], parent_params, atol=1e-9)
+  record = json.loads((workdir / 'spm.model.json').read_text())
+  assert (workdir / 'spm.model').read_bytes() == (trained / 'spm.model').read_bytes()
+  assert record['inherited_from'].startswith(str(parent))
+  assert 'training a' not in caplog.text  # the vocabulary was not trained again
+  coverage = [r.message for r in caplog.records if 'inherited vocabulary' in r.message]
+  assert len(coverage) == 1 and 'pieces per word' in coverage[0]
+  assert ('its own data' in coverage[0]) == (kind != 'exported')  # a workdir's record has it
+  first = [json.loads(line) for line in (workdir / 'metrics.jsonl').open()
+           if json.loads(line).get('split') == 'train'][0]
+  assert first['lr'] == pytest.approx(1e-12)  # the new schedule's first rate: a fresh optimiser
+
+
+def test_init_from_refuses_another_model_shape_and_allows_dropout(trained, tmp_path):
+  tc = _tc(num_steps=1, init_from=str(trained))
+  with pytest.raises(config.SettingError, match=r'^model\.d_ff=128 differs from the model it '
+                     r'fine-tunes \(.*: 64\).*only attention_dropout_rate, dropout_rate, max_len'):
+    trainer.train(CFG.replace(d_ff=128), tc, tmp_path / 'a', TEXT)
+  summary = trainer.train(CFG.replace(dropout_rate=0.3), tc, tmp_path / 'b', TEXT)
+  assert summary['step'] == 1
+
+
+def test_cli_init_from_takes_the_parents_model_and_names_a_changed_shape(trained, tmp_path,
+                                                                         capsys):
+  """The command line's model comes from the parent, not from the recipe: tiny_config's
+  recipe has 400 pieces and so does the parent, but its d_model could be anything."""
+  files = _text_files(tmp_path)
+  args = ['train', '--config', str(TESTS / 'tiny_config.py'), '--train-src',
+          str(files[0]), '--train-tgt', str(files[1]), '--init-from', str(trained)]
+  assert cli.main([*args, '--workdir', str(tmp_path / 'a'), '--set', 'model.d_model=64']) == 1
+  assert capsys.readouterr().err.startswith('error: model.d_model=64 differs from the model it '
+                                            'fine-tunes')
+  assert cli.main([*args, '--workdir', str(tmp_path / 'b'), '--num-steps', '1',
+                   '--set', 'model.dropout_rate=0.2', '--learning-rate', '1e-4']) == 0
+  _, child, _, step = checkpoint.load(tmp_path / 'b')
+  assert step == 1 and child == CFG.replace(dropout_rate=0.2)
+
+
+def test_a_fine_tuning_run_resumes_like_any_other(trained, tmp_path, caplog):
+  tc = functools.partial(_tc, init_from=str(trained), checkpoint_every_steps=2)
+  trainer.train(CFG, tc(num_steps=2), tmp_path, synthetic_text(300, seed=4))
+  with caplog.at_level('INFO'):
+    summary = trainer.train(CFG, tc(num_steps=4), tmp_path, synthetic_text(300, seed=4))
+  assert summary['step'] == 4 and 'resumed from step 2' in caplog.text
+  assert 'fine-tuning' not in caplog.text  # the parent is not read again
+
+
+def test_resume_may_change_the_optimisers_settings_and_logs_them(trained, tmp_path, caplog):
+  """Warmup, the learning rate's scale and clipping (which changes the optimiser's chain) may
+  change on a resume: it continues from the checkpoint's step and Adam state."""
+  workdir = tmp_path / 'w'
+  shutil.copytree(trained, workdir)
+  changed = config.OptimConfig(warmup_steps=50, lr_scale=0.5, grad_clip_norm=1.0)
+  with caplog.at_level('INFO'):
+    summary = trainer.train(CFG, _tc(num_steps=8, log_every_steps=1), workdir, TEXT,
+                            optim=changed)
+  assert summary['step'] == 8 and 'resumed from step 6' in caplog.text
+  assert ('optimiser settings changed since the checkpoint: warmup_steps 4000 -> 50; lr_scale '
+          '1.0 -> 0.5; grad_clip_norm None -> 1.0.') in caplog.text
+  restored = checkpoint.restore(checkpoint.make_manager(workdir / 'checkpoints'), 8)
+  assert checkpoint.meta_optim(restored['meta']) == changed
+  lr = [json.loads(line)['lr'] for line in (workdir / 'metrics.jsonl').open()
+        if json.loads(line).get('step') == 7 and json.loads(line).get('split') == 'train'][0]
+  assert lr == pytest.approx(0.5 * float(optim.inverse_sqrt_schedule(
+      CFG.d_model ** -0.5 * 50 ** -0.5, 50)(6)), rel=1e-6)  # the applied count continues at 6
+
+
+OLD_WORKDIR = TESTS / 'fixtures' / 'old-0.1.0'
+
+
+def test_a_workdir_of_jaxformer_0_1_0_loads_and_resumes(tmp_path, caplog):
+  """tests/fixtures/old-0.1.0 was written by jaxformer 0.1.0 (make_old_workdir.py there),
+  whose checkpoints kept the optimiser's settings among the model's: they load for decoding,
+  and a run resumes from them with their settings read as OptimConfig."""
+  params, cfg, _, step = checkpoint.load(OLD_WORKDIR)
+  assert step == 2 and cfg == config.TransformerConfig(
+      vocab_size=320, num_layers=1, d_model=16, d_ff=32, num_heads=2, max_len=64)
+  meta = checkpoint.newest_meta(OLD_WORKDIR)[1]
+  assert checkpoint.meta_optim(meta) == config.OptimConfig(warmup_steps=100)
+  workdir = tmp_path / 'old'
+  shutil.copytree(OLD_WORKDIR, workdir)
+  settings = config.TrainConfig(num_steps=3, tokens_per_batch=1024, row_len=64,
+                                checkpoint_every_steps=1, checkpoint_every_secs=None,
+                                average_last=0, log_every_steps=1, sample_translations=0)
+  with caplog.at_level('INFO'):
+    summary = trainer.train(cfg, settings, workdir, TEXT, optim=config.OptimConfig(
+        warmup_steps=100))
+  assert summary['step'] == 3 and 'resumed from step 2' in caplog.text
+  assert 'optimiser settings changed' not in caplog.text
+
+
+def test_a_short_run_averages_the_checkpoints_it_has_and_says_where(tmp_path, caplog):
+  """Two checkpoints where average_last asks for 5: both are averaged, into average-last2."""
+  with caplog.at_level('WARNING'):
+    summary = trainer.train(CFG, _tc(num_steps=4, average_last=5), tmp_path, TEXT)
+  assert summary['averaged'] == str(tmp_path / 'average-last2')
+  manager = checkpoint.make_manager(tmp_path / 'checkpoints')
+  expected = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2,
+                          *[checkpoint.restore(manager, s)['params'] for s in (2, 4)])
+  assert_trees_equal(checkpoint.load(summary['averaged'])[0], expected, rtol=1e-6)
+  assert (f'the run saved 2 checkpoint(s), fewer than average_last=5: averaged those into '
+          f'{tmp_path / "average-last2"}; use that path next.') in caplog.messages
+
+
+def test_validation_says_when_the_model_is_undertrained(tmp_path, caplog, monkeypatch):
+  """A model whose validation translations are all empty (as an undertrained one's often are):
+  the evaluation says it is undertrained, with its step."""
+  monkeypatch.setattr(translation.Translator, 'translate', lambda self, s, **k: [''] * len(s))
+  with caplog.at_level('WARNING'):
+    trainer.train(CFG, _tc(num_steps=2, eval_every_steps=2, bleu_sentences=8), tmp_path, TEXT,
+                  synthetic_text(20, seed=9))
+  warnings = [m for m in caplog.messages if m.startswith('validation at step 2: ')]
+  assert len(warnings) == 1 and 'the model is undertrained after 2 steps' in warnings[0]

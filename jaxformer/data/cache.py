@@ -136,6 +136,21 @@ def tokenize_corpus(text: PairSource, tokenizer: Tokenizer, max_len: int,
   return _load(path, fingerprint)
 
 
+def _report(origin: str, counts: dict[str, int], max_len: int) -> None:
+  """One line, before training, of what the corpus keeps (said by the process that tokenises
+  it): a warning with the share lost and the settings that keep them when pairs were
+  dropped."""
+  line = (f'{origin}: read {counts["read"]} pairs, kept {counts["kept"]}, dropped '
+          f'{counts["empty"]} empty and {counts["too_long"]} longer than {max_len} tokens')
+  if counts['kept'] == counts['read']:
+    log.info('%s.', line)
+    return
+  lost = 1 - counts['kept'] / counts['read']
+  keep = (' (raise model.max_len and train.row_len to keep the long ones)'
+          if counts['too_long'] else '')
+  log.warning('%s: %.2f%% of the pairs lost%s.', line, 100 * lost, keep)
+
+
 def _tokenize(text: PairSource, tokenizer: Tokenizer, max_len: int, folder: pathlib.Path | None,
               fingerprint: str) -> TokenizedCorpus | None:
   """Streams the pairs through sentencepiece into `folder` (or memory); the corpus in memory,
@@ -160,10 +175,7 @@ def _tokenize(text: PairSource, tokenizer: Tokenizer, max_len: int, folder: path
         bar.update(len(src))
   finally:
     sink.close()
-  report = log.warning if counts['kept'] < counts['read'] else log.info
-  report('%s: read %d pairs, kept %d, dropped %d empty and %d longer than %d tokens.',
-         text.origin, counts['read'], counts['kept'], counts['empty'], counts['too_long'],
-         max_len)
+  _report(text.origin, counts, max_len)
   if not counts['kept']:
     raise DataError(f'{text.origin}: all {counts["read"]} pairs were dropped '
                     f'({counts["empty"]} empty, {counts["too_long"]} longer than {max_len}).')

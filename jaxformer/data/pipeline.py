@@ -74,9 +74,9 @@ def sources(data: DataConfig) -> tuple[PairSource, ParallelText | None]:
   """The training pairs (streamed: any size) and the validation pairs (in memory; None when
   there are none) of `data`."""
   if data.source == 'wmt14':
-    train = wmt14(data.target_language, 'train', data_dir=data.tfds_data_dir,
-                  download=data.download)
-    return train, load_wmt14(data.target_language, 'validation', data_dir=data.tfds_data_dir)
+    direction = {'source_language': data.source_language, 'data_dir': data.tfds_data_dir}
+    train = wmt14(data.target_language, 'train', download=data.download, **direction)
+    return train, load_wmt14(data.target_language, 'validation', **direction)
   if data.source == 'embedded':
     corpus = embedded.splits(data.train_pairs, data.validation_pairs, data.test_pairs)
     return corpus['train'], corpus['validation']

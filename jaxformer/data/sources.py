@@ -19,6 +19,7 @@ from typing import Protocol
 
 from tqdm import tqdm
 
+from jaxformer.config import WMT14_DIRECTIONS
 from jaxformer.errors import JaxformerError
 
 
@@ -225,7 +226,7 @@ def read_parallel_text(src_path: str | os.PathLike, tgt_path: str | os.PathLike)
 # ---------------------------------------------------------------------------------------------
 # tensorflow-datasets.
 
-WMT14 = {'de': 'wmt14_translate/de-en', 'fr': 'wmt14_translate/fr-en'}
+WMT14 = {'de': 'wmt14_translate/de-en', 'fr': 'wmt14_translate/fr-en'}  # by non-English side
 # newstest2013 is the validation split and newstest2014 (3003 segments) the test split.
 SPLITS = ('train', 'validation', 'test')
 
@@ -313,17 +314,25 @@ def load_tfds(name: str, split: str, *, src_key: str, tgt_key: str,
                    download=download).read()
 
 
-def wmt14(target_language: str, split: str, *, data_dir: str | None = None,
-          download: bool = False) -> TfdsSplit:
-  """WMT14 EN->DE (target_language='de') or EN->FR ('fr'), streamed."""
-  if target_language not in WMT14:
-    raise DataError(f'WMT14 target language must be one of {sorted(WMT14)}, '
-                    f'got {target_language!r}.')
-  return TfdsSplit(WMT14[target_language], split, src_key='en', tgt_key=target_language,
-                   data_dir=data_dir, download=download)
+def wmt14_dataset(source_language: str, target_language: str) -> str:
+  """The tfds dataset of a WMT14 direction; DataError for a direction it does not have."""
+  if (source_language, target_language) not in WMT14_DIRECTIONS:
+    directions = ', '.join(f'{src}->{tgt}' for src, tgt in WMT14_DIRECTIONS)
+    raise DataError(f'WMT14 has no {source_language}->{target_language} direction: it has '
+                    f'{directions}.')
+  return WMT14[target_language if source_language == 'en' else source_language]
 
 
-def load_wmt14(target_language: str, split: str, *, data_dir: str | None = None,
-               download: bool = False) -> ParallelText:
-  """WMT14 EN->DE or EN->FR in memory (validation and test sets)."""
-  return wmt14(target_language, split, data_dir=data_dir, download=download).read()
+def wmt14(target_language: str, split: str, *, source_language: str = 'en',
+          data_dir: str | None = None, download: bool = False) -> TfdsSplit:
+  """WMT14 in one of its four directions (WMT14_DIRECTIONS; by default from English), streamed."""
+  return TfdsSplit(wmt14_dataset(source_language, target_language), split,
+                   src_key=source_language, tgt_key=target_language, data_dir=data_dir,
+                   download=download)
+
+
+def load_wmt14(target_language: str, split: str, *, source_language: str = 'en',
+               data_dir: str | None = None, download: bool = False) -> ParallelText:
+  """WMT14 in one of its four directions, in memory (validation and test sets)."""
+  return wmt14(target_language, split, source_language=source_language, data_dir=data_dir,
+               download=download).read()

@@ -53,6 +53,20 @@ class Tokenizer:
     """Token ids of each text, without EOS."""
     return self._sp.encode(list(texts), num_threads=num_threads)
 
+  def coverage(self, texts: Sequence[str]) -> dict[str, float]:
+    """How well this vocabulary fits `texts`: the share of their characters spelled with
+    byte-fallback pieces or unk (characters the vocabulary has never seen), and the pieces per
+    word (higher: a vocabulary made for other text)."""
+    chars = sum(len(text) for text in texts)
+    words = sum(len(text.split()) for text in texts)
+    ids = self.encode(texts)
+    pieces = sum(map(len, ids))
+    # A character in byte pieces is its UTF-8 lead byte plus continuation bytes (0b10xxxxxx).
+    lead = lambda i: int(self._sp.id_to_piece(i)[1:-1], 16) >> 6 != 2  # noqa: E731  ('<0xNN>')
+    fallback = sum(1 for row in ids for i in row
+                   if i == UNK_ID or (self._sp.is_byte(i) and lead(i)))
+    return {'fallback_share': fallback / max(chars, 1), 'pieces_per_word': pieces / max(words, 1)}
+
   def pieces(self, ids: Sequence[int]) -> list[str]:
     """The sentencepiece string of each id (for plots, debugging and CTranslate2)."""
     return [self._sp.id_to_piece(int(i)) for i in ids]
@@ -76,20 +90,32 @@ class Tokenizer:
     return texts
 
 
-def _training_failure(message: str, vocab_size: int, sentences: int) -> str:
+class VocabularyTooLarge(DataError):
+  """More pieces asked for than sentencepiece can make of the text; `largest` is the most it
+  can."""
+
+  def __init__(self, message: str, largest: int):
+    super().__init__(message)
+    self.largest = largest
+
+
+def _training_failure(message: str, vocab_size: int, sentences: int) -> DataError:
   """sentencepiece's training error as what to change, in one line."""
   if high := re.search(r'Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)',
                        message):
-    return (f'vocab_size={vocab_size} is more pieces than sentencepiece can make of these '
-            f'{sentences} sentences (at most {high[1]}): lower vocab_size, or train on more text.')
+    return VocabularyTooLarge(
+        f'vocab_size={vocab_size} is more pieces than sentencepiece can make of these '
+        f'{sentences} sentences (at most {high[1]}): --set model.vocab_size={high[1]} (or '
+        'less), or train on more text.', int(high[1]))
   if low := re.search(r'smaller than required_chars\. \d+ vs (\d+)', message):
-    return (f'vocab_size={vocab_size} is too small: the 256 byte-fallback pieces, the special ids '
-            f'and the characters of this text need at least {low[1]}: raise vocab_size.')
-  return (f'sentencepiece training failed for vocab_size={vocab_size} on {sentences} sentences: '
-          f'{message.strip().splitlines()[0]}')
+    return DataError(f'vocab_size={vocab_size} is too small: the 256 byte-fallback pieces, the '
+                     f'special ids and the characters of this text need at least {low[1]}: '
+                     f'--set model.vocab_size={low[1]} (or more).')
+  return DataError(f'sentencepiece training failed for vocab_size={vocab_size} on {sentences} '
+                   f'sentences: {message.strip().splitlines()[0]}')
 
 
-def _sample(texts: 'Sequence[str] | PairSource', sample_size: int, seed: int) -> Iterator[str]:
+def sample(texts: 'Sequence[str] | PairSource', sample_size: int, seed: int) -> Iterator[str]:
   """A seeded sample of the sentences, in order. A PairSource's sentences are numbered as the
   list of its source sentences followed by its target sentences, so it gives the same sample as
   that list would; each side is streamed once."""
@@ -134,6 +160,8 @@ def _check_record(model_path: pathlib.Path, record: dict[str, Any]) -> None:
                 model_path, record_path.name)
     return
   saved = json.loads(record_path.read_text())
+  if 'inherited_from' in saved:  # a fine-tuning run's: its parent's, never trained here
+    return
   changed = [f'{key} {saved.get(key)} -> {value}' for key, value in record.items()
              if saved.get(key) != value]
   if changed:
@@ -187,19 +215,63 @@ def train_tokenizer(texts: 'Sequence[str] | PairSource', model_path: str | os.Pa
            min(sample_size, record['sentences']), record['sentences'])
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=(s.replace('\n', ' ') for s in _sample(texts, sample_size, seed)),
+        sentence_iterator=(s.replace('\n', ' ') for s in sample(texts, sample_size, seed)),
         model_writer=model, vocab_size=vocab_size, model_type='bpe',
         pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1, byte_fallback=True,
         character_coverage=0.9999, input_sentence_size=0, shuffle_input_sentence=False,
         num_threads=len(os.sched_getaffinity(0)), minloglevel=2)
   except RuntimeError as e:
-    raise DataError(_training_failure(str(e), vocab_size, min(sample_size, record['sentences']))
-                    ) from None
+    raise _training_failure(str(e), vocab_size, min(sample_size, record['sentences'])) from None
   # The thread count is the one field that differs between hosts: stored as 1, so that the file
   # is the same everywhere (the pieces and scores do not depend on it).
   proto = sentencepiece_model_pb2.ModelProto.FromString(model.getvalue())
   proto.trainer_spec.num_threads = 1
+  record['coverage'] = Tokenizer.from_bytes(proto.SerializeToString()).coverage(
+      first_sentences(texts, COVERAGE_SAMPLE))  # what a fine-tuning run compares with
   _write_atomically(model_path.with_name(model_path.name + '.json'),
                     json.dumps(record, indent=1).encode())
   _write_atomically(model_path, proto.SerializeToString())
   return Tokenizer(model_path)
+
+
+COVERAGE_SAMPLE = 10_000  # sentences whose coverage a vocabulary's record keeps
+
+
+def first_sentences(texts: 'Sequence[str] | PairSource', count: int) -> list[str]:
+  """The first `count` sentences: of a list, or of both sides of a PairSource's first pairs."""
+  if isinstance(texts, Sequence):
+    return list(texts[:count])
+  src, tgt = next(iter(texts.chunks(count // 2)), ([], []))
+  return src + tgt
+
+
+def inherit_vocabulary(model: bytes, model_path: str | os.PathLike, origin: str,
+                       coverage: dict[str, float] | None = None) -> Tokenizer:
+  """Writes a trained model's vocabulary to `model_path` for a run that fine-tunes it, with a
+  record saying where it came from (and its `coverage` of the new data), so that
+  train_tokenizer uses it as it is; a DataError when another vocabulary is there already."""
+  model_path = pathlib.Path(model_path)
+  if model_path.exists() and model_path.read_bytes() != model:
+    raise DataError(f'{model_path} is another vocabulary than that of {origin}: fine-tune in a '
+                    'new workdir.')
+  record = {'inherited_from': origin, 'vocab_size': Tokenizer.from_bytes(model).vocab_size,
+            'coverage': coverage}
+  _write_atomically(model_path.with_name(model_path.name + '.json'),
+                    json.dumps(record, indent=1).encode())
+  _write_atomically(model_path, model)
+  return Tokenizer(model_path)
+
+
+def record_near(model: str | os.PathLike) -> dict[str, Any] | None:
+  """The vocabulary record (spm.model.json) of the training workdir that a model folder is or
+  lies in (WORKDIR, WORKDIR/checkpoints, WORKDIR/average-last5), or None (an exported folder,
+  or a vocabulary from before records kept its coverage)."""
+  folder = pathlib.Path(model).absolute()
+  for candidate in (folder, folder.parent, folder.parent.parent):
+    path = candidate / 'spm.model.json'
+    if path.is_file():
+      try:
+        return json.loads(path.read_text())
+      except (OSError, ValueError):
+        return None
+  return None

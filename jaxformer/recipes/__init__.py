@@ -2,7 +2,8 @@
 the one way to change a setting (the command line's shortcut flags are spelled as --set).
 
 A recipe is a module (or any .py file) whose `get_config()` returns a dict with 'model' (a
-TransformerConfig), 'train' (TrainConfig fields) and 'data' (DataConfig fields).
+TransformerConfig), 'train' (TrainConfig fields), 'data' (DataConfig fields) and optionally
+'optim' (OptimConfig fields; the paper's by default).
 The shipped ones: base, big, big_enfr (the paper's), multi30k, multi30k_gpu and demo; `table3`
 holds the paper's Table 3 rows as variants of base.
 """
@@ -16,17 +17,18 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from jaxformer.config import DataConfig, SettingError, TrainConfig, TransformerConfig
+from jaxformer.config import DataConfig, OptimConfig, SettingError, TrainConfig, TransformerConfig
 
 NAMES = ('base', 'big', 'big_enfr', 'multi30k', 'multi30k_gpu', 'demo')
 
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
-  """What to train (model), how (train) and on what (data)."""
+  """What to train (model), how (train, optim) and on what (data)."""
   model: TransformerConfig
   train: TrainConfig
   data: DataConfig
+  optim: OptimConfig = OptimConfig()
 
   def __post_init__(self):
     self.train.check_rows(self.model)
@@ -35,6 +37,10 @@ class Recipe:
     if wanted and not self.data.has_validation:
       raise SettingError(f'{wanted[0]} needs a validation set: give --eval-src and --eval-tgt, '
                          f'or set {wanted[0]} to {"none" if wanted[0] == "patience" else 0}.')
+
+
+# What `--config auto` starts from: a text source, and settings that recipes.auto.size replaces.
+AUTO = Recipe(TransformerConfig(), TrainConfig(), DataConfig(source='text'))
 
 
 def load(name_or_path: str, variant: str | None = None) -> Recipe:
@@ -59,7 +65,8 @@ def load(name_or_path: str, variant: str | None = None) -> Recipe:
   if not isinstance(settings['model'], TransformerConfig):
     raise SettingError(f"{name_or_path}: get_config()['model'] must be a TransformerConfig (e.g. "
                        f"jaxformer.config.base()), got {type(settings['model']).__name__}.")
-  for section in ('train', 'data'):
+  settings = {'optim': {}, **settings}
+  for section in ('train', 'data', 'optim'):
     if not isinstance(settings[section], dict):
       raise SettingError(f"{name_or_path}: get_config()[{section!r}] must be a dict of "
                          f'settings, got {type(settings[section]).__name__}.')
@@ -67,7 +74,9 @@ def load(name_or_path: str, variant: str | None = None) -> Recipe:
     _field(TrainConfig, 'train', field)
   for field in settings['data']:
     _field(DataConfig, 'data', field)
-  train = dict(settings['train'])
+  for field in settings['optim']:
+    _field(OptimConfig, 'optim', field)
+  train, optim = dict(settings['train']), dict(settings['optim'])
   if variant:
     # Imported here, not at the top: `python -m jaxformer.recipes.table3` runs it as __main__,
     # which a copy already imported by this package would make runpy warn about.
@@ -78,15 +87,18 @@ def load(name_or_path: str, variant: str | None = None) -> Recipe:
       raise SettingError(str(e)) from None
     settings = {**settings, 'model': model}
     train.update(table3.train_overrides(variant))
+    optim.update(table3.optim_overrides(variant))
   try:
-    return Recipe(settings['model'], TrainConfig(**train), DataConfig(**settings['data']))
+    return Recipe(settings['model'], TrainConfig(**train), DataConfig(**settings['data']),
+                  OptimConfig(**optim))
   except SettingError as e:
     raise SettingError(f'{name_or_path}: {e}') from None
 
 
 # --- overrides ------------------------------------------------------------------------------------
 
-_SECTIONS = {'model': TransformerConfig, 'train': TrainConfig, 'data': DataConfig}
+_SECTIONS = {'model': TransformerConfig, 'train': TrainConfig, 'data': DataConfig,
+             'optim': OptimConfig}
 
 
 def settable(section: str) -> list[str]:
@@ -151,7 +163,7 @@ def parse_value(hint: Any, text: str) -> Any:
 
 
 def override(recipe: Recipe, assignments: Sequence[str]) -> Recipe:
-  """The recipe with each 'section.field=value' applied (sections: model, train, data); a
+  """The recipe with each 'section.field=value' applied (sections: model, train, data, optim); a
   one-line SettingError for an unknown name, a value of the wrong type, or settings the model
   refuses."""
   changes: dict[str, dict[str, Any]] = {section: {} for section in _SECTIONS}
@@ -160,7 +172,7 @@ def override(recipe: Recipe, assignments: Sequence[str]) -> Recipe:
     section, dot, name = key.strip().partition('.')
     if not (equals and dot) or section not in _SECTIONS:
       raise SettingError(f'--set {assignment!r}: expected SECTION.NAME=VALUE with SECTION one of '
-                      f'model, train, data (e.g. --set model.dropout_rate=0.2).')
+                      f'model, train, data, optim (e.g. --set model.dropout_rate=0.2).')
     hint = _field(_SECTIONS[section], section, name)
     try:
       changes[section][name] = parse_value(hint, text.strip())
@@ -168,4 +180,4 @@ def override(recipe: Recipe, assignments: Sequence[str]) -> Recipe:
       raise SettingError(f'--set {key}: {e}, got {text!r}.') from None
   # Each config checks its own values, with a message that names the setting.
   return Recipe(*(_replace(getattr(recipe, section), changes[section])
-                  for section in ('model', 'train', 'data')))
+                  for section in ('model', 'train', 'data', 'optim')))

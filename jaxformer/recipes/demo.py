@@ -16,12 +16,12 @@ from jaxformer import config as config_lib
 def get_config() -> dict:
   return {
       'model': config_lib.TransformerConfig(
-          vocab_size=1000, num_layers=3, d_model=128, d_ff=512, num_heads=4, max_len=64,
-          warmup_steps=200),
+          vocab_size=1000, num_layers=3, d_model=128, d_ff=512, num_heads=4, max_len=64),
       'train': {'num_steps': 330, 'tokens_per_batch': 4096, 'row_len': 64,
                 'checkpoint_every_steps': 30, 'checkpoint_every_secs': None,
                 'keep_checkpoints': 5, 'average_last': 5, 'eval_every_steps': 165,
                 'log_every_steps': 30, 'bleu_sentences': 100, 'spm_sample_size': 200_000},
+      'optim': {'warmup_steps': 200},
       'data': {'source': 'embedded', 'train_pairs': 60_000, 'test_pairs': 1000,
                'validation_pairs': 1000},
   }

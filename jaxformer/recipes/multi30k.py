@@ -20,10 +20,11 @@ def get_config() -> dict:
   return {
       'model': config_lib.TransformerConfig(
           vocab_size=8000, num_layers=4, d_model=128, d_ff=256, num_heads=4, dropout_rate=0.2,
-          max_len=64, warmup_steps=400),
+          max_len=64),
       'train': {'num_steps': 1800, 'tokens_per_batch': 8192, 'row_len': 64,
                 'checkpoint_every_steps': 100, 'checkpoint_every_secs': None,
                 'keep_checkpoints': 5, 'average_last': 5, 'eval_every_steps': 100,
                 'log_every_steps': 50},
+      'optim': {'warmup_steps': 400},
       'data': {'source': 'text'},
   }

@@ -24,10 +24,11 @@ def get_config() -> dict:
   return {
       'model': config_lib.TransformerConfig(
           vocab_size=8000, num_layers=4, d_model=256, d_ff=1024, num_heads=4, dropout_rate=0.3,
-          max_len=64, warmup_steps=800),
+          max_len=64),
       'train': {'num_steps': 4000, 'tokens_per_batch': 8192, 'row_len': 64,
                 'checkpoint_every_steps': 100, 'checkpoint_every_secs': None,
                 'keep_checkpoints': 5, 'average_last': 5, 'eval_every_steps': 1000,
                 'log_every_steps': 100, 'require_accelerator': True},
+      'optim': {'warmup_steps': 800},
       'data': {'source': 'text'},
   }

@@ -58,11 +58,20 @@ VARIANTS = {
 }
 
 
+_OPTIM_FIELDS = {field.name for field in dataclasses.fields(config_lib.OptimConfig)}
+
+
 def variant_config(name: str, vocab_size: int = 37000) -> config_lib.TransformerConfig:
-  """base(vocab_size) with the row's changes."""
+  """base(vocab_size) with the row's changes to the model (optim_overrides has the others)."""
   if name not in VARIANTS:
     raise ValueError(f'unknown Table 3 variant {name!r}; choose from {", ".join(VARIANTS)}.')
-  return config_lib.base(vocab_size).replace(**VARIANTS[name].changes)
+  return config_lib.base(vocab_size).replace(**{
+      k: v for k, v in VARIANTS[name].changes.items() if k not in _OPTIM_FIELDS})
+
+
+def optim_overrides(name: str) -> dict[str, Any]:
+  """The row's changes to how the model is trained (rows D3, D4: label smoothing)."""
+  return {k: v for k, v in VARIANTS[name].changes.items() if k in _OPTIM_FIELDS}
 
 
 def train_overrides(name: str) -> dict[str, Any]:

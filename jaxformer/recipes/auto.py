@@ -1,0 +1,179 @@
+"""The automatic recipe: `jaxformer train` without --config (or with --config auto) sizes the
+vocabulary, the model, dropout, the lengths, the schedule and the checkpoints from the corpus
+it is given and the backend, and says why in one block before training.
+
+The rules are anchored on two measured points and calibrated between them on subsets of
+Multi30k (docs/own-data.md, "How the automatic recipe chooses"; the runs are in
+docs/BENCHMARKS.md):
+- at Multi30k's size (29k pairs) they give the `multi30k` recipe (on a GPU, `multi30k_gpu`'s
+  wider model), whose every choice was ablated on Multi30k's validation set;
+- from PAPER_PAIRS pairs on (WMT14 EN-DE has 4.5M) they give the paper's base recipe.
+Below 29k pairs the vocabulary shrinks and dropout and the number of epochs grow, as the
+low-resource literature found (Araabi & Monz, COLING 2020) and the calibration runs confirmed.
+"""
+
+import dataclasses
+import json
+import math
+import pathlib
+import tempfile
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxformer import config as config_lib
+from jaxformer.config import OptimConfig, TransformerConfig
+from jaxformer.data import sources, tokenizer as tokenizer_lib
+
+PAPER_PAIRS = 1_000_000  # from here on: the paper's base recipe (Table 3 "base", §5)
+REFERENCE_PAIRS = 29_000  # Multi30k's training set: the multi30k recipe's point
+SMALL_PAIRS = 10_000      # below this, dropout 0.3 (docs/own-data.md has the runs)
+PROBE_SENTENCES = 20_000  # sentences the lengths are measured on (all of a small corpus)
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  """What the rules read of a corpus: its size and its lengths in vocabulary pieces."""
+  pairs: int
+  mean_pieces: float     # per sentence, both sides, without EOS
+  long_pieces: int       # the 99.9th percentile of a sentence's pieces, with its EOS
+  largest_vocab: int | None  # the most pieces sentencepiece can make of it (None: more than
+                             # the rule asks for)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizing:
+  """The recipe the rules chose, and why (one line per choice)."""
+  recipe: 'Recipe'  # noqa: F821  (recipes.Recipe; imported where it is used)
+  reasons: tuple[str, ...]
+
+
+def rule_vocab_size(pairs: int) -> int:
+  """8000 pieces at Multi30k's size (the multi30k recipe's), growing as the square root of the
+  pairs (smaller vocabularies for smaller corpora), in steps of 500, 1000 at least; the paper's
+  37000 from PAPER_PAIRS on."""
+  if pairs >= PAPER_PAIRS:
+    return 37_000
+  return int(min(37_000, max(1000, 500 * round(16 * math.sqrt(pairs / REFERENCE_PAIRS)))))
+
+
+def rule_epochs(pairs: int) -> float:
+  """Passes over the data: the multi30k recipe's 33 at 29k pairs, more for fewer pairs (as
+  the square root of the ratio), fewer for more."""
+  return 33.0 * math.sqrt(REFERENCE_PAIRS / pairs)
+
+
+def measure(pairs: sources.PairSource, vocab_size: int, *, seed: int = 0,
+            tokenizer: tokenizer_lib.Tokenizer | None = None) -> Corpus:
+  """The corpus's size and its lengths in the pieces of a probe vocabulary of `vocab_size`,
+  trained on up to PROBE_SENTENCES sentences (or of `tokenizer`, a fine-tuning run's)."""
+  sample = list(tokenizer_lib.sample(pairs, PROBE_SENTENCES, seed))
+  largest = None
+  if tokenizer is None:
+    with tempfile.TemporaryDirectory() as folder:
+      try:
+        tokenizer = tokenizer_lib.train_tokenizer(sample, pathlib.Path(folder) / 'probe.model',
+                                                  vocab_size, seed=seed)
+      except tokenizer_lib.VocabularyTooLarge as e:
+        largest = e.largest
+        tokenizer = tokenizer_lib.train_tokenizer(sample, pathlib.Path(folder) / 'probe.model',
+                                                  largest, seed=seed)
+  lengths = np.array([len(ids) for ids in tokenizer.encode(sample)]) if sample else np.zeros(1)
+  return Corpus(pairs=len(pairs), mean_pieces=float(lengths.mean()),
+                long_pieces=int(np.percentile(lengths, 99.9)) + 1, largest_vocab=largest)
+
+
+def _round_up(x: float, step: int) -> int:
+  return int(step * math.ceil(x / step))
+
+
+def choose(corpus: Corpus, backend: str) -> tuple[dict, list[str]]:
+  """The recipe's settings ({'model': TransformerConfig, 'train': {...}, 'optim': {...}}) for
+  `corpus` on `backend` ('cpu' or 'gpu'), and the reason for each choice."""
+  pairs = corpus.pairs
+  if pairs >= PAPER_PAIRS:  # the paper's base recipe (jaxformer/recipes/base.py)
+    return ({'model': config_lib.base(37_000),
+             'train': {'num_steps': 100_000, 'tokens_per_batch': 25_000, 'average_last': 5,
+                       'checkpoint_every_secs': 600.0},
+             'optim': {}},
+            [f'{pairs:,} pairs: at least {PAPER_PAIRS:,}, the paper\'s base recipe (§5, Table 3): '
+             'N=6, d_model 512, 37k pieces, 100k steps of 25k tokens, checkpoints every 10 '
+             'minutes, the last 5 averaged'])
+  vocab = rule_vocab_size(pairs)
+  reasons = [f'vocabulary   {vocab:,} pieces: 8000 at 29k pairs (the multi30k recipe), as the '
+             'square root of the pairs']
+  if corpus.largest_vocab is not None and corpus.largest_vocab < vocab:
+    vocab = corpus.largest_vocab
+    reasons[0] = (f'vocabulary   {vocab:,} pieces: the most sentencepiece can make of this text '
+                  f'(the rule asks for {rule_vocab_size(pairs):,})')
+  gpu = backend == 'gpu'
+  dims = dict(num_layers=4, d_model=256, d_ff=1024, num_heads=4) if gpu else \
+      dict(num_layers=4, d_model=128, d_ff=256, num_heads=4)
+  dropout = 0.3 if gpu or pairs < SMALL_PAIRS else 0.2
+  reasons.append(f'model        N=4, d_model {dims["d_model"]}, d_ff {dims["d_ff"]}, h 4: '
+                 f'{"multi30k_gpu" if gpu else "multi30k"} recipe\'s (a small model for a small '
+                 f'corpus; the paper\'s base only from {PAPER_PAIRS:,} pairs)')
+  reasons.append(f'dropout      {dropout}: ' + (
+      "multi30k_gpu's, for the wider model" if gpu else
+      f'{"fewer than" if pairs < SMALL_PAIRS else "at least"} {SMALL_PAIRS:,} pairs'))
+  max_len = min(256, max(16, _round_up(corpus.long_pieces, 8)))
+  row_len = max(64, _round_up(max_len, 32))
+  reasons.append(f'lengths      max_len {max_len}, rows of {row_len}: 99.9% of the sentences '
+                 f'have at most {corpus.long_pieces} pieces with EOS (the longer pairs are '
+                 'dropped and counted)')
+  tokens_per_batch = 8192
+  epoch_tokens = pairs * (corpus.mean_pieces + 1)  # target tokens per pass, EOS included
+  epochs = rule_epochs(pairs) * (2 if gpu else 1)
+  steps = max(300, 50 * round(epochs * epoch_tokens / tokens_per_batch / 50))
+  warmup = max(50, _round_up(0.22 * steps, 10))
+  every = max(10, _round_up(steps / 18, 10))
+  reasons.append(f'schedule     {steps:,} steps of {tokens_per_batch:,} tokens, about '
+                 f'{steps * tokens_per_batch / epoch_tokens:.0f} epochs of {epoch_tokens:,.0f} '
+                 f'target tokens (33 at 29k pairs, growing as √(29k / pairs)'
+                 f'{"; twice that on a GPU" if gpu else ""}); warmup {warmup} (22% of the steps, '
+                 "as the multi30k recipe's 400 of 1800)")
+  reasons.append(f'checkpoints  every {every} steps, the last 5 averaged, a validation loss at '
+                 'each')
+  model = TransformerConfig(vocab_size=vocab, dropout_rate=dropout, max_len=max_len, **dims)
+  train = {'num_steps': steps, 'tokens_per_batch': tokens_per_batch, 'row_len': row_len,
+           'checkpoint_every_steps': every, 'checkpoint_every_secs': None, 'keep_checkpoints': 5,
+           'average_last': 5, 'eval_every_steps': every, 'log_every_steps': max(10, every // 2)}
+  return {'model': model, 'train': train, 'optim': {'warmup_steps': warmup}}, reasons
+
+
+def size(recipe: 'Recipe', assignments: Sequence[str], *, backend: str,  # noqa: F821
+         tokenizer: tokenizer_lib.Tokenizer | None = None) -> Sizing:
+  """`recipe` (its data section: a text source) with the model, training and optimisation
+  settings chosen for its training corpus, then `assignments` (--set) applied over them."""
+  from jaxformer import recipes  # pylint: disable=g-import-not-at-top  (the package imports us)
+  if recipe.data.source != 'text' or not recipe.data.train_src:
+    raise config_lib.SettingError('the automatic recipe sizes itself from your corpus: give '
+                                  '--train-src and --train-tgt (or a --config).')
+  pairs = sources.TextFiles(recipe.data.train_src, recipe.data.train_tgt)
+  corpus = measure(pairs, rule_vocab_size(len(pairs)), seed=recipe.train.seed,
+                   tokenizer=tokenizer)
+  chosen, reasons = choose(corpus, backend)
+  train = dataclasses.replace(recipe.train, **chosen['train'])
+  sized = recipes.Recipe(chosen['model'], train, recipe.data, OptimConfig(**chosen['optim']))
+  head = (f'the automatic recipe for {corpus.pairs:,} pairs ({corpus.mean_pieces:.1f} pieces a '
+          f'sentence, 99.9% within {corpus.long_pieces}) on {backend}:')
+  yours = [a for a in assignments if not a.startswith('data.')]
+  tail = (f'then your settings, which win: {", ".join(yours)}' if yours else
+          'change any of it with --set SECTION.NAME=VALUE (or its flag); docs/own-data.md '
+          'explains the rules')
+  return Sizing(recipes.override(sized, assignments), (head, *reasons, tail))
+
+
+def record(workdir: str | pathlib.Path, sizing: Sizing) -> pathlib.Path:
+  """Writes the choices and their reasons to WORKDIR/recipe.json (beside the checkpoints,
+  which record the model and optimiser settings as for any recipe)."""
+  recipe = sizing.recipe
+  path = pathlib.Path(workdir) / 'recipe.json'
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps({
+      'recipe': 'auto', 'reasons': list(sizing.reasons),
+      'model': config_lib.config_to_dict(recipe.model),
+      'train': dataclasses.asdict(recipe.train), 'optim': dataclasses.asdict(recipe.optim),
+      'data': dataclasses.asdict(recipe.data)}, indent=1) + '\n')
+  return path
+
