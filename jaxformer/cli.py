@@ -202,10 +202,10 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
   recipe = recipes.override(recipe, assignments)
   parent = export.model_config(recipe.train.init_from) if recipe.train.init_from else None
   if auto:
-    inherited = None if parent is None else data.Tokenizer.from_bytes(
-        parent[1], f'the vocabulary of {recipe.train.init_from}')
+    inherited = None if parent is None else (parent[0], data.Tokenizer.from_bytes(
+        parent[1], f'the vocabulary of {recipe.train.init_from}'))
     sizing = auto_recipe.size(recipe, assignments, backend=jax.default_backend(),
-                              tokenizer=inherited)
+                              parent=inherited)
     logging.getLogger('jaxformer.recipes.auto').info(
         '%s (recorded in %s)', '\n  '.join(sizing.reasons),
         auto_recipe.record(args.workdir, sizing))

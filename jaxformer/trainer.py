@@ -306,8 +306,8 @@ def _translate_validation(translator: Translator, params: Any, text: data_lib.Pa
   count = max(train_cfg.bleu_sentences, train_cfg.sample_translations)
   translator.params = params
   hypotheses = translator.translate(text.src[:count])
-  if warning := scoring.undertrained(hypotheses, step):
-    log.warning('validation at step %d: %s', step, warning)
+  if step == train_cfg.num_steps and (warning := scoring.undertrained(hypotheses, step)):
+    log.warning('validation at step %d: %s', step, warning)  # (earlier, expected)
   if train_cfg.bleu_sentences:
     result['bleu'] = scoring.sacre_bleu(hypotheses, text.tgt[:train_cfg.bleu_sentences])[0]
   if train_cfg.sample_translations:

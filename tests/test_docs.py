@@ -24,8 +24,10 @@ BIN = pathlib.Path(sys.executable).parent
 PAGES = [ROOT / 'README.md', *sorted(p for p in (ROOT / 'docs').glob('*.md')
                                      if p.name != 'benchmarks-log.md')]
 BLOCK = re.compile(r'(?:<!-- not run: ([^>]*?) -->\n)?^```(\w+)\n(.*?)^```', flags=re.S | re.M)
-# Appended to a `jaxformer train` that the docs give, so that it runs in seconds here.
-TINY = {'multi30k': ' --set model.vocab_size=1000 --set model.num_layers=1 --set train.num_steps=2'}
+# Appended to a `jaxformer train` that the docs give (by its --config), so that it runs in
+# seconds here.
+TINY = {'multi30k': ' --set model.vocab_size=1000 --set model.num_layers=1 --set train.num_steps=2',
+        'auto': ' --set model.num_layers=1 --set train.num_steps=2'}
 
 
 def _blocks(language: str) -> list[tuple[str, str, str | None]]:
@@ -54,10 +56,15 @@ def sandbox(tmp_path_factory, workdir, shared_data) -> pathlib.Path:
   demo = folder / 'workdirs' / 'demo'
   demo.mkdir(parents=True)
   (demo / 'average-last5').symlink_to(workdir / 'average-last2')
+  for name in ('mine', 'mine-news'):  # the own-data and fine-tuning guides', trained
+    (folder / 'workdirs' / name).symlink_to(demo)
+  for lang in ('en', 'de'):  # the fine-tuning guide's new data
+    (folder / f'news.{lang}').symlink_to(folder / f'train.{lang}')
   (demo / 'test.en').write_text('a b c\nd e f\n')
   (demo / 'test.de').write_text('a b c\nd e f\n')
   params, cfg, spm_model, step = checkpoint.load(str(workdir / 'average-last2'))
-  export.save(folder / 'exported' / 'demo', params, cfg, spm_model, step=step)
+  for name in ('demo', 'mine'):
+    export.save(folder / 'exported' / name, params, cfg, spm_model, step=step)
   text = data.read_parallel_text(folder / 'train.en', folder / 'train.de')
   tokenizer = data.train_tokenizer(text.src[:2000] + text.tgt[:2000], folder / 'ct2.model',
                                    vocab_size=500)
@@ -129,10 +136,16 @@ def test_shell_example_runs(page, command, sandbox, tmp_path):
     if entry.name != 'workdirs':
       (tmp_path / entry.name).symlink_to(entry)
   (tmp_path / 'workdirs').mkdir()
-  (tmp_path / 'workdirs' / 'demo').symlink_to(sandbox / 'workdirs' / 'demo')
-  recipe = re.search(r'jaxformer train --config (\w+)', command)
-  if recipe:
-    command += TINY[recipe.group(1)]
+  trained = re.search(r'--workdir workdirs/(\S+)', command) if 'jaxformer train' in command \
+      else None
+  for workdir in (sandbox / 'workdirs').iterdir():  # (not the one a training writes)
+    if not (trained and trained[1] == workdir.name):
+      (tmp_path / 'workdirs' / workdir.name).symlink_to(workdir)
+  if '--init-from' in command:  # the parent's model, not the tiny one
+    command += ' --set train.num_steps=2'
+  elif 'jaxformer train' in command:
+    config_name = re.search(r'--config (\w+)', command)
+    command += TINY[config_name[1] if config_name else 'auto']
   env = dict(os.environ, PATH=f'{BIN}:{os.environ["PATH"]}')  # the XLA cache's variables too
   result = subprocess.run(['bash', '-c', command], cwd=tmp_path, capture_output=True, text=True,
                           timeout=600, env=env)

@@ -1,6 +1,7 @@
 """jaxformer.recipes: the shipped recipes, Table 3 variants and --set overrides."""
 
 import dataclasses
+import json
 import pathlib
 import re
 import subprocess
@@ -12,7 +13,7 @@ import pytest
 from jaxformer import cli, config, recipes
 from jaxformer import config as config_lib
 from jaxformer import model as model_lib
-from jaxformer.recipes import table3
+from jaxformer.recipes import auto, table3
 
 
 def _formula(v, n, d, f, h, dk, dv, learned_positions=False, max_len=256) -> int:
@@ -149,3 +150,83 @@ def test_every_setting_can_be_set_from_the_command_line():
                        ('data', config.DataConfig)):
     names = {name.split('.')[0] for name in recipes.settable(section)}
     assert names == {f.name for f in dataclasses.fields(cls)}
+
+
+# --- the automatic recipe -----------------------------------------------------------------------
+
+
+def _corpus(pairs, mean=14.0, longest=42, largest=None):
+  return auto.Corpus(pairs=pairs, mean_pieces=mean, long_pieces=longest, largest_vocab=largest)
+
+
+@pytest.mark.parametrize('pairs,vocab,dropout,steps,warmup,every', [
+    (2_000, 2000, 0.3, 450, 100, 30), (4_000, 3000, 0.3, 650, 150, 40),
+    (10_000, 4500, 0.2, 1050, 240, 60), (29_000, 8000, 0.2, 1750, 390, 100),
+    (200_000, 21_000, 0.2, 4600, 1020, 260)])
+def test_the_rule_for_a_corpus_size_on_cpu(pairs, vocab, dropout, steps, warmup, every):
+  """Expected values worked out by hand from the rules (docs/own-data.md) for sentences of 14
+  pieces (15 target tokens with EOS): e.g. 4k pairs: 33 * sqrt(29/4) = 88.9 epochs of 60,000
+  tokens = 650.8 steps of 8192, to the nearest 50: 650; warmup 22% = 143, up to 150; a
+  checkpoint every 650 / 18 = 36.1, up to 40 steps; vocabulary 8000 * sqrt(4/29) = 2971: 3000."""
+  chosen, reasons = auto.choose(_corpus(pairs), 'cpu')
+  model, train = chosen['model'], chosen['train']
+  assert (model.vocab_size, model.dropout_rate, train['num_steps'],
+          chosen['optim']['warmup_steps'], train['checkpoint_every_steps']) == (
+              vocab, dropout, steps, warmup, every)
+  assert (model.num_layers, model.d_model, model.d_ff, model.num_heads) == (4, 128, 256, 4)
+  assert (model.max_len, train['row_len'], train['average_last']) == (48, 64, 5)
+  assert len(reasons) == 6 and reasons[0].startswith(f'vocabulary   {vocab:,} pieces')
+
+
+def test_at_wmt14s_size_the_rule_is_the_papers_base_recipe():
+  for backend in ('cpu', 'gpu'):
+    chosen, reasons = auto.choose(_corpus(4_500_000, mean=27.0, longest=120), backend)
+    base = recipes.load('base')
+    assert chosen['model'] == base.model == config_lib.base(37_000)
+    assert chosen['optim'] == {} and recipes.Recipe(
+        chosen['model'], config_lib.TrainConfig(**chosen['train']), base.data).train == \
+        dataclasses.replace(base.train, require_accelerator=False)
+    assert "the paper's base recipe" in reasons[0]
+
+
+def test_on_a_gpu_the_model_is_wider_and_trains_twice_the_epochs():
+  cpu, _ = auto.choose(_corpus(29_000), 'cpu')
+  gpu, _ = auto.choose(_corpus(29_000), 'gpu')
+  assert (gpu['model'].d_model, gpu['model'].d_ff, gpu['model'].dropout_rate) == (256, 1024, 0.3)
+  assert gpu['train']['num_steps'] == pytest.approx(2 * cpu['train']['num_steps'], abs=50)
+
+
+def test_the_vocabulary_is_at_most_what_sentencepiece_can_make():
+  chosen, reasons = auto.choose(_corpus(4_000, largest=1800), 'cpu')
+  assert chosen['model'].vocab_size == 1800
+  assert reasons[0].startswith('vocabulary   1,800 pieces: the most sentencepiece can make')
+
+
+def test_size_measures_the_files_and_lets_settings_win(tmp_path, shared_data):
+  """On real text: the first 3000 pairs of Multi30k. --set and the flags win over the rule."""
+  src, tgt = (tmp_path / 'train.en', tmp_path / 'train.de')
+  for path, lang in ((src, 'en'), (tgt, 'de')):
+    lines = (shared_data / 'multi30k' / f'train.{lang}').read_text().splitlines(True)[:3000]
+    path.write_text(''.join(lines))
+  recipe = recipes.override(recipes.AUTO, [f'data.train_src={src}', f'data.train_tgt={tgt}'])
+  sizing = auto.size(recipe, ['train.num_steps=7', 'model.dropout_rate=0.1'], backend='cpu')
+  assert sizing.recipe.model.vocab_size == 2500 and sizing.recipe.train.num_steps == 7
+  assert sizing.recipe.model.dropout_rate == 0.1 and sizing.recipe.data.train_src == str(src)
+  assert sizing.reasons[0].startswith('the automatic recipe for 3,000 pairs (')
+  assert sizing.reasons[-1] == ('then your settings, which win: train.num_steps=7, '
+                                'model.dropout_rate=0.1')
+  recorded = json.loads(auto.record(tmp_path / 'w', sizing).read_text())
+  assert recorded['train']['num_steps'] == 7 and recorded['reasons'] == list(sizing.reasons)
+  with pytest.raises(config_lib.SettingError, match='give --train-src and --train-tgt'):
+    auto.size(recipes.AUTO, [], backend='cpu')
+
+
+def test_a_fine_tuning_run_keeps_its_parents_model_at_a_lower_learning_rate():
+  parent = recipes.load('multi30k').model
+  chosen, reasons = auto.choose(_corpus(2_000, mean=24.0, longest=70), 'cpu', parent)
+  assert chosen['model'] == parent  # max_len too: the parent's 64, though 70 would cover more
+  assert chosen['optim']['lr_scale'] == auto.FINE_TUNE_LR_SCALE
+  assert chosen['train']['row_len'] == 64 and chosen['train']['num_steps'] == 750  # 767
+  assert reasons[0].startswith("model        the parent's (N=4, d_model 128, 8,000 pieces")
+  assert not any(r.startswith('vocabulary') for r in reasons)
+  assert auto.choose(_corpus(4_500_000), 'cpu', parent)[0]['model'] == parent  # never base

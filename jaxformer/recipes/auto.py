@@ -29,6 +29,7 @@ PAPER_PAIRS = 1_000_000  # from here on: the paper's base recipe (Table 3 "base"
 REFERENCE_PAIRS = 29_000  # Multi30k's training set: the multi30k recipe's point
 SMALL_PAIRS = 10_000      # below this, dropout 0.3 (docs/own-data.md has the runs)
 PROBE_SENTENCES = 20_000  # sentences the lengths are measured on (all of a small corpus)
+FINE_TUNE_LR_SCALE = 0.25  # of the paper's learning rate, for --init-from (docs/finetuning.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +88,14 @@ def _round_up(x: float, step: int) -> int:
   return int(step * math.ceil(x / step))
 
 
-def choose(corpus: Corpus, backend: str) -> tuple[dict, list[str]]:
+def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
+           ) -> tuple[dict, list[str]]:
   """The recipe's settings ({'model': TransformerConfig, 'train': {...}, 'optim': {...}}) for
-  `corpus` on `backend` ('cpu' or 'gpu'), and the reason for each choice."""
+  `corpus` on `backend` ('cpu' or 'gpu'), and the reason for each choice. A fine-tuning run
+  (`parent`: the model it starts from) keeps the parent's model and trains at FINE_TUNE_LR_SCALE
+  of the learning rate."""
   pairs = corpus.pairs
-  if pairs >= PAPER_PAIRS:  # the paper's base recipe (jaxformer/recipes/base.py)
+  if pairs >= PAPER_PAIRS and parent is None:  # the paper's base recipe (recipes/base.py)
     return ({'model': config_lib.base(37_000),
              'train': {'num_steps': 100_000, 'tokens_per_batch': 25_000, 'average_last': 5,
                        'checkpoint_every_secs': 600.0},
@@ -99,6 +103,44 @@ def choose(corpus: Corpus, backend: str) -> tuple[dict, list[str]]:
             [f'{pairs:,} pairs: at least {PAPER_PAIRS:,}, the paper\'s base recipe (§5, Table 3): '
              'N=6, d_model 512, 37k pieces, 100k steps of 25k tokens, checkpoints every 10 '
              'minutes, the last 5 averaged'])
+  model, reasons = _model(corpus, backend) if parent is None else (parent, [
+      f'model        the parent\'s (N={parent.num_layers}, d_model {parent.d_model}, '
+      f'{parent.vocab_size:,} pieces, dropout {parent.dropout_rate}): fine-tuning keeps it'])
+  max_len = min(256, max(16, _round_up(corpus.long_pieces, 8))) if parent is None else \
+      parent.max_len
+  row_len = max(64, _round_up(max_len, 32))
+  whose = " (max_len the parent's)" if parent else ''
+  reasons.append(f'lengths      max_len {max_len}, rows of {row_len}: 99.9% of the sentences '
+                 f'have at most {corpus.long_pieces} pieces with EOS{whose}; longer pairs are '
+                 'dropped and counted')
+  gpu = backend == 'gpu'
+  tokens_per_batch = 8192
+  epoch_tokens = pairs * (corpus.mean_pieces + 1)  # target tokens per pass, EOS included
+  epochs = rule_epochs(pairs) * (2 if gpu and parent is None else 1)
+  steps = max(300, 50 * round(epochs * epoch_tokens / tokens_per_batch / 50))
+  warmup = max(50, _round_up(0.22 * steps, 10))
+  every = max(10, _round_up(steps / 18, 10))
+  reasons.append(f'schedule     {steps:,} steps of {tokens_per_batch:,} tokens, about '
+                 f'{steps * tokens_per_batch / epoch_tokens:.0f} epochs of {epoch_tokens:,.0f} '
+                 f'target tokens (33 at 29k pairs, growing as √(29k / pairs)'
+                 f'{"; twice that on a GPU" if gpu and parent is None else ""}); warmup {warmup} '
+                 "(22% of the steps, as the multi30k recipe's 400 of 1800)")
+  optim = {'warmup_steps': warmup}
+  if parent is not None:
+    optim['lr_scale'] = FINE_TUNE_LR_SCALE
+    reasons.append(f'learning rate {FINE_TUNE_LR_SCALE} of the paper\'s formula (lr_scale): '
+                   'fine-tuning moves a trained model less than a fresh run')
+  reasons.append(f'checkpoints  every {every} steps, the last 5 averaged, a validation loss at '
+                 'each')
+  train = {'num_steps': steps, 'tokens_per_batch': tokens_per_batch, 'row_len': row_len,
+           'checkpoint_every_steps': every, 'checkpoint_every_secs': None, 'keep_checkpoints': 5,
+           'average_last': 5, 'eval_every_steps': every, 'log_every_steps': max(10, every // 2)}
+  return {'model': model.replace(max_len=max_len), 'train': train, 'optim': optim}, reasons
+
+
+def _model(corpus: Corpus, backend: str) -> tuple[TransformerConfig, list[str]]:
+  """The vocabulary, model and dropout a fresh run's corpus is given, and why."""
+  pairs = corpus.pairs
   vocab = rule_vocab_size(pairs)
   reasons = [f'vocabulary   {vocab:,} pieces: 8000 at 29k pairs (the multi30k recipe), as the '
              'square root of the pairs']
@@ -116,43 +158,22 @@ def choose(corpus: Corpus, backend: str) -> tuple[dict, list[str]]:
   reasons.append(f'dropout      {dropout}: ' + (
       "multi30k_gpu's, for the wider model" if gpu else
       f'{"fewer than" if pairs < SMALL_PAIRS else "at least"} {SMALL_PAIRS:,} pairs'))
-  max_len = min(256, max(16, _round_up(corpus.long_pieces, 8)))
-  row_len = max(64, _round_up(max_len, 32))
-  reasons.append(f'lengths      max_len {max_len}, rows of {row_len}: 99.9% of the sentences '
-                 f'have at most {corpus.long_pieces} pieces with EOS (the longer pairs are '
-                 'dropped and counted)')
-  tokens_per_batch = 8192
-  epoch_tokens = pairs * (corpus.mean_pieces + 1)  # target tokens per pass, EOS included
-  epochs = rule_epochs(pairs) * (2 if gpu else 1)
-  steps = max(300, 50 * round(epochs * epoch_tokens / tokens_per_batch / 50))
-  warmup = max(50, _round_up(0.22 * steps, 10))
-  every = max(10, _round_up(steps / 18, 10))
-  reasons.append(f'schedule     {steps:,} steps of {tokens_per_batch:,} tokens, about '
-                 f'{steps * tokens_per_batch / epoch_tokens:.0f} epochs of {epoch_tokens:,.0f} '
-                 f'target tokens (33 at 29k pairs, growing as √(29k / pairs)'
-                 f'{"; twice that on a GPU" if gpu else ""}); warmup {warmup} (22% of the steps, '
-                 "as the multi30k recipe's 400 of 1800)")
-  reasons.append(f'checkpoints  every {every} steps, the last 5 averaged, a validation loss at '
-                 'each')
-  model = TransformerConfig(vocab_size=vocab, dropout_rate=dropout, max_len=max_len, **dims)
-  train = {'num_steps': steps, 'tokens_per_batch': tokens_per_batch, 'row_len': row_len,
-           'checkpoint_every_steps': every, 'checkpoint_every_secs': None, 'keep_checkpoints': 5,
-           'average_last': 5, 'eval_every_steps': every, 'log_every_steps': max(10, every // 2)}
-  return {'model': model, 'train': train, 'optim': {'warmup_steps': warmup}}, reasons
+  return TransformerConfig(vocab_size=vocab, dropout_rate=dropout, **dims), reasons
 
 
 def size(recipe: 'Recipe', assignments: Sequence[str], *, backend: str,  # noqa: F821
-         tokenizer: tokenizer_lib.Tokenizer | None = None) -> Sizing:
+         parent: tuple[TransformerConfig, tokenizer_lib.Tokenizer] | None = None) -> Sizing:
   """`recipe` (its data section: a text source) with the model, training and optimisation
-  settings chosen for its training corpus, then `assignments` (--set) applied over them."""
+  settings chosen for its training corpus, then `assignments` (--set) applied over them; for a
+  fine-tuning run, `parent` is the model's config and vocabulary."""
   from jaxformer import recipes  # pylint: disable=g-import-not-at-top  (the package imports us)
   if recipe.data.source != 'text' or not recipe.data.train_src:
     raise config_lib.SettingError('the automatic recipe sizes itself from your corpus: give '
                                   '--train-src and --train-tgt (or a --config).')
   pairs = sources.TextFiles(recipe.data.train_src, recipe.data.train_tgt)
   corpus = measure(pairs, rule_vocab_size(len(pairs)), seed=recipe.train.seed,
-                   tokenizer=tokenizer)
-  chosen, reasons = choose(corpus, backend)
+                   tokenizer=parent and parent[1])
+  chosen, reasons = choose(corpus, backend, parent and parent[0])
   train = dataclasses.replace(recipe.train, **chosen['train'])
   sized = recipes.Recipe(chosen['model'], train, recipe.data, OptimConfig(**chosen['optim']))
   head = (f'the automatic recipe for {corpus.pairs:,} pairs ({corpus.mean_pieces:.1f} pieces a '
