@@ -409,11 +409,15 @@ def _params(args: argparse.Namespace) -> int:
 
 
 _TRAIN_DESCRIPTION = (
-    'Trains a Transformer; rerunning the same command resumes from the workdir.\n\n'
+    'Trains a Transformer; rerunning the same command resumes from the workdir. Without '
+    '--config, the recipe is sized from the training files (printed, with the reasons, before '
+    'training).\n\n'
+    '  jaxformer train --workdir W --train-src train.es --train-tgt train.en \\\n'
+    '      --eval-src val.es --eval-tgt val.en --source-language es --target-language en\n'
+    '  jaxformer train --init-from W/average-last5 --workdir W2 --train-src new.es '
+    '--train-tgt new.en\n'
     '  jaxformer train --config base --workdir workdirs/base --tfds-data-dir ~/tfds\n'
-    '  jaxformer train --config demo --workdir W --set train.num_steps=20\n'
-    '  jaxformer train --config multi30k --workdir W --train-src train.en --train-tgt '
-    'train.de \\\n      --set model.vocab_size=8000\n\n'
+    '  jaxformer train --config demo --workdir W --set train.num_steps=20\n\n'
     'On a CPU, run it on huge pages as make does (glibc >= 2.35; about 20% faster, see '
     'docs/speed.md):\n\n'
     '  GLIBC_TUNABLES=glibc.malloc.hugetlb=1 jaxformer train ...')

@@ -75,7 +75,17 @@ def test_params_command_prints_the_documented_counts(capsys, preset, count):
     (['--set', 'model.execution.attention=flash'],
      "error: model.execution.attention must be 'einsum' or 'fused', got 'flash'."),
     (['--set', 'data.source=web'], "error: data.source must be 'wmt14', 'text' or "
-                                   "'embedded', got 'web'.")])
+                                   "'embedded', got 'web'."),
+    (['--learning-rate', '0'], 'error: optim.learning_rate must be > 0 (or unset), got 0.0.'),
+    (['--lr-scale', 'nan'], 'error: optim.lr_scale must be a finite number, got nan.'),
+    (['--set', 'optim.warmup_steps=soon'], "error: --set optim.warmup_steps: expected int, got "
+                                           "'soon'."),
+    (['--set', 'optim.beta=0.9'], 'error: unknown setting optim.beta; valid optim settings: '
+                                  'warmup_steps, learning_rate, lr_scale, adam_b1, adam_b2, '
+                                  'adam_eps, grad_clip_norm, weight_decay, label_smoothing.'),
+    (['--target-language', 'German'], "error: data.target_language must be an ISO 639 code "
+                                      "such as en, de or zh, got 'German'."),
+    (['--init-from', '/nowhere/model'], 'error: /nowhere/model: no such checkpoint folder.')])
 def test_train_refuses_bad_settings_before_any_work(tmp_path, capsys, flags, message):
   argv = ['train', '--config', str(ROOT / 'tests' / 'tiny_config.py'), '--workdir',
           str(tmp_path / 'w'), '--source', 'text', '--train-src', 'none.en', '--train-tgt',

@@ -174,7 +174,7 @@ def test_the_rule_for_a_corpus_size_on_cpu(pairs, vocab, dropout, steps, warmup,
           chosen['optim']['warmup_steps'], train['checkpoint_every_steps']) == (
               vocab, dropout, steps, warmup, every)
   assert (model.num_layers, model.d_model, model.d_ff, model.num_heads) == (4, 128, 256, 4)
-  assert (model.max_len, train['row_len'], train['average_last']) == (48, 64, 5)
+  assert (model.max_len, train['row_len'], train['average_last']) == (64, 64, 5)
   assert len(reasons) == 6 and reasons[0].startswith(f'vocabulary   {vocab:,} pieces')
 
 
@@ -230,3 +230,22 @@ def test_a_fine_tuning_run_keeps_its_parents_model_at_a_lower_learning_rate():
   assert reasons[0].startswith("model        the parent's (N=4, d_model 128, 8,000 pieces")
   assert not any(r.startswith('vocabulary') for r in reasons)
   assert auto.choose(_corpus(4_500_000), 'cpu', parent)[0]['model'] == parent  # never base
+
+
+def test_on_multi30k_the_rule_is_the_multi30k_recipe(shared_data):
+  """The rules' anchor: on Multi30k's training set they choose the multi30k recipe, setting for
+  setting, so that a run of either trains the same model (and scores the same BLEU)."""
+  folder = shared_data / 'multi30k'
+  recipe = recipes.override(recipes.AUTO, [f'data.train_src={folder / "train.en"}',
+                                           f'data.train_tgt={folder / "train.de"}'])
+  sized = auto.size(recipe, [], backend='cpu').recipe
+  multi30k = recipes.load('multi30k')
+  assert (sized.model, sized.train, sized.optim) == (multi30k.model, multi30k.train,
+                                                     multi30k.optim)
+
+
+def test_long_sentences_raise_max_len_and_the_rows():
+  chosen, reasons = auto.choose(_corpus(50_000, mean=30.0, longest=131), 'cpu')
+  assert (chosen['model'].max_len, chosen['train']['row_len']) == (136, 160)
+  assert reasons[3].startswith('lengths      max_len 136, rows of 160: 99.9% of the sentences '
+                               'have at most 131 pieces')

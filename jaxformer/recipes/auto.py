@@ -106,7 +106,9 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
   model, reasons = _model(corpus, backend) if parent is None else (parent, [
       f'model        the parent\'s (N={parent.num_layers}, d_model {parent.d_model}, '
       f'{parent.vocab_size:,} pieces, dropout {parent.dropout_rate}): fine-tuning keeps it'])
-  max_len = min(256, max(16, _round_up(corpus.long_pieces, 8))) if parent is None else \
+  # Rows of 64 tokens are the shortest the recipes pack (a row's attention costs the same
+  # whatever max_len is below it), so max_len is at least that.
+  max_len = min(256, max(64, _round_up(corpus.long_pieces, 8))) if parent is None else \
       parent.max_len
   row_len = max(64, _round_up(max_len, 32))
   whose = " (max_len the parent's)" if parent else ''
