@@ -380,8 +380,8 @@ WMT14_DIRECTIONS = (('en', 'de'), ('de', 'en'), ('en', 'fr'), ('fr', 'en'))
 class DataConfig:
   """Where the training and validation pairs come from (data.pipeline.sources reads them)."""
   source: str = 'text'                  # 'wmt14' (tfds), 'text' (files) or 'embedded' (generated)
-  source_language: str = 'en'           # ISO 639 codes; wmt14: en->de, de->en, en->fr, fr->en
-  target_language: str = 'de'           # (also: validation BLEU's tokenizer, e.g. zh)
+  source_language: str = 'en'           # the pair, as ISO 639 codes; wmt14 reads en->de,
+  target_language: str = 'de'           # de->en, en->fr or fr->en
   tfds_data_dir: str | None = None      # wmt14: tfds data folder (None: $TFDS_DATA_DIR)
   download: bool = False                # wmt14: let tfds download and prepare it (hours, online)
   train_src: str | None = None          # text: line-aligned training files

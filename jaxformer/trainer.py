@@ -207,14 +207,12 @@ def init_or_restore(config: TransformerConfig, train_cfg: TrainConfig,
   computed = train_cfg.computed(config)
   state = create_train_state(computed, init_rng, optim=optim) if init_params is None else \
       train_state_from_params(computed, init_params, optim=optim)
-  saved_optim: list[OptimConfig] = []
 
   def train_template(meta: dict[str, Any]) -> dict[str, Any]:
     """The train item shaped as the checkpoint's optimiser made it (its chain may differ)."""
-    saved_optim.append(checkpoint.meta_optim(meta))
-    template = state if saved_optim[-1] == optim else train_state_from_params(
-        computed, state.params, optim=saved_optim[-1])
-    return _train_item(template, rng)
+    saved = checkpoint.meta_optim(meta)
+    return _train_item(state if saved == optim else train_state_from_params(
+        computed, state.params, optim=saved), rng)
   found = checkpoint.restore_latest(
       manager, params=state.params, train=train_template, with_data=True,
       check=functools.partial(checkpoint.check_compatible, config=config,
@@ -224,7 +222,7 @@ def init_or_restore(config: TransformerConfig, train_cfg: TrainConfig,
   step, restored = found
   train_item = restored['train']
   opt_state = train_item['opt_state']
-  if changes := optim.changes(saved_optim[-1]):
+  if changes := optim.changes(checkpoint.meta_optim(restored['meta'])):
     log.info('optimiser settings changed since the checkpoint: %s.', '; '.join(changes))
     opt_state = optim_lib.carry_state(opt_state, state.opt_state)
   state = state.replace(params=restored['params'], opt_state=opt_state, step=train_item['step'])

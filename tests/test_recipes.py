@@ -109,7 +109,14 @@ def test_only_the_paper_recipes_require_an_accelerator(config, variant):
     ('def get_config():\n  return {"model": {"d_model": 64}, "train": {}, "data": {}}\n',
      r"\['model'\] must be a TransformerConfig \(e\.g\. jaxformer\.config\.base\(\)\), got dict"),
     ('from jaxformer import config\ndef get_config():\n  return {"model": config.tiny(), '
-     '"train": [], "data": {}}\n', r"\['train'\] must be a dict of settings, got list")])
+     '"train": [], "data": {}}\n', r"\['train'\] must be a dict of settings, got list"),
+    ('from jaxformer import config\ndef get_config():\n  return {"model": '
+     'config.TransformerConfig(warmup_steps=400), "train": {}, "data": {}}\n',
+     r"unexpected keyword argument 'warmup_steps'\)\. \(warmup_steps is an optimisation setting "
+     r"now: return it in get_config\(\)\['optim'\]\)$"),
+    ('from jaxformer import config\ndef get_config():\n  return {"model": config.tiny(), '
+     '"train": {}, "data": {}, "optim": {"warmup": 4}}\n',
+     r'unknown setting optim\.warmup; valid optim settings: warmup_steps, ')])
 def test_train_reports_a_bad_config_file_in_one_line(tmp_path, capsys, config_text, message):
   (tmp_path / 'bad.py').write_text(config_text)
   assert cli.main(['train', '--config', str(tmp_path / 'bad.py'), '--workdir',

@@ -54,8 +54,11 @@ def load(name_or_path: str, variant: str | None = None) -> Recipe:
     except FileNotFoundError:
       raise SettingError(f'{name_or_path}: no such config file.') from None
     except Exception as e:  # pylint: disable=broad-except  (any error in the user's file)
+      moved = [f.name for f in dataclasses.fields(OptimConfig) if f"'{f.name}'" in str(e)]
+      hint = (f" ({moved[0]} is an optimisation setting now: return it in "
+              f"get_config()['optim'])" if moved else '')
       raise SettingError(f'{name_or_path}: cannot load the config ({type(e).__name__}: {e}).'
-                      ) from None
+                         f'{hint}') from None
   else:
     raise SettingError(f'unknown config {name_or_path!r}: give one of {", ".join(NAMES)} or a .py '
                     'file whose get_config() returns a recipe.')
