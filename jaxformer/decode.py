@@ -114,8 +114,9 @@ def _gather(x: Array, indices: Array) -> Array:
 def take_rows(x: Array, rows: Array) -> Array:
   """x's rows in the order `rows` [N] (in bounds): one gather along the leading axis (XLA:CPU
   lowers take_along_axis on [B, K, ...] to a slow select; mode='clip' spares the default
-  mode's select as well)."""
-  return jnp.take(x, rows, axis=0, mode='clip', indices_are_sorted=True)
+  mode's select as well). `rows` may be in any order: beam search passes each sentence's
+  parents in score order, so the gather makes no sortedness promise XLA could rely on."""
+  return jnp.take(x, rows, axis=0, mode='clip')
 
 
 def reorder_rows(cache: Cache, parents: Array) -> Cache:

@@ -232,3 +232,20 @@ def test_continuations_are_the_best_of_all_beams_candidates(vocab):
   np.testing.assert_array_equal(token, best % vocab)
   np.testing.assert_allclose(log_probs, np.take_along_axis(every, best, axis=1), rtol=1e-6)
   assert not np.any(np.asarray(token)[np.asarray(log_probs) > decode.NEG_INF / 2] == 0)
+
+
+def test_take_rows_promises_nothing_about_the_rows_order():
+  """Beam search reorders by parents in score order, not sorted: the gather must not tell XLA
+  that its indices are sorted (a promise XLA may act on; CPU results would not show it)."""
+  rows = jnp.array([2, 0, 1])
+  x = jnp.arange(12.0).reshape(3, 4)
+  np.testing.assert_array_equal(decode.take_rows(x, rows), np.asarray(x)[[2, 0, 1]])
+
+  def gathers(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == 'gather':
+        yield eqn
+      for inner in (eqn.params.get('jaxpr'),):  # jnp.take is a jit of its own
+        yield from gathers(getattr(inner, 'jaxpr', inner)) if inner is not None else ()
+  found = list(gathers(jax.make_jaxpr(decode.take_rows)(x, rows).jaxpr))
+  assert len(found) == 1 and found[0].params['indices_are_sorted'] is False
