@@ -167,15 +167,15 @@ def _corpus(pairs, mean=14.0, longest=42, largest=None):
 
 
 @pytest.mark.parametrize('pairs,vocab,dropout,steps,warmup,every', [
-    (2_000, 2000, 0.3, 450, 400, 30), (4_000, 3000, 0.3, 650, 400, 40),
-    (10_000, 4500, 0.2, 1050, 400, 60), (29_000, 8000, 0.2, 1750, 400, 100),
-    (200_000, 21_000, 0.2, 4600, 1020, 260)])
+    (2_000, 2000, 0.3, 350, 400, 20), (4_000, 3000, 0.3, 550, 400, 40),
+    (10_000, 4500, 0.2, 950, 400, 60), (29_000, 8000, 0.2, 1750, 400, 100),
+    (200_000, 21_000, 0.2, 5600, 1240, 320)])
 def test_the_rule_for_a_corpus_size_on_cpu(pairs, vocab, dropout, steps, warmup, every):
   """Expected values worked out by hand from the rules (docs/own-data.md) for sentences of 14
-  pieces (15 target tokens with EOS): e.g. 4k pairs: 33 * sqrt(29/4) = 88.9 epochs of 60,000
-  tokens = 650.8 steps of 8192, to the nearest 50: 650; warmup 22% = 143, but at least 400; a
-  checkpoint every 650 / 18 = 36.1, up to 40 steps; vocabulary 8000 * sqrt(4/29) = 2971: 3000.
-  At 200k pairs: 4600 steps, warmup 22% = 1012, up to 1020."""
+  pieces (15 target tokens with EOS): e.g. 4k pairs: 33 * (29/4)^0.4 = 72.9 epochs of 60,000
+  tokens = 533.8 steps of 8192, to the nearest 50: 550; warmup 22% = 121, but at least 400; a
+  checkpoint every 550 / 18 = 30.6, up to 40 steps; vocabulary 8000 * sqrt(4/29) = 2971: 3000.
+  At 200k pairs: 15.2 epochs, 5582 steps: 5600, warmup 22% = 1232, up to 1240."""
   chosen, reasons = auto.choose(_corpus(pairs), 'cpu')
   model, train = chosen['model'], chosen['train']
   assert (model.vocab_size, model.dropout_rate, train['num_steps'],
@@ -234,7 +234,7 @@ def test_a_fine_tuning_run_keeps_its_parents_model_at_a_lower_learning_rate():
   chosen, reasons = auto.choose(_corpus(2_000, mean=24.0, longest=70), 'cpu', parent)
   assert chosen['model'] == parent  # max_len too: the parent's 64, though 70 would cover more
   assert chosen['optim'] == {'lr_scale': auto.FINE_TUNE_LR_SCALE, 'warmup_steps': 400}
-  assert chosen['train']['row_len'] == 64 and chosen['train']['num_steps'] == 750  # 767
+  assert chosen['train']['row_len'] == 64 and chosen['train']['num_steps'] == 600  # 587
   assert reasons[0].startswith("model        the parent's (N=4, d_model 128, 8,000 pieces")
   assert not any(r.startswith('vocabulary') for r in reasons)
   assert auto.choose(_corpus(4_500_000), 'cpu', parent)[0]['model'] == parent  # never base
