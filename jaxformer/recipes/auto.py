@@ -111,11 +111,13 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
       f'model        the parent\'s (N={parent.num_layers}, d_model {parent.d_model}, '
       f'{parent.vocab_size:,} pieces, dropout {parent.dropout_rate}): fine-tuning keeps it'])
   # Rows of 64 tokens are the shortest the recipes pack (a row's attention costs the same
-  # whatever max_len is below it), so max_len is at least that.
-  max_len = min(256, max(64, _round_up(corpus.long_pieces, 8))) if parent is None else \
-      parent.max_len
+  # whatever max_len is below it), so max_len is at least that. A fine-tuning run may change it
+  # unless its parent learned a table of max_len positions.
+  max_len = min(256, max(64, _round_up(corpus.long_pieces, 8)))
+  pinned = parent is not None and parent.learned_positions
+  max_len = parent.max_len if pinned else max_len
   row_len = max(64, _round_up(max_len, 32))
-  whose = " (max_len the parent's)" if parent else ''
+  whose = " (max_len the parent's learned positions')" if pinned else ''
   reasons.append(f'lengths      max_len {max_len}, rows of {row_len}: 99.9% of the sentences '
                  f'have at most {corpus.long_pieces} pieces with EOS{whose}; longer pairs are '
                  'dropped and counted')
