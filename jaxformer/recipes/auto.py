@@ -2,14 +2,14 @@
 vocabulary, the model, dropout, the lengths, the schedule and the checkpoints from the corpus
 it is given and the backend, and says why in one block before training.
 
-The rules are anchored on two measured points and calibrated between them on subsets of
-Multi30k (docs/own-data.md, "How the automatic recipe chooses"; the runs are in
-docs/BENCHMARKS.md):
-- at Multi30k's size (29k pairs) they give the `multi30k` recipe (on a GPU, `multi30k_gpu`'s
-  wider model), whose every choice was ablated on Multi30k's validation set;
-- from PAPER_PAIRS pairs on (WMT14 EN-DE has 4.5M) they give the paper's base recipe.
-Below 29k pairs the vocabulary shrinks and dropout and the number of epochs grow, as the
-low-resource literature found (Araabi & Monz, COLING 2020) and the calibration runs confirmed.
+The rules are anchored on two measured points and calibrated below the first on subsets of
+Multi30k (docs/own-data.md, "What the automatic recipe chooses"; the runs are in
+docs/BENCHMARKS.md). At Multi30k's size (29k pairs) they give the `multi30k` recipe (on a GPU,
+`multi30k_gpu`'s wider model), whose every choice was ablated on Multi30k's validation set;
+from PAPER_PAIRS pairs on (WMT14 EN-DE has 4.5M) they give the paper's base recipe. Below 29k
+pairs the vocabulary shrinks and dropout and the number of epochs grow, as the low-resource
+literature found (Araabi & Monz, COLING 2020); runs on 4,000 pairs set the warmup's floor
+and the growth of the epochs.
 """
 
 import dataclasses
