@@ -10,7 +10,7 @@ import sys
 import jax.numpy as jnp
 import pytest
 
-from jaxformer import cli, config, recipes
+from jaxformer import cli, config, data, recipes
 from jaxformer import config as config_lib
 from jaxformer import model as model_lib
 from jaxformer.recipes import auto, table3
@@ -227,6 +227,9 @@ def test_size_measures_the_files_and_lets_settings_win(tmp_path, shared_data):
   assert recorded['train']['num_steps'] == 7 and recorded['reasons'] == list(sizing.reasons)
   with pytest.raises(config_lib.SettingError, match='give --train-src and --train-tgt'):
     auto.size(recipes.AUTO, [], backend='cpu')
+  (tmp_path / 'file').write_text('')
+  with pytest.raises(data.DataError, match=r'/file/recipe\.json: cannot record the recipe \('):
+    auto.record(tmp_path / 'file', sizing)  # a file where the workdir belongs
 
 
 def test_a_fine_tuning_run_keeps_its_parents_model_at_a_lower_learning_rate():

@@ -202,11 +202,14 @@ def record(workdir: str | pathlib.Path, sizing: Sizing) -> pathlib.Path:
   which record the model and optimiser settings as for any recipe)."""
   recipe = sizing.recipe
   path = pathlib.Path(workdir) / 'recipe.json'
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps({
-      'recipe': 'auto', 'reasons': list(sizing.reasons),
-      'model': config_lib.config_to_dict(recipe.model),
-      'train': dataclasses.asdict(recipe.train), 'optim': dataclasses.asdict(recipe.optim),
-      'data': dataclasses.asdict(recipe.data)}, indent=1) + '\n')
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        'recipe': 'auto', 'reasons': list(sizing.reasons),
+        'model': config_lib.config_to_dict(recipe.model),
+        'train': dataclasses.asdict(recipe.train), 'optim': dataclasses.asdict(recipe.optim),
+        'data': dataclasses.asdict(recipe.data)}, indent=1) + '\n')
+  except OSError as e:
+    raise sources.DataError(f'{path}: cannot record the recipe ({e.strerror}).') from None
   return path
 
