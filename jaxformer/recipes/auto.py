@@ -29,8 +29,8 @@ PAPER_PAIRS = 1_000_000  # from here on: the paper's base recipe (Table 3 "base"
 REFERENCE_PAIRS = 29_000  # Multi30k's training set: the multi30k recipe's point
 SMALL_PAIRS = 10_000      # below this, dropout 0.3 (docs/own-data.md has the runs)
 PROBE_SENTENCES = 20_000  # sentences the lengths are measured on (all of a small corpus)
-# The multi30k (CPU) and multi30k_gpu recipes' warmups: the paper's lrate peaks at 4.4e-3 and
-# 2.2e-3 for their models, the highest measured stable.
+# The multi30k (CPU) and multi30k_gpu recipes' warmups: the highest peaks of the paper's lrate
+# measured stable for their models.
 MIN_WARMUP = {'cpu': 400, 'gpu': 800}
 FINE_TUNE_LR_SCALE = 0.25  # of the paper's learning rate, for --init-from (docs/finetuning.md)
 
@@ -63,8 +63,8 @@ def rule_vocab_size(pairs: int) -> int:
 
 def rule_epochs(pairs: int) -> float:
   """Passes over the data: the multi30k recipe's 33 at 29k pairs, more for fewer pairs (as
-  the ratio to the power 0.4), fewer for more. On 4,000 pairs the validation loss was lowest
-  after 72-80 epochs and rose after (the power 0.5 trained 87)."""
+  the ratio to the power 0.4), fewer for more: where the validation loss of a small corpus
+  stopped falling (docs/BENCHMARKS.md, "Your own data")."""
   return 33.0 * (REFERENCE_PAIRS / pairs) ** 0.4
 
 
@@ -126,9 +126,8 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
   epoch_tokens = pairs * (corpus.mean_pieces + 1)  # target tokens per pass, EOS included
   epochs = rule_epochs(pairs) * (2 if gpu and parent is None else 1)
   steps = max(300, 50 * round(epochs * epoch_tokens / tokens_per_batch / 50))
-  # 22% of the steps, but never a higher peak learning rate than the anchor recipe's: with
-  # warmup 170 (peak 6.8e-3) the small model diverged at step 175 on 4,000 pairs and never
-  # recovered (docs/own-data.md).
+  # 22% of the steps, but never a higher peak learning rate than the anchor recipe's: a shorter
+  # warmup made the small model diverge on a small corpus (docs/BENCHMARKS.md).
   warmup = max(MIN_WARMUP['gpu' if gpu and parent is None else 'cpu'], _round_up(0.22 * steps, 10))
   every = max(10, _round_up(steps / 18, 10))
   reasons.append(f'schedule     {steps:,} steps of {tokens_per_batch:,} tokens, about '
