@@ -97,10 +97,12 @@ def main(argv: list[str] | None = None) -> int:
                       help="generated training pairs (default: the config's)")
   parser.add_argument('--test-pairs', '--test_pairs', dest='test_pairs', type=cli.positive_int,
                       help="generated test pairs (default: the config's)")
+  cli.add_compilation_cache_flag(parser)
   args = parser.parse_args(argv)
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s',
                       force=True)
   logging.getLogger('absl').setLevel(logging.WARNING)
+  cli.use_compilation_cache(args)
   try:
     with monitor.Interrupts():
       run(pathlib.Path(args.workdir), num_steps=args.num_steps, train_pairs=args.train_pairs,

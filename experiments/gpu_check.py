@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer import checkpoint, config, parallel, train, translation
+from jaxformer import checkpoint, cli, config, parallel, train, translation
 from jaxformer.model import Transformer
 
 CFG = config.TransformerConfig(vocab_size=64, num_layers=2, d_model=64, d_ff=256, num_heads=4,
@@ -255,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--steps', type=int, default=300, help='training steps (default: 300)')
   parser.add_argument('--fused-steps', type=int, default=50,
                       help='steps of each fused-attention training run (default: 50)')
+  cli.add_compilation_cache_flag(parser)
   args = parser.parse_args(argv)
+  cli.use_compilation_cache(args)
   line = parallel.devices_line()
   print(line, flush=True)
   on_gpu = jax.default_backend() == 'gpu'

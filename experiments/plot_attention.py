@@ -10,7 +10,7 @@ import logging
 import pathlib
 import sys
 
-from jaxformer import checkpoint, data, plots
+from jaxformer import checkpoint, cli, data, plots
 from jaxformer.translation import Translator
 
 
@@ -22,8 +22,10 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--sentence', required=True, help='a source sentence')
   parser.add_argument('--translation', help='score this translation instead of the model\'s')
   parser.add_argument('--out', required=True, help='folder for the PNG files')
+  cli.add_compilation_cache_flag(parser)
   args = parser.parse_args(argv)
   logging.getLogger('absl').setLevel(logging.WARNING)
+  cli.use_compilation_cache(args)
   try:
     translator = Translator.from_checkpoint(args.workdir, average_last=args.average_last)
   except (checkpoint.CheckpointError, data.DataError) as e:

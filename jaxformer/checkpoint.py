@@ -13,22 +13,23 @@ item) when the run keeps its best checkpoints. An averaged checkpoint (`average-
 or `average-best<N>/<step>/`) holds params and meta, and loads like any other.
 """
 
+from __future__ import annotations  # orbax's types in signatures, unevaluated: see _lazy
+
 import base64
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
+import importlib.util
 import logging
-import os
 import pathlib
 import shutil
-import socket
+import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from jaxformer import files
 from jaxformer.config import (BEST_METRICS, OptimConfig, SettingError, TransformerConfig,
@@ -37,6 +38,22 @@ from jaxformer.errors import JaxformerError
 
 log = logging.getLogger(__name__)
 PyTree = Any
+
+
+def _lazy(name: str) -> types.ModuleType:
+  """Module `name`, executed at its first attribute access (importlib's LazyLoader): orbax and
+  tensorstore take a noticeable part of a command's start, and translating an exported model,
+  which `jaxformer translate` imports this module for, needs neither."""
+  if name in sys.modules:
+    return sys.modules[name]
+  spec = importlib.util.find_spec(name)
+  spec.loader = importlib.util.LazyLoader(spec.loader)
+  module = sys.modules[name] = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+ocp = _lazy('orbax.checkpoint')
 
 
 class CheckpointError(JaxformerError, ValueError):
@@ -147,10 +164,13 @@ def make_manager(directory: str | pathlib.Path, *, max_to_keep: int | None = Non
 def open_checkpoints(path: str | pathlib.Path) -> ocp.CheckpointManager:
   """A read-only manager of the params and meta under `path`: a training workdir, its
   checkpoints folder, or an averaged checkpoint folder."""
-  directory = checkpoint_dir(path)
-  if not directory.is_dir():
-    raise CheckpointError(f'{path}: no such checkpoint folder.')
-  return make_manager(directory, items=('params', 'meta'), read_only=True)
+  found = files.describe(path)
+  if found not in (files.WORKDIR, files.CHECKPOINTS):
+    raise CheckpointError(files.misplaced(path, found, 'a training workdir or a checkpoint '
+                                          'folder'))
+  if found == files.WORKDIR and not (pathlib.Path(path) / 'checkpoints').is_dir():
+    raise CheckpointError(f'{path}: a training workdir with no checkpoint yet.')
+  return make_manager(checkpoint_dir(path), items=('params', 'meta'), read_only=True)
 
 
 def save(manager: ocp.CheckpointManager, step: int, *, params: PyTree, meta: dict[str, Any],
@@ -341,31 +361,6 @@ def average_checkpoints(workdir: str | pathlib.Path, last_n: int) -> PyTree:
   return mean_params(workdir, last_steps(workdir, last_n))
 
 
-@contextlib.contextmanager
-def locked(folder: str | pathlib.Path, what: str) -> Iterator[None]:
-  """Holds `folder`'s lock for `what` ('a training run', 'averaging') while the block runs; a
-  second holder gets a CheckpointError naming the process that holds it. The lock is flock's on
-  folder/.<what>.lock: the kernel releases it when its holder exits, even on kill -9, so a lock
-  left by a killed run never blocks."""
-  path = pathlib.Path(folder) / f'.{what.split()[-1]}.lock'
-  with open(path, 'a+', encoding='utf-8') as f:
-    try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      f.seek(0)
-      holder = f.read().strip() or 'another process'
-      raise CheckpointError(f'{folder} is in use: {what} by {holder} holds it. Wait for that to '
-                            'end, or use another folder.') from None
-    f.seek(0)
-    f.truncate()
-    f.write(f'pid {os.getpid()} on {socket.gethostname()}\n')
-    f.flush()
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def save_average(workdir: str | pathlib.Path, last_n: int | None = None, *,
                  best: int | None = None, metric: str = 'loss') -> pathlib.Path:
   """Averages the last `last_n` checkpoints into `<workdir>/average-last<N>/<last step>/`, or
@@ -375,7 +370,7 @@ def save_average(workdir: str | pathlib.Path, last_n: int | None = None, *,
   meta = newest_meta(workdir)[1]
   out = pathlib.Path(workdir) / (f'average-best{best}' if best else f'average-last{last_n}')
   first = jax.process_index() == 0  # every process of a run saves; the first holds the lock
-  with locked(workdir, 'averaging') if first else contextlib.nullcontext():
+  with files.locked(workdir, 'averaging', 'averaging') if first else contextlib.nullcontext():
     target = make_manager(out, items=('params', 'meta'))
     if steps[-1] in target.all_steps():
       target.delete(steps[-1])

@@ -6,11 +6,12 @@ be changed with `--set SECTION.NAME=VALUE` (SECTION: model, train, data, optim).
 """
 
 import argparse
+import codecs
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
+import math
 import os
 import pathlib
 import sys
@@ -21,7 +22,8 @@ from typing import Any
 
 import jax
 
-from jaxformer import checkpoint, data, export, monitor, parallel, recipes, scoring, trainer
+from jaxformer import (checkpoint, compilation, data, export, monitor, parallel, recipes, scoring,
+                       trainer)
 from jaxformer import config as config_lib
 from jaxformer.config import DataConfig, OptimConfig, SettingError, TrainConfig
 from jaxformer.errors import JaxformerError
@@ -54,14 +56,14 @@ def positive_int(text: str) -> int:
 
 
 def non_negative(kind: type) -> Callable[[str], Any]:
-  """An argparse type: a number of `kind` >= 0."""
+  """An argparse type: a finite number of `kind` >= 0 (nan and inf are refused)."""
   def parse(text: str) -> Any:
     try:
       value = kind(text)
     except ValueError:
       value = -1
-    if value < 0:
-      raise argparse.ArgumentTypeError(f'must be a number >= 0, got {text!r}')
+    if not math.isfinite(value) or value < 0:
+      raise argparse.ArgumentTypeError(f'must be a finite number >= 0, got {text!r}')
     return value
   return parse
 
@@ -88,17 +90,30 @@ def _fail(error: Exception | str) -> int:
   return 1
 
 
-def _one_line_errors(command: Callable[[argparse.Namespace], int]
-                     ) -> Callable[[argparse.Namespace], int]:
-  """A command whose JaxformerErrors (bad data, settings or checkpoints, a run that cannot go
-  on) are printed as one line, exit status 1."""
-  @functools.wraps(command)
-  def run(args: argparse.Namespace) -> int:
-    try:
-      return command(args)
-    except JaxformerError as e:
-      return _fail(e)
-  return run
+def compilation_cache_dir(environ: typing.Mapping[str, str]) -> pathlib.Path:
+  """Where the commands keep compiled programs: $JAXFORMER_CACHE_DIR, else
+  $XDG_CACHE_HOME/jaxformer, else ~/.cache/jaxformer (the XDG default), in its folder 'xla'."""
+  root = environ.get('JAXFORMER_CACHE_DIR') or pathlib.Path(
+      environ.get('XDG_CACHE_HOME') or pathlib.Path.home() / '.cache') / 'jaxformer'
+  return pathlib.Path(root) / 'xla'
+
+
+def add_compilation_cache_flag(parser: argparse.ArgumentParser) -> None:
+  """--no-compilation-cache, read by use_compilation_cache (every command and script has it)."""
+  _flag(parser, 'no_compilation_cache', action='store_true',
+        help='compile everything afresh, keeping nothing (default: compiled programs are kept '
+        'in $JAXFORMER_CACHE_DIR/xla, by default ~/.cache/jaxformer/xla, and the next command '
+        'loads them)')
+
+
+def use_compilation_cache(args: argparse.Namespace) -> None:
+  """The commands' compilation cache (compilation.enable_cache) in compilation_cache_dir, unless
+  --no-compilation-cache, or jax's own JAX_COMPILATION_CACHE_DIR names a folder (then left as
+  jax set it up)."""
+  if args.no_compilation_cache:
+    jax.config.update('jax_enable_compilation_cache', False)
+  elif not jax.config.jax_compilation_cache_dir:
+    compilation.enable_cache(compilation_cache_dir(os.environ))
 
 
 def _setup_logging() -> None:
@@ -218,7 +233,6 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
   return recipes.override(dataclasses.replace(recipe, model=parent[0]), model_sets)
 
 
-@_one_line_errors
 def _train(args: argparse.Namespace) -> int:
   _setup_logging()
   if args.distributed or args.coordinator_address:
@@ -228,6 +242,7 @@ def _train(args: argparse.Namespace) -> int:
       raise SettingError(f'--distributed: cannot join a cluster ({str(e).splitlines()[0]}); '
                          'give --coordinator-address, --num-processes and --process-id, or run '
                          'under a launcher jax detects (SLURM, Cloud TPU, ...).') from None
+  data.pipeline.check_workdir(args.workdir)  # before the recipe's work, which may be minutes
   summary = trainer.train_recipe(recipe_of(args), args.workdir)
   print(json.dumps(summary, indent=2))
   if summary.get('signal') == 'SIGINT':  # saved; SIGTERM (a preemption) ends with 0
@@ -282,7 +297,6 @@ def _test_set(args: argparse.Namespace) -> tuple[data.ParallelText, str]:
   return text, f'newstest2014-{args.source_language}{args.target_language}'
 
 
-@_one_line_errors
 def _eval(args: argparse.Namespace) -> int:
   logging.getLogger('absl').setLevel(logging.WARNING)
   scoring.check_language(args.target_language)  # before the model is loaded and run
@@ -321,6 +335,7 @@ def _chunks(stream, name: str, size: int) -> Iterable[list[str]]:
   chunk = []
   try:
     for number, raw in enumerate(stream, 1):
+      raw = raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw  # as files' (read_lines)
       chunk.append(data.decode_line(raw, f'{name}:{number}'))
       if len(chunk) == size:
         yield chunk
@@ -343,7 +358,6 @@ def _write(model, chunk: list[str], first: int, nbest: int | None, out) -> None:
   out.flush()
 
 
-@_one_line_errors
 def _translate(args: argparse.Namespace) -> int:
   if args.nbest and args.nbest > args.beam:
     return _fail(f'--nbest {args.nbest} needs --beam >= {args.nbest}.')
@@ -373,21 +387,20 @@ def _translate(args: argparse.Namespace) -> int:
 # --- export, average, params ----------------------------------------------------------------------
 
 
-@_one_line_errors
 def _export(args: argparse.Namespace) -> int:
   if (args.model is None) == (args.path is None):
     return _fail('give the model to export once: jaxformer export --model PATH OUT.')
   path = args.model or args.path
+  export.check_destination(args.out, args.format, args.overwrite)  # before the loading
   params, config, spm_model, step = export.load_model(path, args.average_last)
   if args.format == 'ctranslate2':
-    out = export.save_ctranslate2(args.out, params, config, spm_model)
+    out = export.save_ctranslate2(args.out, params, config, spm_model, overwrite=args.overwrite)
   else:
-    out = export.save(args.out, params, config, spm_model, step=step)
+    out = export.save(args.out, params, config, spm_model, step=step, overwrite=args.overwrite)
   print(f'exported step {step} of {path} to {out} ({args.format})')
   return 0
 
 
-@_one_line_errors
 def _average(args: argparse.Namespace) -> int:
   if args.best:
     out = checkpoint.save_average(args.workdir, best=args.best, metric=args.metric)
@@ -451,6 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = commands.add_parser(name, help=help_text, description=description,
                               formatter_class=_Formatter)
     sub.set_defaults(run=run)
+    add_compilation_cache_flag(sub)
     return sub
 
   _add_train_flags(command(
@@ -491,6 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
   export.add_argument('--format', choices=('jaxformer', 'ctranslate2'), default='jaxformer',
                       help='jaxformer: config.json + spm.model + safetensors; ctranslate2: a '
                       'CTranslate2 model directory')
+  export.add_argument('--overwrite', action='store_true',
+                      help='replace an export of the same format already in OUT (otherwise OUT '
+                      'must be new or empty)')
   _add_model_flags(export, beam=False)
 
   average = command('average', _average, 'average the last N checkpoints of a workdir, or the N '
@@ -518,8 +535,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.print_help()
     return 0
   try:
+    use_compilation_cache(args)
     with monitor.Interrupts():
       return args.run(args)
+  except JaxformerError as e:  # bad input, settings, data or checkpoints: every command's one line
+    return _fail(e)
   except KeyboardInterrupt:  # before the training loop's own SIGINT handler, or while decoding
     print('\ninterrupted', file=sys.stderr)  # on its own line: a progress bar may be cut short
     return 130

@@ -71,6 +71,20 @@ def check_fields(settings: Any, section: str, ranges: dict[str, Range]) -> None:
                        f'{value!r}.')
 
 
+DECODING_RANGES = {'beam_size': AT_LEAST_1, 'alpha': AT_LEAST_0, 'extra_length': AT_LEAST_0,
+                   'batch_size': AT_LEAST_1, 'workers': AT_LEAST_1}
+
+
+def check_decoding(**settings: Any) -> None:
+  """SettingError for a search setting of the Translator (DECODING_RANGES; None: the default)
+  that is not a finite number in its range: a nan alpha would score every beam nan."""
+  for name, value in settings.items():
+    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                              or not math.isfinite(value) or value not in DECODING_RANGES[name]):
+      raise SettingError(f'{name} must be a finite number {DECODING_RANGES[name]}, got '
+                         f'{value!r}.')
+
+
 def _is_a(value: Any, kind: type) -> bool:
   """isinstance, but a bool is no number and an int is a float, as in the type hints' intent."""
   if kind in (int, float) and isinstance(value, bool):
@@ -166,6 +180,10 @@ class TransformerConfig:
     if self.d_model % self.num_heads and (self.qk_dim is None or self.v_dim is None):
       raise SettingError(f'd_model={self.d_model} is not divisible by num_heads='
                        f'{self.num_heads}: set qk_dim and v_dim.')
+    if self.d_model % 2 and not self.learned_positions:
+      raise SettingError(f'model.d_model={self.d_model} is odd, and the sinusoidal positions '
+                         '(§3.5) pair a sine with a cosine per frequency: use an even d_model, '
+                         'or set model.learned_positions=true.')
     if self.execution.attention == 'fused' and self.key_dim != self.value_dim:
       raise SettingError(f'fused attention needs d_k == d_v, got {self.key_dim} and '
                        f"{self.value_dim}: use attention='einsum'.")

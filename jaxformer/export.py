@@ -30,22 +30,24 @@ from flax import traverse_util
 import jaxformer
 from jaxformer import checkpoint, files
 from jaxformer.config import SettingError, TransformerConfig, config_from_dict, config_to_dict
-from jaxformer.data.tokenizer import Tokenizer, respect_umask
+from jaxformer.data.tokenizer import Tokenizer
 from jaxformer.model import Transformer, sinusoidal_positions
 
 FILES = ('config.json', 'spm.model', 'params.safetensors')
+MODEL = 'a model (a training workdir, a checkpoint folder or an exported model)'
 
 
 def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_model: bytes, *,
-         step: int) -> pathlib.Path:
-  """Writes the three files into `out` (created if needed) and returns it; one writer at a
-  time (a second export into `out` meanwhile is a CheckpointError naming the first)."""
-  out = _folder(out)
+         step: int, overwrite: bool = False) -> pathlib.Path:
+  """Writes the three files into `out` (a new or empty folder, or with `overwrite` an export
+  to replace) and returns it; one writer at a time (a second export into `out` meanwhile is a
+  CheckpointError naming the first)."""
+  out = _folder(out, 'jaxformer', overwrite)
   tensors = {key: np.ascontiguousarray(value) for key, value in
              traverse_util.flatten_dict(params, sep='/').items()}
   with _written_whole(out, params, spm_model) as tmp:
     safetensors.numpy.save_file(tensors, tmp / 'params.safetensors')
-    respect_umask(tmp / 'params.safetensors')
+    files.respect_umask(tmp / 'params.safetensors')
     (tmp / 'spm.model').write_bytes(spm_model)
     (tmp / 'config.json').write_text(json.dumps(
         {'format': 'jaxformer', 'version': jaxformer.__version__, 'step': step,
@@ -63,7 +65,7 @@ def _written_whole(out: pathlib.Path, params: Any, spm_model: bytes) -> Iterator
   the temporary folder goes, `out` keeps what it had, and an `out` left empty is removed."""
   size = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(params)) + len(spm_model)
   tmp = out.parent / f'.{out.name}.partial'  # the lock makes it this writer's own
-  with checkpoint.locked(out.parent, f'writing {out.name}'):
+  with files.locked(out.parent, out.name, f'writing {out.name}'):
     try:
       files.check_space(out, size, 'the export')
       tmp.mkdir(exist_ok=True)
@@ -85,6 +87,8 @@ def load(path: str | pathlib.Path) -> tuple[Any, TransformerConfig, bytes, int]:
   """(params, config, sentencepiece model bytes, step) of an exported folder; CheckpointError
   naming the problem for a folder that is not one, or a damaged file."""
   path = pathlib.Path(path)
+  if (found := files.describe(path)) not in (files.EXPORT, files.EMPTY, 'a folder'):
+    raise checkpoint.CheckpointError(files.misplaced(path, found, 'an exported model'))
   if missing := [name for name in FILES if not (path / name).is_file()]:
     raise checkpoint.CheckpointError(
         f'{path}: not an exported model (missing {", ".join(missing)}); `jaxformer export '
@@ -109,18 +113,24 @@ def load_model(path: str | pathlib.Path, average_last: int | None = None
   newest checkpoint, or with average_last=N the mean of its last N), a checkpoint folder (e.g.
   WORKDIR/average-last5) or an exported folder (one with a config.json; `load` says what it
   lacks, if anything)."""
-  if (pathlib.Path(path) / 'config.json').is_file():
+  found = files.describe(path)
+  if found == files.EXPORT:
     if average_last:
       raise SettingError(f'--average-last averages the checkpoints of a training workdir; {path} '
                          'is an exported folder (one set of params).')
     return load(path)
+  if found not in (files.WORKDIR, files.CHECKPOINTS):
+    raise checkpoint.CheckpointError(files.misplaced(path, found, MODEL))
   return checkpoint.load(path, average_last)
 
 
 def model_config(path: str | pathlib.Path) -> tuple[TransformerConfig, bytes]:
   """(config, sentencepiece model bytes) of any model load_model reads, without its arrays."""
   path = pathlib.Path(path)
-  if (path / 'config.json').is_file():
+  found = files.describe(path)
+  if found not in (files.EXPORT, files.WORKDIR, files.CHECKPOINTS):
+    raise checkpoint.CheckpointError(files.misplaced(path, found, MODEL))
+  if found == files.EXPORT:
     try:
       config = config_from_dict(json.loads((path / 'config.json').read_text())['model'])
       return config, (path / 'spm.model').read_bytes()
@@ -214,16 +224,17 @@ def _positions(stack: dict, config: TransformerConfig) -> np.ndarray:
 
 
 def save_ctranslate2(out: str | pathlib.Path, params: Any, config: TransformerConfig,
-                     spm_model: bytes) -> pathlib.Path:
-  """Writes a CTranslate2 model of these weights (float32) into `out`: post-LN (or pre-LN),
-  the shared embedding scaled by sqrt(d_model) and tied to the softmax, jaxformer's position
-  table, the checkpoint's vocabulary, decoder start = id 0 and EOS = id 1."""
+                     spm_model: bytes, *, overwrite: bool = False) -> pathlib.Path:
+  """Writes a CTranslate2 model of these weights (float32) into `out` (as `save` does: a new or
+  empty folder, or with `overwrite` a CTranslate2 model to replace): post-LN (or pre-LN), the
+  shared embedding scaled by sqrt(d_model) and tied to the softmax, jaxformer's position table,
+  the checkpoint's vocabulary, decoder start = id 0 and EOS = id 1."""
   if importlib.util.find_spec('ctranslate2') is None:
     raise checkpoint.CheckpointError("the CTranslate2 export needs ctranslate2: pip install "
                                      "'jaxformer[ctranslate2]'.")
   if reason := _ctranslate2_refusal(config):
     raise checkpoint.CheckpointError(f'CTranslate2 has no Transformer with {reason}.')
-  out = _folder(out)  # before the work: a folder that cannot be made fails at once
+  out = _folder(out, 'ctranslate2', overwrite)  # before the work: fails at once
   from ctranslate2.specs import transformer_spec  # pylint: disable=g-import-not-at-top
 
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
@@ -271,8 +282,27 @@ def save_ctranslate2(out: str | pathlib.Path, params: Any, config: TransformerCo
   return out
 
 
-def _folder(out: str | pathlib.Path) -> pathlib.Path:
-  """The export folder, created if needed; a one-line error if it cannot be."""
+FORMATS = {'jaxformer': files.EXPORT, 'ctranslate2': files.CTRANSLATE2}
+
+
+def check_destination(out: str | pathlib.Path, fmt: str, overwrite: bool) -> None:
+  """A one-line CheckpointError naming what `out` holds unless it is new, empty, or (with
+  `overwrite`) an export of the same format `fmt` (FORMATS). In a training workdir, every later
+  command would load the export instead of the newer checkpoints; over an export of the other
+  format, the folder would load as neither."""
+  found, kind = files.describe(out), FORMATS[fmt]
+  if found == kind and not overwrite:
+    raise checkpoint.CheckpointError(f'{out}: is {found} already: pass --overwrite to replace '
+                                     'it.')
+  if found not in (files.MISSING, files.EMPTY, kind):
+    raise checkpoint.CheckpointError(files.misplaced(out, found, 'a new or empty folder for '
+                                                     'the export'))
+
+
+def _folder(out: str | pathlib.Path, fmt: str, overwrite: bool) -> pathlib.Path:
+  """The export folder (check_destination), created if needed; a one-line error if it cannot
+  be."""
+  check_destination(out, fmt, overwrite)
   out = pathlib.Path(out)
   try:
     out.mkdir(parents=True, exist_ok=True)

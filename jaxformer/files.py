@@ -1,4 +1,8 @@
-"""A full disk, said in one line: what did not fit, on which filesystem, with how much free.
+"""What a path is, and a full disk, each said in one line.
+
+`describe` names what a path holds (a training workdir, a checkpoint folder, an export, a file,
+a FIFO, nothing) for every command that takes a model or a workdir, so that a wrong path is
+refused with what it is rather than with what it is not.
 
 Checkpoints and exports check the space they need before writing (`check_space`); a disk that
 fills while they write (another process, a quota) is recognised in whatever form the writing
@@ -6,19 +10,68 @@ library reports it (`disk_full`: an OSError, tensorstore's RESOURCE_EXHAUSTED, s
 error) and reported the same way.
 """
 
+import contextlib
 import errno
+import fcntl
+import logging
 import os
 import pathlib
 import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
 
 from jaxformer.errors import JaxformerError
+
+log = logging.getLogger(__name__)
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _FULL_TEXTS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
 
 
-class DiskFullError(JaxformerError, OSError):
+WORKDIR, CHECKPOINTS, EXPORT, CTRANSLATE2 = ('a training workdir', 'a checkpoint folder',
+                                            'an exported model', 'a CTranslate2 model')
+MISSING, EMPTY = 'missing', 'an empty folder'
+
+
+def describe(path: str | os.PathLike) -> str:
+  """What `path` is, in words: MISSING, 'a file', 'a FIFO (a pipe)', 'a device or a socket',
+  EXPORT (a config.json of jaxformer's; `export.load` says what else it lacks), CTRANSLATE2,
+  WORKDIR (checkpoints/, or the vocabulary a run writes first), CHECKPOINTS (numbered step
+  folders, e.g. WORKDIR/average-last5), EMPTY, or 'a folder' (anything else)."""
+  path = pathlib.Path(path)
+  if not path.exists():
+    return MISSING
+  if not path.is_dir():
+    return ('a file' if path.is_file() else 'a FIFO (a pipe)' if path.is_fifo() else
+            'a device or a socket')
+  if (path / 'config.json').is_file():
+    return CTRANSLATE2 if (path / 'model.bin').is_file() else EXPORT
+  if (path / 'checkpoints').is_dir() or (path / 'spm.model').is_file():
+    return WORKDIR
+  children = list(path.iterdir())
+  if any(child.name.isdigit() and child.is_dir() for child in children):
+    return CHECKPOINTS
+  return 'a folder' if children else EMPTY
+
+
+def misplaced(path: str | os.PathLike, found: str, wanted: str) -> str:
+  """The one line for `path`, which is `found` (describe's words) where `wanted` belongs."""
+  there = 'does not exist' if found == MISSING else f'is {found}'
+  return f'{path}: {there}, where {wanted} belongs.'
+
+
+class WriteError(JaxformerError, OSError):
+  """A file that could not be written (a read-only disk or folder, no permission); nothing
+  half-written was left behind."""
+
+
+class DiskFullError(WriteError):
   """No space left for what was being written; nothing half-written was left behind."""
+
+
+class InUseError(JaxformerError):
+  """A folder whose lock another process holds."""
 
 
 def mount_point(path: str | os.PathLike) -> pathlib.Path:
@@ -56,3 +109,84 @@ def check_space(path: str | os.PathLike, needed: int, what: str) -> None:
   bytes (plus 1 MB of slack) free."""
   if shutil.disk_usage(mount_point(path)).free < needed + 2**20:
     raise no_space(path, what, needed)
+
+
+def cannot_write(path: str | os.PathLike, what: str, error: OSError) -> JaxformerError:
+  """The one-line error for an OSError while writing `what` at `path`: a full disk or quota
+  (DiskFullError, with the space free), a read-only disk or no permission (WriteError, naming
+  the filesystem), or anything else the system said."""
+  if disk_full(error):
+    return no_space(path, what)
+  return WriteError(f'{path}: cannot write {what} on {mount_point(path)} '
+                    f'({error.strerror or error}).')
+
+
+def respect_umask(path: str | os.PathLike) -> None:
+  """Gives `path` the permissions a file (or folder) made with open() would have: tempfile
+  makes its files readable by their owner only."""
+  mask = os.umask(0)
+  os.umask(mask)
+  os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~mask)
+
+
+def write_atomically(path: str | os.PathLike, content: bytes, what: str) -> None:
+  """Writes `content` to `path` whole or not at all: a temporary file of this writer's own
+  beside it, flushed to disk, then renamed into place (readers never see half a file, and
+  processes writing the same file at once never share a temporary one). A failure is
+  cannot_write's one line, and the temporary file goes."""
+  path = pathlib.Path(path)
+  partial = None
+  try:
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f'.{path.name}.',
+                                     suffix='.partial', delete=False) as f:
+      partial = f.name
+      f.write(content)
+      f.flush()
+      os.fsync(f.fileno())
+    respect_umask(partial)
+    os.replace(partial, path)
+    partial = None
+  except OSError as e:
+    raise cannot_write(path, what, e) from None
+  finally:
+    if partial is not None:
+      with contextlib.suppress(OSError):
+        os.unlink(partial)
+
+
+@contextlib.contextmanager
+def locked(folder: str | os.PathLike, name: str, what: str, *, wait: bool = False
+           ) -> Iterator[None]:
+  """Holds the lock `folder`/.`name`.lock for `what` ('a training run', 'averaging') while the
+  block runs. Another holder: with `wait`, this waits for it (saying so); without, InUseError
+  names the process that holds it. The lock is flock's: the kernel releases it when its holder
+  exits, even on kill -9, so a lock left by a killed run never blocks. A lock file that cannot
+  be made (a read-only or full disk) is cannot_write's one line."""
+  path = pathlib.Path(folder) / f'.{name}.lock'
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, 'a+', encoding='utf-8')  # noqa: SIM115  (closed below)
+  except OSError as e:
+    raise cannot_write(path, f'the lock of {what}', e) from None
+  with f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or 'another process'
+      if not wait:
+        raise InUseError(f'{folder} is in use: {what} by {holder} holds it. Wait for that to '
+                         'end, or use another folder.') from None
+      log.info('waiting for %s to finish %s (%s)', holder, what, path)
+      fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      f.seek(0)
+      f.truncate()
+      f.write(f'pid {os.getpid()} on {socket.gethostname()}\n')
+      f.flush()
+    except OSError as e:  # a disk that filled: the lock holds, its note does not
+      log.warning('%s: cannot note the lock\'s holder (%s)', path, e.strerror)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)

@@ -4,6 +4,7 @@ progress bar), the one-step-late metric reader, the save clock and preemption si
 """
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -77,7 +78,8 @@ class _EventFile:
 
 def _tensorboard_writer(folder: pathlib.Path) -> Any:
   """The run's TensorBoard event file; without the tensorboard package (a GPU image may lack
-  it), a warning and no events (metrics.jsonl still gets every record)."""
+  it), a warning and no events (metrics.jsonl still gets every record). A folder that cannot be
+  written is MetricsSink's to say."""
   try:
     return _EventFile(folder)
   except ImportError as e:
@@ -86,50 +88,100 @@ def _tensorboard_writer(folder: pathlib.Path) -> Any:
     return _NoWriter()
 
 
+def open_records(path: pathlib.Path) -> Any:
+  """`path`, a file of one JSON record per line, opened to append. A last line cut short (a run
+  killed while writing it) is first moved to PATH.torn with a warning, so that the next record
+  starts a line of its own instead of being glued to it."""
+  try:
+    with open(path, 'rb+') as f:
+      end = f.seek(0, os.SEEK_END)
+      f.seek(max(0, end - 2**20))  # a record is far shorter than the last MiB
+      tail = f.read()
+      if tail and not tail.endswith(b'\n'):
+        torn = tail[tail.rfind(b'\n') + 1:]
+        with open(path.with_name(path.name + '.torn'), 'ab') as aside:
+          aside.write(torn + b'\n')
+        f.truncate(end - len(torn))
+        logging.getLogger(__name__).warning(
+            '%s: its last line was cut short (%d bytes, a run killed while writing it); moved '
+            'to %s.torn', path, len(torn), path.name)
+  except FileNotFoundError:
+    pass
+  return open(path, 'a', encoding='utf-8')  # noqa: SIM115  (the caller closes it)
+
+
 class MetricsSink:
   """TensorBoard, metrics.jsonl and the progress bar of a run, on process 0; a no-op on the
-  other processes (clu's `create_default_writer` does the same)."""
+  other processes (clu's `create_default_writer` does the same).
+
+  A record that cannot be written (a disk that filled, a read-only folder) is one warning, and
+  that writer stops while training goes on: the metrics are a report of the run, and the
+  checkpoints, which the run cannot do without, say for themselves when they cannot be saved."""
 
   def __init__(self, workdir: pathlib.Path, *, enabled: bool, start_step: int, total_steps: int):
     self.enabled = enabled
     self.progress = tqdm.tqdm(total=total_steps, initial=start_step, desc='training',
                               unit='step', disable=not enabled, dynamic_ncols=True)
-    self._writer = self._file = None
+    self._writer: Any = _NoWriter()
+    self._file: Any = None
     if enabled:
-      self._writer = _tensorboard_writer(workdir / 'tensorboard')
-      self._file = open(workdir / 'metrics.jsonl', 'a', encoding='utf-8')  # noqa: SIM115
+      self._guarded('TensorBoard events', lambda: setattr(
+          self, '_writer', _tensorboard_writer(workdir / 'tensorboard')))
+      self._guarded('metrics.jsonl', lambda: setattr(
+          self, '_file', open_records(workdir / 'metrics.jsonl')))
+
+  def _guarded(self, what: str, write: Callable[[], Any]) -> None:
+    """`write()`; an OSError stops the writer of `what` with one warning."""
+    try:
+      write()
+    except OSError as e:
+      logging.getLogger(__name__).warning('no more %s: %s (%s); training goes on', what,
+                                          e.filename or 'cannot write', e.strerror or e)
+      lost = self._file if what == 'metrics.jsonl' else self._writer
+      with contextlib.suppress(OSError, AttributeError):  # (the same error again)
+        lost.close()
+      if what == 'metrics.jsonl':
+        self._file = None
+      else:
+        self._writer = _NoWriter()
 
   def start(self, step: int, facts: dict[str, Any], line: str, hparams: dict[str, Any]) -> None:
     """The run's facts: metrics.jsonl's 'run' record, TensorBoard text and hparams."""
     if self.enabled:
       self._record({'step': step, 'split': 'run', **facts})
-      self._writer.text('run', line, step)
-      self._writer.hparams(hparams)
+      self._guarded('TensorBoard events', lambda: (self._writer.text('run', line, step),
+                                                   self._writer.hparams(hparams)))
 
   def scalars(self, step: int, prefix: str, values: dict[str, float]) -> None:
     """Scalars as `prefix/name` in TensorBoard and one metrics.jsonl record."""
     if self.enabled:
       values = {name: float(value) for name, value in values.items()}
-      for name, value in values.items():
-        self._writer.scalar(f'{prefix}/{name}', value, step)
-      self._writer.flush()
+
+      def events():
+        for name, value in values.items():
+          self._writer.scalar(f'{prefix}/{name}', value, step)
+        self._writer.flush()
+      self._guarded('TensorBoard events', events)
       self._record({'step': step, 'split': prefix, **values})
 
   def text(self, step: int, tag: str, text: str) -> None:
     """Markdown text in TensorBoard's text tab."""
     if self.enabled:
-      self._writer.text(tag, text, step)
+      self._guarded('TensorBoard events', lambda: self._writer.text(tag, text, step))
 
   def _record(self, record: dict[str, Any]) -> None:
-    self._file.write(json.dumps(record) + '\n')
-    self._file.flush()
+    if self._file is not None:
+      self._guarded('metrics.jsonl', lambda: (self._file.write(json.dumps(record) + '\n'),
+                                              self._file.flush()))
 
   def close(self) -> None:
     """Closes the progress bar and the writers."""
     self.progress.close()
     if self.enabled:
-      self._writer.close()
-      self._file.close()
+      for close in (self._writer.close, self._file and self._file.close):
+        if close:
+          with contextlib.suppress(OSError):  # (its warning was given at the write)
+            close()
 
   def __enter__(self) -> 'MetricsSink':
     return self
@@ -192,10 +244,15 @@ class Interrupts:
     self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
     return self
 
-  def __exit__(self, *exc: Any) -> None:
+  def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> None:
+    interrupted = Interrupts.seen
     signal.signal(signal.SIGINT, self._previous)
     sys.unraisablehook = self._previous_hook
     Interrupts.seen = False  # (a library user's next run in this process is not interrupted)
+    if interrupted and isinstance(error, Exception):
+      # Library code that turned the KeyboardInterrupt into an error of its own (sentencepiece
+      # reading the vocabulary's sample: a RuntimeError; a pool's worker): still the interrupt.
+      raise KeyboardInterrupt from error
 
 
 class PreemptionGuard:

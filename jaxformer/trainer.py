@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer import checkpoint, export, monitor, parallel, scoring
+from jaxformer import checkpoint, export, files, monitor, parallel, scoring
 from jaxformer import data as data_lib
 from jaxformer import optim as optim_lib
 from jaxformer.config import (OptimConfig, TrainConfig, TransformerConfig, check_fine_tune,
@@ -327,12 +327,12 @@ def train(config: TransformerConfig, train_cfg: TrainConfig, workdir: str | path
   check, data.pipeline.build, train_and_evaluate. With train_cfg.init_from, a fresh workdir
   starts from that model's params and vocabulary (fine-tuning; see `inherit`).
 
-  One run at a time per workdir: process 0 holds its lock (checkpoint.locked), and a second run
+  One run at a time per workdir: process 0 holds its lock (files.locked), and a second run
   on the same workdir stops at once, naming the process that holds it."""
   check_backend(train_cfg)
   train_cfg.check_rows(config)  # before the workdir is made
   first = jax.process_index() == 0  # the other processes of this run share the workdir
-  with checkpoint.locked(pipeline_lib.make_workdir(workdir), 'a training run') if first \
+  with files.locked(pipeline_lib.make_workdir(workdir), 'run', 'a training run') if first \
       else contextlib.nullcontext():
     init_params = inherit(train_cfg.init_from, config, pathlib.Path(workdir), train_pairs) \
         if train_cfg.init_from and not _has_checkpoints(workdir) else None

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from jaxformer import cache as cache_lib
 from jaxformer import checkpoint, decode, export
+from jaxformer import config as config_lib
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.model import Transformer
@@ -111,8 +112,8 @@ class Translator:
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.beam_size, self.alpha, self.extra_length = beam_size, alpha, extra_length
     self.batch_size = batch_size
-    if workers is not None and workers < 1:
-      raise ValueError(f'workers must be at least 1 (or None for the default), got {workers}.')
+    config_lib.check_decoding(beam_size=beam_size, alpha=alpha, extra_length=extra_length,
+                              batch_size=batch_size, workers=workers)
     self.workers = default_workers() if workers is None else workers
     self._search = _jitted_search(config, beam_size, alpha)
 

@@ -144,9 +144,10 @@ def train_command(workdir: pathlib.Path, src: pathlib.Path, tgt: pathlib.Path,
 
 
 def hold_lock(folder: pathlib.Path, what: str) -> subprocess.Popen:
-  """Another process holding `folder`'s lock for `what` (checkpoint.locked) until killed."""
-  code = ('import time\nfrom jaxformer import checkpoint\n'
-          f'with checkpoint.locked({str(folder)!r}, {what!r}):\n'
+  """Another process holding `folder`'s lock for `what` (files.locked) until killed."""
+  name = {'a training run': 'run', 'averaging': 'averaging'}.get(what, what.split()[-1])
+  code = ('import time\nfrom jaxformer import files\n'
+          f'with files.locked({str(folder)!r}, {name!r}, {what!r}):\n'
           '  print("held", flush=True)\n  time.sleep(300)\n')
   holder = subprocess.Popen([sys.executable, '-c', code], stdout=subprocess.PIPE, text=True)
   assert holder.stdout.readline().strip() == 'held'

@@ -5,6 +5,7 @@ import ast
 import os
 import pathlib
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 import sacrebleu
 from helpers import assert_trees_equal, hold_lock, train_command
 
-from jaxformer import checkpoint, cli, recipes, translation
+from jaxformer import checkpoint, cli, config, recipes, translation
 
 TESTS = pathlib.Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -85,7 +86,8 @@ def test_params_command_prints_the_documented_counts(capsys, preset, count):
                                   'adam_eps, grad_clip_norm, weight_decay, label_smoothing.'),
     (['--target-language', 'German'], "error: data.target_language must be an ISO 639 code "
                                       "such as en, de or zh, got 'German'."),
-    (['--init-from', '/nowhere/model'], 'error: /nowhere/model: no such checkpoint folder.')])
+    (['--init-from', '/nowhere/model'], 'error: /nowhere/model: does not exist, where a model '
+     '(a training workdir, a checkpoint folder or an exported model) belongs.')])
 def test_train_refuses_bad_settings_before_any_work(tmp_path, capsys, flags, message):
   argv = ['train', '--config', str(ROOT / 'tests' / 'tiny_config.py'), '--workdir',
           str(tmp_path / 'w'), '--source', 'text', '--train-src', 'none.en', '--train-tgt',
@@ -119,6 +121,18 @@ def test_cli_refuses_non_positive_counts_in_one_line(capsys, argv):
   assert err[-1].startswith('jaxformer ') and 'must be an integer >= 1, got' in err[-1]
 
 
+@pytest.mark.parametrize('value', ['nan', 'inf', '-inf', '-0.5'])
+@pytest.mark.parametrize('command', ['translate', 'eval'])
+def test_the_search_refuses_an_alpha_that_is_not_a_finite_number(capsys, command, value):
+  with pytest.raises(SystemExit) as exit_info:  # nan scored every beam nan: empty lines out
+    cli.main([command, '--model', 'w', f'--alpha={value}'])
+  assert exit_info.value.code == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+      f"argument --alpha: must be a finite number >= 0, got '{value}'")
+  with pytest.raises(config.SettingError, match='alpha must be a finite number >= 0, got nan'):
+    translation.Translator(None, config.tiny(), None, alpha=float('nan'))
+
+
 def test_translate_command_keeps_lines_and_non_ascii(workdir):
   lines = ['the man sees a dog', '', 'Größe — ünïcode ✓ 😀', '', '', 'the dog']
   result = subprocess.run(
@@ -139,7 +153,7 @@ def test_translate_command_missing_checkpoint_is_one_line(tmp_path):
                           timeout=120)
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1].startswith('error: ')
-  assert 'no such checkpoint folder' in result.stderr
+  assert 'does not exist, where a model (a training workdir' in result.stderr
 
 
 def _tree_snapshot(folder: pathlib.Path) -> dict[str, tuple[int, int]]:
@@ -245,7 +259,8 @@ def test_reading_commands_create_and_change_nothing(workdir, tmp_path, caplog):
   assert not missing.exists()
   for read in (checkpoint.load, lambda p: checkpoint.average_checkpoints(p, 1),
                translation.Translator.from_checkpoint):
-    with pytest.raises(checkpoint.CheckpointError, match='no such checkpoint folder'):
+    with pytest.raises(checkpoint.CheckpointError, match='does not exist, where a training '
+                       'workdir or a checkpoint folder belongs'):
       read(missing)
     assert not missing.exists()
   before = _tree_snapshot(workdir)
@@ -402,6 +417,34 @@ _BAD_INPUT = {  # one of each class of bad input: (its files, argv) -> the comma
         'translate --model export --input s.txt',
         'error: export: not an exported model (missing spm.model, params.safetensors); '
         '`jaxformer export WORKDIR OUT` writes one.'),
+    'an odd model width under sinusoidal positions': (
+        'train --workdir w --train-src s.txt --train-tgt t.txt --set model.d_model=33 '
+        '--set model.num_heads=1',
+        'error: model.d_model=33 is odd, and the sinusoidal positions (§3.5) pair a sine with a '
+        'cosine per frequency: use an even d_model, or set model.learned_positions=true.'),
+    'a preset with a vocabulary too small': (
+        'params --preset tiny --vocab-size 3', 'error: model.vocab_size must be >= 4, got 3.'),
+    'a file where a model belongs': (
+        'translate --model s.txt --input s.txt',
+        'error: s.txt: is a file, where a model (a training workdir, a checkpoint folder or an '
+        'exported model) belongs.'),
+    'a model that does not exist': (
+        'average --workdir nowhere',
+        'error: nowhere: does not exist, where a training workdir or a checkpoint folder '
+        'belongs.'),
+    'a file where the workdir belongs': (
+        'train --workdir s.txt --train-src s.txt --train-tgt t.txt',
+        'error: s.txt: is a file, where a training workdir belongs.'),
+    'an export into a training workdir': (
+        'export --model wd wd',
+        'error: wd: is a training workdir, where a new or empty folder for the export belongs.'),
+    'an export over an export': (
+        'export --model wd export', 'error: export: is an exported model already: pass '
+        '--overwrite to replace it.'),
+    'an export of another format over an export': (
+        'export --model wd --format ctranslate2 --overwrite export',
+        'error: export: is an exported model, where a new or empty folder for the export '
+        'belongs.'),
     'an option that does not apply to an export': (
         'translate --model export --input s.txt --average-last 2',
         'error: --average-last averages the checkpoints of a training workdir; export is an '
@@ -420,6 +463,8 @@ def test_each_class_of_bad_input_is_one_line_from_the_installed_command(case, tm
   (tmp_path / 'export').mkdir()
   (tmp_path / 'export' / 'config.json').write_text('{}')
   (tmp_path / 'busy').mkdir()
+  (tmp_path / 'wd').mkdir()  # a run's first file: a training workdir with no checkpoint yet
+  (tmp_path / 'wd' / 'spm.model').write_bytes(b'')
   holder = hold_lock(tmp_path / 'busy', 'a training run') if 'busy' in argv else None
   command = [str(pathlib.Path(sys.executable).with_name('jaxformer')), *argv.split()]
   if command[1] == 'train':
@@ -433,3 +478,26 @@ def test_each_class_of_bad_input_is_one_line_from_the_installed_command(case, tm
   assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr
   assert done.stderr.strip().splitlines()[-1] == expected.format(
       pid=holder and holder.pid, host=socket.gethostname())
+
+
+def test_ctrl_c_while_sentencepiece_reads_the_sample_is_an_interrupt(tmp_path, monkeypatch,
+                                                                     capsys):
+  """sentencepiece turns a KeyboardInterrupt raised in the sentences it reads into a
+  RuntimeError (which became a one-line data error, exit 1): it ends as any Ctrl-C does."""
+  from helpers import synthetic_text  # pylint: disable=g-import-not-at-top
+  from jaxformer.data import tokenizer  # pylint: disable=g-import-not-at-top
+  text, read = synthetic_text(300), tokenizer.sample
+
+  def interrupted(*args):
+    for count, sentence in enumerate(read(*args)):
+      if count == 100:
+        signal.raise_signal(signal.SIGINT)  # as Ctrl-C does, in the main thread
+      yield sentence
+  monkeypatch.setattr(tokenizer, 'sample', interrupted)
+  for name, lines in (('s.txt', text.src), ('t.txt', text.tgt)):
+    (tmp_path / name).write_text('\n'.join(lines) + '\n')
+  assert cli.main(['train', '--config', str(TESTS / 'tiny_config.py'), '--workdir',
+                   str(tmp_path / 'w'), '--train-src', str(tmp_path / 's.txt'),
+                   '--train-tgt', str(tmp_path / 't.txt')]) == 130
+  assert capsys.readouterr().err.strip().splitlines()[-1] == 'interrupted'
+  assert not (tmp_path / 'w' / 'spm.model').exists()

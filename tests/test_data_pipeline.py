@@ -21,10 +21,10 @@ def test_row_len_shorter_than_max_len_is_refused_before_any_work(tmp_path):
 
 def test_a_workdir_that_cannot_be_made_is_a_one_line_error(tmp_path):
   (tmp_path / 'file').write_text('not a folder')
-  for workdir, reason in ((tmp_path / 'file', 'File exists'),
-                          (tmp_path / 'file' / 'sub', 'Not a directory')):
-    with pytest.raises(data.DataError,
-                       match=rf'^{workdir}: cannot be the workdir \({reason}\)'):
+  for workdir, message in ((tmp_path / 'file', 'is a file, where a training workdir belongs'),
+                           (tmp_path / 'file' / 'sub', r'cannot be the workdir \(Not a '
+                            r'directory\)')):
+    with pytest.raises(data.DataError, match=rf'^{workdir}: {message}'):
       trainer.train(CFG, _tc(), workdir, TEXT)
 
 

@@ -18,6 +18,22 @@ def test_read_lines_keeps_tabs_and_normalises_crlf(tmp_path):
   assert data.read_lines(path) == ['one\ttwo', 'three\x0bfour', '', 'five']
 
 
+def test_a_byte_order_mark_is_dropped_from_every_text_the_user_gives(tmp_path):
+  """Sources and references alike (scoring read it as part of the first word: a different
+  BLEU, silently), plain or .gz, and on stdin; only at the very start of the file."""
+  (tmp_path / 'ref.txt').write_bytes('\ufeffDer Hund\r\n\ufeffschläft\n'.encode())
+  with gzip.open(tmp_path / 'src.txt.gz', 'wb') as f:
+    f.write('\ufeffThe dog\nsleeps\n'.encode())
+  assert data.read_lines(tmp_path / 'ref.txt') == ['Der Hund', '\ufeffschläft']
+  text = data.read_parallel_text(tmp_path / 'src.txt.gz', tmp_path / 'ref.txt')
+  assert (text.src, text.tgt) == (['The dog', 'sleeps'], ['Der Hund', '\ufeffschläft'])
+  assert list(sources.TextFiles(tmp_path / 'src.txt.gz', tmp_path / 'ref.txt').side(0)) == \
+      ['The dog', 'sleeps']
+  from jaxformer import cli  # pylint: disable=g-import-not-at-top  (stdin's reader)
+  lines = ['\ufeffThe dog\n'.encode(), '\ufeffsleeps\n'.encode()]
+  assert list(cli._chunks(iter(lines), 'stdin', 5)) == [['The dog', '\ufeffsleeps']]  # pylint: disable=protected-access
+
+
 def test_read_lines_reads_gzip(tmp_path):
   path = tmp_path / 'a.txt.gz'
   with gzip.open(path, 'wb') as f:

@@ -131,16 +131,19 @@ def _shell(run: bool) -> list[tuple[str, str]]:
 @pytest.mark.parametrize('page,command', _shell(run=True), ids=lambda x: x[:60])
 def test_shell_example_runs(page, command, sandbox, tmp_path):
   """As written, with the installed command, in a folder of its own that links to the
-  sandbox's files (a workdir it makes is its own); a training gets TINY settings."""
+  sandbox's files (a workdir or an export it makes is its own); a training gets TINY
+  settings."""
+  written = (re.search(r'--workdir (workdirs/\S+)', command) if 'jaxformer train' in command
+             else re.search(r' (exported/\S+)', command) if 'jaxformer export' in command
+             else None)
   for entry in sandbox.iterdir():
-    if entry.name != 'workdirs':
+    if entry.name not in ('workdirs', 'exported'):
       (tmp_path / entry.name).symlink_to(entry)
-  (tmp_path / 'workdirs').mkdir()
-  trained = re.search(r'--workdir workdirs/(\S+)', command) if 'jaxformer train' in command \
-      else None
-  for workdir in (sandbox / 'workdirs').iterdir():  # (not the one a training writes)
-    if not (trained and trained[1] == workdir.name):
-      (tmp_path / 'workdirs' / workdir.name).symlink_to(workdir)
+  for folder in ('workdirs', 'exported'):
+    (tmp_path / folder).mkdir()
+    for made in (sandbox / folder).iterdir():  # (not the one the command writes)
+      if not (written and written[1] == f'{folder}/{made.name}'):
+        (tmp_path / folder / made.name).symlink_to(made)
   if '--init-from' in command:  # the parent's model, not the tiny one
     command += ' --set train.num_steps=2'
   elif 'jaxformer train' in command:

@@ -49,8 +49,11 @@ def test_export_into_a_file_is_a_one_line_error(tmp_path):
   cfg = config.tiny()
   params = train.create_train_state(cfg, jax.random.key(0)).params
   (tmp_path / 'taken').write_text('')
-  with pytest.raises(checkpoint.CheckpointError, match='cannot create the export folder'):
+  with pytest.raises(checkpoint.CheckpointError, match='taken: is a file, where a new or empty '
+                     'folder for the export belongs'):
     export.save_ctranslate2(tmp_path / 'taken', params, cfg, b'')
+  with pytest.raises(checkpoint.CheckpointError, match='cannot create the export folder'):
+    export.save_ctranslate2(tmp_path / 'taken' / 'sub', params, cfg, b'')
 
 
 def test_export_without_ctranslate2_says_what_to_install(tmp_path, monkeypatch):
@@ -146,7 +149,7 @@ def test_options_that_do_not_apply_to_an_exported_folder_are_refused(exported, c
                          capsys).endswith('is an exported folder (one set of params).')
   with pytest.raises(SystemExit):
     cli.main(['translate', '--model', str(exported), '--extra-length', '-1'])
-  assert "--extra-length: must be a number >= 0, got '-1'" in capsys.readouterr().err
+  assert "--extra-length: must be a finite number >= 0, got '-1'" in capsys.readouterr().err
   (exported / 'spm.model').unlink()  # a folder without its vocabulary is not "no checkpoint"
   assert _one_line_error(['export', '--model', str(exported), str(exported.parent / 'again')],
                          capsys).endswith('not an exported model (missing spm.model); '

@@ -100,7 +100,122 @@ def test_an_export_that_fills_the_disk_keeps_the_previous_export(workdir, tmp_pa
   monkeypatch.setattr(safetensors.numpy, 'save_file', fills)
   monkeypatch.setattr(files, 'check_space', lambda *args: None)  # as if it filled meanwhile
   capsys.readouterr()
-  assert cli.main(['export', '--model', str(workdir), str(out)]) == 1
+  assert cli.main(['export', '--model', str(workdir), str(out), '--overwrite']) == 1
   assert 'no space on' in capsys.readouterr().err
   assert {name: (out / name).read_bytes() for name in export.FILES} == before
   assert sorted(os.listdir(tmp_path)) == ['.out.lock', 'out']
+
+
+def test_describe_says_what_a_path_is(tmp_path, workdir):
+  (tmp_path / 'file').write_text('x')
+  os.mkfifo(tmp_path / 'fifo')
+  (tmp_path / 'empty').mkdir()
+  (tmp_path / 'other').mkdir()
+  (tmp_path / 'other' / 'notes.txt').write_text('x')
+  (tmp_path / 'fresh').mkdir()  # a run that wrote its vocabulary, no checkpoint yet
+  (tmp_path / 'fresh' / 'spm.model').write_bytes(b'')
+  (tmp_path / 'ct2').mkdir()
+  for name in ('config.json', 'model.bin'):
+    (tmp_path / 'ct2' / name).write_text('{}')
+  export.save(tmp_path / 'exported', *checkpoint.load(workdir)[:3], step=4)
+  found = {name: files.describe(tmp_path / name) for name in
+           ('nowhere', 'file', 'fifo', 'empty', 'other', 'fresh', 'ct2', 'exported')}
+  assert found == {'nowhere': files.MISSING, 'file': 'a file', 'fifo': 'a FIFO (a pipe)',
+                   'empty': files.EMPTY, 'other': 'a folder', 'fresh': files.WORKDIR,
+                   'ct2': files.CTRANSLATE2, 'exported': files.EXPORT}
+  assert files.describe(workdir) == files.WORKDIR
+  assert files.describe(workdir / 'checkpoints') == files.CHECKPOINTS
+  assert files.describe(workdir / 'average-last2') == files.CHECKPOINTS
+  with pytest.raises(checkpoint.CheckpointError, match='fresh: a training workdir with no '
+                     'checkpoint yet'):
+    checkpoint.load(tmp_path / 'fresh')
+  with pytest.raises(checkpoint.CheckpointError, match='fifo: is a FIFO'):
+    export.load_model(tmp_path / 'fifo')
+
+
+def test_an_export_replaces_an_export_of_its_format_only_when_asked(workdir, tmp_path, capsys):
+  out = tmp_path / 'exported'
+  assert cli.main(['export', '--model', str(workdir), str(out)]) == 0
+  before = (out / 'config.json').read_text()
+  assert cli.main(['export', '--model', str(workdir / 'checkpoints'), str(out)]) == 1
+  assert capsys.readouterr().err.strip().endswith('is an exported model already: pass '
+                                                  '--overwrite to replace it.')
+  assert (out / 'config.json').read_text() == before
+  assert cli.main(['export', '--model', str(workdir / 'average-last2'), str(out),
+                   '--overwrite']) == 0
+  assert export.load_model(out)[3] == 4 and sorted(p.name for p in out.iterdir()) == sorted(
+      export.FILES)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """mount(size, read_only=False, fill=None): a tmpfs of `size` in tmp_path, unmounted after;
+  `fill(folder)` writes into it before it is made read-only. A real full or read-only disk
+  needs root (CI runs as root)."""
+  if os.geteuid() != 0:
+    pytest.skip('mounting a small tmpfs needs root')
+  mounted = []
+
+  def mount(size: str, read_only: bool = False, fill=None) -> pathlib.Path:
+    where = tmp_path / f'disk{len(mounted)}'
+    where.mkdir()
+    subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(where)],
+                   check=True)
+    mounted.append(where)
+    if fill:
+      fill(where)
+    if read_only:
+      subprocess.run(['mount', '-o', 'remount,ro', str(where)], check=True)
+    return where
+  yield mount
+  for where in mounted:
+    subprocess.run(['umount', '-l', str(where)], check=True)
+
+
+def _command(*argv: str) -> str:
+  """The installed command's one line: exit 1, no traceback."""
+  done = subprocess.run([str(pathlib.Path(sys.executable).with_name('jaxformer')), *argv],
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr[-3000:]
+  return done.stderr.strip().splitlines()[-1]
+
+
+def test_a_read_only_workdir_is_one_line_from_average_and_train(workdir, tmp_path, small_disk):
+  disk = small_disk('8m', read_only=True,
+                    fill=lambda d: shutil.copytree(workdir, d / 'w', symlinks=True))
+  assert _command('average', '--workdir', str(disk / 'w'), '--last', '2') == (
+      f'error: {disk}/w/.averaging.lock: cannot write the lock of averaging on {disk} '
+      '(Read-only file system).')
+  src, tgt = tmp_path / 's.txt', tmp_path / 't.txt'
+  src.write_text('\n'.join(TEXT.src) + '\n')
+  tgt.write_text('\n'.join(TEXT.tgt) + '\n')
+  assert _command('train', *train_command(disk / 'w', src, tgt)[2:]) == (
+      f'error: {disk}/w/.run.lock: cannot write the lock of a training run on {disk} '
+      '(Read-only file system).')
+
+
+def test_a_vocabulary_that_does_not_fit_leaves_no_record_behind(tmp_path, small_disk):
+  """The vocabulary's record is written, then the vocabulary does not fit: one line, and
+  neither file (nor a temporary one) is left to be mistaken for a vocabulary next time."""
+  disk = small_disk('16k')
+  src, tgt = tmp_path / 's.txt', tmp_path / 't.txt'
+  src.write_text('\n'.join(TEXT.src) + '\n')
+  tgt.write_text('\n'.join(TEXT.tgt) + '\n')
+  line = _command('train', *train_command(disk / 'w', src, tgt)[2:])
+  assert re.fullmatch(rf'error: {disk}/w/spm\.model: no space on {disk} for the vocabulary: '
+                      r'[\d.]+ MB free\. Nothing was written; .*', line), line
+  assert sorted(p.name for p in (disk / 'w').iterdir()) == ['.prepare.lock', '.run.lock']
+
+
+def test_metrics_on_a_full_disk_are_one_warning_and_training_goes_on(tmp_path, small_disk,
+                                                                    caplog):
+  from jaxformer import monitor  # pylint: disable=g-import-not-at-top
+  disk = small_disk('4k', fill=lambda d: (d / 'w').mkdir())
+  (disk / 'w' / 'filler').write_bytes(b'x' * 4096)  # (a write that fills the disk may not fail)
+  with monitor.MetricsSink(disk / 'w', enabled=True, start_step=0, total_steps=2) as sink:
+    sink.start(0, {'backend': 'cpu'}, 'a run', {'model': {'d_model': 8}})
+    sink.scalars(1, 'train', {'loss': 1.0})
+  lost = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+  assert any(m.startswith('no more metrics.jsonl') and 'No space left on device' in m
+             for m in lost), lost
+  assert len(lost) <= 2, lost  # one per writer, not one per record

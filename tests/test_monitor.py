@@ -168,3 +168,22 @@ def test_ctrl_c_sent_again_is_not_lost_when_it_lands_in_the_hook(monkeypatch):
   with monitor.Interrupts():
     assert _seconds_to_ctrl_c_inside_a_gc_callback() < 10
   assert len(started) >= 2
+
+
+def test_a_record_file_cut_short_is_set_aside_not_glued_to(tmp_path, caplog):
+  """A run killed while writing metrics.jsonl leaves half a line; the next run's first record
+  starts a line of its own, the torn bytes go to metrics.jsonl.torn, and a warning says so."""
+  path = tmp_path / 'metrics.jsonl'
+  path.write_text('{"step": 1}\n{"step": 2, "lo')
+  with monitor.open_records(path) as f:
+    f.write('{"step": 3}\n')
+  assert [json.loads(line) for line in path.read_text().splitlines()] == [{'step': 1},
+                                                                         {'step': 3}]
+  assert (tmp_path / 'metrics.jsonl.torn').read_text() == '{"step": 2, "lo\n'
+  assert 'its last line was cut short (15 bytes' in caplog.text
+  caplog.clear()
+  with monitor.open_records(path) as f:  # a whole file: nothing set aside
+    f.write('{"step": 4}\n')
+  with monitor.open_records(tmp_path / 'new.jsonl') as f:
+    f.write('{"step": 1}\n')
+  assert len(path.read_text().splitlines()) == 3 and not caplog.text

@@ -10,7 +10,7 @@ import sys
 import jax.numpy as jnp
 import pytest
 
-from jaxformer import cli, config, data, recipes
+from jaxformer import cli, config, files, recipes
 from jaxformer import config as config_lib
 from jaxformer import model as model_lib
 from jaxformer.recipes import auto, table3
@@ -179,8 +179,8 @@ def test_the_rule_for_a_corpus_size_on_cpu(pairs, vocab, dropout, steps, warmup,
   chosen, reasons = auto.choose(_corpus(pairs), 'cpu')
   model, train = chosen['model'], chosen['train']
   assert (model.vocab_size, model.dropout_rate, train['num_steps'],
-          chosen['optim']['warmup_steps'], train['checkpoint_every_steps']) == (
-              vocab, dropout, steps, warmup, every)
+          chosen['optim']['warmup_steps'], train['checkpoint_every_steps'],
+          train['eval_every_steps']) == (vocab, dropout, steps, warmup, every, 2 * every)
   assert (model.num_layers, model.d_model, model.d_ff, model.num_heads) == (4, 128, 256, 4)
   assert (model.max_len, train['row_len'], train['average_last']) == (64, 64, 5)
   assert len(reasons) == 6 and reasons[0].startswith(f'vocabulary   {vocab:,} pieces')
@@ -202,6 +202,7 @@ def test_on_a_gpu_the_model_is_wider_and_trains_twice_the_epochs():
   gpu, _ = auto.choose(_corpus(29_000), 'gpu')
   assert (gpu['model'].d_model, gpu['model'].d_ff, gpu['model'].dropout_rate) == (256, 1024, 0.3)
   assert gpu['train']['num_steps'] == pytest.approx(2 * cpu['train']['num_steps'], abs=50)
+  assert gpu['train']['eval_every_steps'] == gpu['train']['checkpoint_every_steps']
 
 
 def test_the_vocabulary_is_at_most_what_sentencepiece_can_make():
@@ -228,7 +229,8 @@ def test_size_measures_the_files_and_lets_settings_win(tmp_path, shared_data):
   with pytest.raises(config_lib.SettingError, match='give --train-src and --train-tgt'):
     auto.size(recipes.AUTO, [], backend='cpu')
   (tmp_path / 'file').write_text('')
-  with pytest.raises(data.DataError, match=r'/file/recipe\.json: cannot record the recipe \('):
+  with pytest.raises(files.WriteError, match=r'/file/recipe\.json: cannot write the recipe on '
+                     r'/\S* \(File exists\)'):
     auto.record(tmp_path / 'file', sizing)  # a file where the workdir belongs
 
 
@@ -248,14 +250,16 @@ def test_a_fine_tuning_run_keeps_its_parents_model_at_a_lower_learning_rate():
 
 def test_on_multi30k_the_rule_is_the_multi30k_recipe(shared_data):
   """The rules' anchor: on Multi30k's training set they choose the multi30k recipe, setting for
-  setting, so that a run of either trains the same model (and scores the same BLEU)."""
+  setting, so that a run of either trains the same model (and scores the same BLEU); only the
+  validation passes, which change no update, are half as frequent."""
   folder = shared_data / 'multi30k'
   recipe = recipes.override(recipes.AUTO, [f'data.train_src={folder / "train.en"}',
                                            f'data.train_tgt={folder / "train.de"}'])
   sized = auto.size(recipe, [], backend='cpu').recipe
   multi30k = recipes.load('multi30k')
-  assert (sized.model, sized.train, sized.optim) == (multi30k.model, multi30k.train,
-                                                     multi30k.optim)
+  assert sized.train.eval_every_steps == 2 * multi30k.train.eval_every_steps
+  assert (sized.model, dataclasses.replace(sized.train, eval_every_steps=100), sized.optim) == (
+      multi30k.model, multi30k.train, multi30k.optim)
 
 
 def test_long_sentences_raise_max_len_and_the_rows():

@@ -30,7 +30,7 @@ from helpers import (
 from helpers import poison_third_batch as _poison_third_batch
 from helpers import train_settings as _tc
 
-from jaxformer import checkpoint, cli, config, data, export, optim, trainer, translation
+from jaxformer import checkpoint, cli, config, data, export, files, optim, trainer, translation
 
 
 def _due(step, tc, *, evaluating, save_signal=False) -> set[str]:
@@ -479,14 +479,14 @@ def test_a_second_run_on_a_workdir_in_use_stops_naming_the_first(tmp_path, capsy
   mixing their checkpoints; now the second stops at once with one line."""
   first = hold_lock(tmp_path, 'a training run')
   try:
-    with pytest.raises(checkpoint.CheckpointError, match=rf'^{tmp_path} is in use: a training '
+    with pytest.raises(files.InUseError, match=rf'^{tmp_path} is in use: a training '
                        rf'run by pid {first.pid} on \S+ holds it\. Wait for that to end'):
       trainer.train(CFG, _tc(), tmp_path, TEXT)
     assert not (tmp_path / 'checkpoints').exists() and not (tmp_path / 'spm.model').exists()
   finally:
     first.kill()  # kill -9: the kernel frees its lock
     first.wait()
-  with checkpoint.locked(tmp_path, 'a training run'):
+  with files.locked(tmp_path, 'run', 'a training run'):
     pass
 
 

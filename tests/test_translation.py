@@ -78,7 +78,7 @@ def test_default_workers_are_the_cores_on_cpu_and_one_on_an_accelerator(monkeypa
   assert translation.default_workers() == translation.MAX_WORKERS == 8
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   assert translation.default_workers() == 1
-  with pytest.raises(ValueError, match='workers must be at least 1'):
+  with pytest.raises(ValueError, match='workers must be a finite number >= 1'):
     translation.Translator(None, CFG, None, workers=0)
 
 

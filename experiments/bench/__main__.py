@@ -2,7 +2,8 @@
 
   make bench   (or: python experiments/bench --only train --train-case base)
 Sections, one module each of this package (its docstring says what it measures): data, train,
-checkpoint, memory, decode, and scale (only when asked for: --only scale);
+checkpoint, memory, decode, and, only when asked for, scale (--only scale) and startup (--only
+startup --demo-model M);
 common.py holds the timing, matmul-peak, RSS and batch helpers.
 """
 
@@ -22,7 +23,7 @@ sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # experiments/: 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import checkpoint, data, decode, memory, scale, train  # noqa: E402
+from bench import checkpoint, data, decode, memory, scale, startup, train  # noqa: E402
 from bench.common import ROOT  # noqa: E402
 from jaxformer.cli import positive_int  # noqa: E402
 
@@ -40,6 +41,8 @@ SECTIONS = {
     'scale': (scale.run, lambda args: {'data_dir': args.data_dir, 'pairs': args.scale_pairs,
                                        'src': args.scale_src, 'tgt': args.scale_tgt,
                                        'with_train': args.scale_train}),
+    'startup': (startup.run, lambda args: {'data_dir': args.data_dir,
+                                           'demo_model': args.demo_model}),
 }
 
 
@@ -65,7 +68,8 @@ def main() -> int:
   parser.add_argument('--torch', action=argparse.BooleanOptionalAction, default=True,
                       help='train section: time PyTorch beside jaxformer when it is installed')
   parser.add_argument('--demo-model', help='decode section: also time this trained model '
-                      '(e.g. workdirs/demo/average-last5 after make demo)')
+                      '(e.g. workdirs/demo/average-last5 after make demo); startup section: '
+                      'the model it times (needed)')
   parser.add_argument('--multi30k-model', help='decode section: also time this trained model '
                       'against CTranslate2 on test_2016_flickr (e.g. workdirs/multi30k/'
                       'average-last5 after make train-multi30k)')
@@ -84,8 +88,10 @@ def main() -> int:
       open(args.time_lock, 'a', encoding='utf-8').close()
     except OSError as error:
       parser.error(f'--time-lock: cannot open {args.time_lock}: {error.strerror}')
-  sections = args.only or sorted(set(SECTIONS) - {'scale'})  # scale: minutes, GBs of disk
-  if {'data', 'decode', 'scale'} & set(sections) and not (args.data_dir / 'multi30k').is_dir():
+  # scale: minutes, GBs of disk; startup: minutes, and a trained model
+  sections = args.only or sorted(set(SECTIONS) - {'scale', 'startup'})
+  needs_data = {'data', 'decode', 'scale', 'startup'} & set(sections)
+  if needs_data and not (args.data_dir / 'multi30k').is_dir():
     print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
     return 2
   # PyTorch's peer first, in a process of its own, before jax starts and takes the GPU.

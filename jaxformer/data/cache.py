@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from jaxformer import files
 from jaxformer.data.sources import DataError, PairSource
-from jaxformer.data.tokenizer import EOS_ID, Tokenizer, respect_umask
+from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 
 log = logging.getLogger(__name__)
 _CHUNK = 50_000  # pairs per sentencepiece call (and per progress-bar tick)
@@ -194,21 +194,23 @@ def _write_cache(text: PairSource, tokenizer: Tokenizer, max_len: int, path: pat
   """Writes the cache into a temporary folder, then renames it: a crash, an interruption or a
   full disk never leaves half a cache. A folder left by a killed process is removed by the
   next writer (data.pipeline makes writers of one workdir take turns)."""
-  path.parent.mkdir(parents=True, exist_ok=True)
-  for stale in path.parent.glob(f'tokens-*{_PARTIAL}*'):
-    shutil.rmtree(stale, ignore_errors=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + _PARTIAL))
+  what = 'the token cache (about 2 bytes per token)'
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f'tokens-*{_PARTIAL}*'):
+      shutil.rmtree(stale, ignore_errors=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + _PARTIAL))
+  except OSError as e:  # a read-only or full disk
+    raise files.cannot_write(path.parent, what, e) from None
   try:
     _tokenize(text, tokenizer, max_len, tmp, fingerprint)
-    respect_umask(tmp)
+    files.respect_umask(tmp)
     os.replace(tmp, path)
   except OSError as e:
     shutil.rmtree(tmp, ignore_errors=True)
-    if files.disk_full(e):
-      raise files.no_space(path.parent, 'the token cache (about 2 bytes per token)') from None
-    if (path / 'counts.json').exists():  # another process cached the same corpus first
+    if (path / 'counts.json').exists() and not files.disk_full(e):  # another process was first
       return
-    raise DataError(f'{path}: cannot write the token cache ({e}).') from None
+    raise files.cannot_write(path.parent, what, e) from None
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise

@@ -10,9 +10,7 @@ host does. Preparation is deterministic (the same vocabulary file and cache for 
 inputs), so every host ends with the same data.
 """
 
-import contextlib
 import dataclasses
-import fcntl
 import logging
 import pathlib
 from collections.abc import Generator, Iterator
@@ -21,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxformer import parallel
+from jaxformer import files, parallel
 from jaxformer.config import DataConfig, SettingError, TrainConfig, TransformerConfig
 from jaxformer.data import embedded
 from jaxformer.data.cache import TokenizedCorpus, tokenize_corpus
@@ -31,23 +29,6 @@ from jaxformer.data.sources import (DataError, PairSource, ParallelText, TextFil
 from jaxformer.data.tokenizer import Tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def exclusive(lock_path: pathlib.Path) -> Iterator[None]:
-  """Holds an exclusive lock on `lock_path` (created if needed) across processes and hosts that
-  share its filesystem; released when the holder exits, even on kill -9."""
-  lock_path.parent.mkdir(parents=True, exist_ok=True)
-  with open(lock_path, 'a', encoding='utf-8') as f:
-    try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      log.info('waiting for another process to prepare the data (%s)', lock_path)
-      fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def prepare(workdir: pathlib.Path, train_text: PairSource, eval_text: PairSource | None, *,
@@ -60,7 +41,7 @@ def prepare(workdir: pathlib.Path, train_text: PairSource, eval_text: PairSource
   for text in (train_text, eval_text):
     if text is not None:
       text.fingerprint()  # read and hashed by every process at once, before the lock
-  with exclusive(workdir / '.prepare.lock'):
+  with files.locked(workdir, 'prepare', 'preparing the data', wait=True):
     tokenizer = train_tokenizer(train_text, workdir / 'spm.model', vocab_size,
                                 sample_size=sample_size, seed=seed,
                                 check_existing=check_vocabulary)
@@ -117,8 +98,18 @@ class Pipeline:
       yield next(batches, None) or batches.empty_batch()
 
 
+def check_workdir(workdir: str | pathlib.Path) -> None:
+  """A one-line DataError when `workdir` is a file, or a model that is no training workdir (an
+  export, a checkpoint folder), which a run's checkpoints would turn into something no command
+  reads as either."""
+  found = files.describe(workdir)
+  if found not in (files.MISSING, files.EMPTY, files.WORKDIR, 'a folder'):
+    raise DataError(files.misplaced(workdir, found, 'a training workdir'))
+
+
 def make_workdir(workdir: str | pathlib.Path) -> pathlib.Path:
-  """`workdir`, created if needed; a one-line DataError when it cannot be."""
+  """`workdir` (check_workdir), created if needed; a one-line DataError when it cannot be."""
+  check_workdir(workdir)
   workdir = pathlib.Path(workdir)
   try:
     workdir.mkdir(parents=True, exist_ok=True)

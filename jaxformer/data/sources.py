@@ -7,6 +7,7 @@ caches and checkpoints record. `ParallelText` holds pairs in memory (validation 
 `TextFiles` and `TfdsSplit` stream training corpora of any size.
 """
 
+import codecs
 import dataclasses
 import gzip
 import hashlib
@@ -135,10 +136,14 @@ def decode_line(raw: bytes, where: str) -> str:
 
 def _line_blocks(path: pathlib.Path) -> Iterator[list[str]]:
   """The file's lines, a block at a time, without line ends. Only '\\n' ends a line ('\\r\\n' is
-  normalised); tabs and other characters are text. DataError (with file:line) for an empty file
-  and for bytes that are not UTF-8."""
+  normalised); a UTF-8 byte-order mark at the start of the file is dropped (an editor's mark,
+  not text: kept, it would be part of the first word of a source, or of a reference that BLEU
+  then fails to match); tabs and other characters are text. DataError (with file:line) for an
+  empty file and for bytes that are not UTF-8."""
   lines_before = 0
   for block in _raw_blocks(path):
+    if not lines_before:
+      block = block.removeprefix(codecs.BOM_UTF8)
     try:
       text = block.decode('utf-8')
     except UnicodeDecodeError as e:  # find the line, and say where

@@ -8,7 +8,6 @@ import logging
 import os
 import pathlib
 import re
-import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from jaxformer import files
 from jaxformer.data.sources import DataError, PairSource
 
 log = logging.getLogger(__name__)
@@ -171,23 +171,18 @@ def _check_record(model_path: pathlib.Path, record: dict[str, Any]) -> None:
         "workdir's cache/) to train a new vocabulary.")
 
 
-def respect_umask(path: str | os.PathLike) -> None:
-  """Gives `path` the permissions the umask gives a new file or folder: tempfile's files and
-  folders, and safetensors' files, are made for their owner alone (0600, 0700), so a model or
-  workdir shared with a group could not be read."""
-  mask = os.umask(0)
-  os.umask(mask)
-  os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~mask)
-
-
-def _write_atomically(path: pathlib.Path, content: bytes) -> None:
-  """A temporary file of this writer's own, renamed into place: readers never see half a file,
-  and processes that write the same file at once never share a temporary one."""
-  with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f'.{path.name}.', suffix='.partial',
-                                   delete=False) as partial:
-    partial.write(content)
-  respect_umask(partial.name)
-  os.replace(partial.name, path)
+def _save(model_path: pathlib.Path, model: bytes, record: dict[str, Any]) -> None:
+  """The vocabulary and its record beside it, each written whole (files.write_atomically); the
+  record goes again if the vocabulary cannot be written, so that no record describes a
+  vocabulary that is not there."""
+  record_path = model_path.with_name(model_path.name + '.json')
+  files.write_atomically(record_path, json.dumps(record, indent=1).encode(),
+                         "the vocabulary's record")
+  try:
+    files.write_atomically(model_path, model, 'the vocabulary')
+  except files.WriteError:
+    record_path.unlink(missing_ok=True)
+    raise
 
 
 def train_tokenizer(texts: 'Sequence[str] | PairSource', model_path: str | os.PathLike,
@@ -209,7 +204,10 @@ def train_tokenizer(texts: 'Sequence[str] | PairSource', model_path: str | os.Pa
     if check_existing:
       _check_record(model_path, record)
     return Tokenizer(model_path)
-  model_path.parent.mkdir(parents=True, exist_ok=True)
+  try:
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise files.cannot_write(model_path.parent, 'the vocabulary', e) from None
   model = io.BytesIO()
   log.info('training a %d-piece vocabulary on a sample of %d of %d sentences', vocab_size,
            min(sample_size, record['sentences']), record['sentences'])
@@ -228,9 +226,7 @@ def train_tokenizer(texts: 'Sequence[str] | PairSource', model_path: str | os.Pa
   proto.trainer_spec.num_threads = 1
   record['coverage'] = Tokenizer.from_bytes(proto.SerializeToString()).coverage(
       first_sentences(texts, COVERAGE_SAMPLE))  # what a fine-tuning run compares with
-  _write_atomically(model_path.with_name(model_path.name + '.json'),
-                    json.dumps(record, indent=1).encode())
-  _write_atomically(model_path, proto.SerializeToString())
+  _save(model_path, proto.SerializeToString(), record)
   return Tokenizer(model_path)
 
 
@@ -256,9 +252,7 @@ def inherit_vocabulary(model: bytes, model_path: str | os.PathLike, origin: str,
                     'new workdir.')
   record = {'inherited_from': origin, 'vocab_size': Tokenizer.from_bytes(model).vocab_size,
             'coverage': coverage}
-  _write_atomically(model_path.with_name(model_path.name + '.json'),
-                    json.dumps(record, indent=1).encode())
-  _write_atomically(model_path, model)
+  _save(model_path, model, record)
   return Tokenizer(model_path)
 
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jaxformer import config as config_lib
+from jaxformer import files
 from jaxformer.config import OptimConfig, TransformerConfig
 from jaxformer.data import sources, tokenizer as tokenizer_lib
 
@@ -141,11 +142,15 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
     optim['lr_scale'] = FINE_TUNE_LR_SCALE
     reasons.append(f'learning rate {FINE_TUNE_LR_SCALE} of the paper\'s formula (lr_scale): '
                    'fine-tuning moves a trained model less than a fresh run')
-  reasons.append(f'checkpoints  every {every} steps, the last 5 averaged, a validation loss at '
-                 'each')
+  # A validation pass (its loss, and the sample translations) took about 3 s of a small run's
+  # 15 minutes on 2 CPU cores: there, one at every other checkpoint (docs/BENCHMARKS.md).
+  evaluate = every if gpu else 2 * every
+  reasons.append(f'checkpoints  every {every} steps, the last 5 averaged; a validation pass '
+                 f'every {evaluate} steps and at the end, when there is a validation set')
   train = {'num_steps': steps, 'tokens_per_batch': tokens_per_batch, 'row_len': row_len,
            'checkpoint_every_steps': every, 'checkpoint_every_secs': None, 'keep_checkpoints': 5,
-           'average_last': 5, 'eval_every_steps': every, 'log_every_steps': max(10, every // 2)}
+           'average_last': 5, 'eval_every_steps': evaluate,
+           'log_every_steps': max(10, every // 2)}
   return {'model': model.replace(max_len=max_len), 'train': train, 'optim': optim}, reasons
 
 
@@ -203,12 +208,12 @@ def record(workdir: str | pathlib.Path, sizing: Sizing) -> pathlib.Path:
   path = pathlib.Path(workdir) / 'recipe.json'
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        'recipe': 'auto', 'reasons': list(sizing.reasons),
-        'model': config_lib.config_to_dict(recipe.model),
-        'train': dataclasses.asdict(recipe.train), 'optim': dataclasses.asdict(recipe.optim),
-        'data': dataclasses.asdict(recipe.data)}, indent=1) + '\n')
   except OSError as e:
-    raise sources.DataError(f'{path}: cannot record the recipe ({e.strerror}).') from None
+    raise files.cannot_write(path, 'the recipe', e) from None
+  files.write_atomically(path, (json.dumps({
+      'recipe': 'auto', 'reasons': list(sizing.reasons),
+      'model': config_lib.config_to_dict(recipe.model),
+      'train': dataclasses.asdict(recipe.train), 'optim': dataclasses.asdict(recipe.optim),
+      'data': dataclasses.asdict(recipe.data)}, indent=1) + '\n').encode(), 'the recipe')
   return path
 

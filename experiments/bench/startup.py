@@ -1,0 +1,165 @@
+"""The startup section: what a user waits for, as whole processes. `jaxformer translate` on one
+sentence and on the demo's 1,000 test sentences, with the compilation cache empty (a first run),
+filled (every later run) and off (--no-compilation-cache, as before the cache), beside a
+CTranslate2 process (import, load, translate) on the same weights; `import jaxformer`; and the
+time from `jaxformer train` on an existing workdir to its first resumed step, cached and not,
+for a small model and for base dimensions.
+
+  python experiments/bench --only startup --demo-model workdirs/demo/average-last5
+
+Medians of `rounds` rounds, the ways of one round run one after another. Each process gets a
+cache folder of its own case (JAXFORMER_CACHE_DIR), and jax's own cache settings are taken out
+of its environment.
+"""
+
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench.common import ROOT
+
+from jaxformer import recipes
+from jaxformer.data import embedded
+
+ONE_SENTENCE = 'The red dog sleeps.\n'
+
+# A CTranslate2 user's whole process: import, load, translate stdin as jaxformer translate does
+# (beam 4, alpha 0.6, at most input + 50 pieces), print.
+_CT2_PROCESS = r'''
+import sys
+import ctranslate2, sentencepiece
+model = sys.argv[1]
+spm = sentencepiece.SentencePieceProcessor(model_file=model + '/spm.model')
+lines = sys.stdin.read().splitlines()
+pieces = [spm.encode(line, out_type=str) + ['</s>'] for line in lines]
+found = ctranslate2.Translator(model, device='cpu', intra_threads=2).translate_batch(
+    pieces, max_batch_size=32, beam_size=4, length_penalty=0.6,
+    max_decoding_length=max(map(len, pieces)) + 50)
+print('\n'.join(spm.decode(r.hypotheses[0]) for r in found))
+'''
+
+
+def _env(cache: pathlib.Path | None = None) -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items() if not k.startswith('JAX_')}
+  return {**env, 'JAXFORMER_CACHE_DIR': str(cache)} if cache else env
+
+
+def _timed(argv: list[str], *, stdin: str = '', env: dict[str, str] | None = None) -> float:
+  start = time.perf_counter()
+  subprocess.run(argv, input=stdin, capture_output=True, text=True, check=True,
+                 env=env or _env(), cwd=ROOT)
+  return time.perf_counter() - start
+
+
+def _jaxformer(*args: str) -> list[str]:
+  return [sys.executable, '-m', 'jaxformer.cli', *args]
+
+
+def _translations(tmp: pathlib.Path, model: pathlib.Path, ct2: pathlib.Path | None,
+                  rounds: int) -> dict:
+  """Seconds of each way of translating one sentence and the 1,000 (medians), and the ratios
+  to CTranslate2's process."""
+  sizes = recipes.load('demo').data
+  thousand = embedded.splits(sizes.train_pairs, sizes.validation_pairs,
+                             sizes.test_pairs)['test'].src[:1000]
+  cases = {'one_sentence': ONE_SENTENCE, 'sentences_1000': '\n'.join(thousand) + '\n'}
+  times: dict[str, list[float]] = {}
+  translate = _jaxformer('translate', '--model', str(model))
+  for round_ in range(rounds):
+    for case, text in cases.items():
+      cache = tmp / f'cache-{case}-{round_}'  # empty
+      ways = {'first_run': (translate, _env(cache)), 'cached': (translate, _env(cache)),
+              'no_cache': (translate + ['--no-compilation-cache'], _env())}
+      if ct2:
+        ways['ctranslate2'] = ([sys.executable, '-c', _CT2_PROCESS, str(ct2)], _env())
+      for way, (argv, env) in ways.items():
+        times.setdefault(f'{case}_{way}_s', []).append(_timed(argv, stdin=text, env=env))
+  results = {k: round(statistics.median(v), 2) for k, v in times.items()}
+  for case in cases if ct2 else ():
+    for way in ('first_run', 'cached', 'no_cache'):
+      results[f'{case}_{way}_vs_ctranslate2'] = round(
+          results[f'{case}_{way}_s'] / results[f'{case}_ctranslate2_s'], 2)
+  return results
+
+
+def _imports(rounds: int) -> dict:
+  """Seconds to import jaxformer and its command line, less a bare interpreter's start."""
+  times: dict[str, list[float]] = {}
+  for _ in range(rounds):
+    for name, code in (('python', 'pass'), ('import_jaxformer', 'import jaxformer'),
+                       ('import_jaxformer_cli', 'import jaxformer.cli')):
+      times.setdefault(name, []).append(_timed([sys.executable, '-c', code]))
+  bare = statistics.median(times.pop('python'))
+  return {f'{k}_s': round(statistics.median(v) - bare, 2) for k, v in times.items()}
+
+
+def _first_step_s(argv: list[str], env: dict[str, str], step: int) -> float:
+  """Seconds from starting `argv` (a training run) to its progress bar's `step`, then ends it
+  (before any save: the workdir stays as it was)."""
+  start = time.perf_counter()
+  process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                             cwd=ROOT)
+  seen, mark = b'', re.compile(rf'\| {step}/\d+ \['.encode())
+  try:
+    while not mark.search(seen[-400:]):
+      chunk = os.read(process.stderr.fileno(), 4096)
+      if not chunk:
+        raise RuntimeError(f'{argv} ended before step {step}: {seen[-2000:].decode()}')
+      seen += chunk
+    return time.perf_counter() - start
+  finally:
+    process.kill()
+    process.wait()
+
+
+def _resumes(tmp: pathlib.Path, data_dir: pathlib.Path, rounds: int) -> dict:
+  """Seconds from `jaxformer train` on a workdir with a checkpoint at step 1 to its step 2, with
+  the cache its first run filled and without: the multi30k recipe's model, and base dimensions
+  (on batches of 2,048 tokens, which a CPU runs in seconds)."""
+  corpus = data_dir / 'multi30k'
+  models = {'multi30k': [],
+            'base_dims': ['--set', 'model.num_layers=6', '--set', 'model.d_model=512',
+                          '--set', 'model.d_ff=2048', '--set', 'model.num_heads=8',
+                          '--set', 'train.tokens_per_batch=2048']}
+  results = {}
+  for name, flags in models.items():
+    workdir, cache = tmp / f'resume-{name}', tmp / f'cache-resume-{name}'
+    train = _jaxformer('train', '--config', 'multi30k', '--workdir', str(workdir),
+                       '--train-src', str(corpus / 'train.en'), '--train-tgt',
+                       str(corpus / 'train.de'), *flags)
+    _timed(train + ['--num-steps', '1'], env=_env(cache))  # the checkpoint, and the cache
+    times: dict[str, list[float]] = {'cached': [], 'no_cache': []}
+    for _ in range(rounds):
+      times['cached'].append(_first_step_s(train + ['--num-steps', '4'], _env(cache), 2))
+      times['no_cache'].append(_first_step_s(
+          train + ['--num-steps', '4', '--no-compilation-cache'], _env(), 2))
+    cached, plain = (statistics.median(times[k]) for k in ('cached', 'no_cache'))
+    results[name] = {'cached_s': round(cached, 2), 'no_cache_s': round(plain, 2),
+                     'speedup': round(plain / cached, 2)}
+  return results
+
+
+def run(data_dir: pathlib.Path, demo_model: str | None, rounds: int = 3) -> dict:
+  if demo_model is None:
+    raise SystemExit('error: the startup section times a trained model: pass --demo-model '
+                     '(e.g. workdirs/demo/average-last5 after make demo)')
+  try:
+    import ctranslate2  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    has_ct2 = True
+  except ImportError:
+    has_ct2 = False
+  with tempfile.TemporaryDirectory() as tmp:
+    tmp = pathlib.Path(tmp)
+    model = tmp / 'exported'
+    ct2 = tmp / 'ct2' if has_ct2 else None
+    _timed(_jaxformer('export', '--model', demo_model, str(model)))
+    if ct2:
+      _timed(_jaxformer('export', '--model', demo_model, '--format', 'ctranslate2', str(ct2)))
+    return {'model': demo_model, 'rounds': rounds,
+            'translate': _translations(tmp, model, ct2, rounds),
+            'imports': _imports(rounds), 'resume': _resumes(tmp, data_dir, rounds)}
