@@ -259,3 +259,20 @@ def test_plot_attention_writes_images(workdir, tmp_path):
     pixels = image.imread(tmp_path / name)
     assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
     assert pixels.std() > 0.01  # not a blank image
+
+
+def test_bench_startup_times_a_resumed_run_to_its_first_step_and_ends_it():
+  """A stand-in for `jaxformer train` whose progress bar reaches step 2 after 0.6 s and step 3
+  0.3 s later: the first step ends at 0.6 s and started at 0.3 s; the process is ended there."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  from bench import startup  # pylint: disable=g-import-not-at-top
+  fake = ('import sys, time\n'
+          'for step, pause in ((1, 0.0), (2, 0.6), (3, 0.3), (4, 30.0)):\n'
+          '  time.sleep(pause)\n'
+          "  sys.stderr.write(f'\\rtraining: | {step}/5 [00:01<00:01]'); sys.stderr.flush()\n")
+  start = time.perf_counter()
+  end, begin = startup._first_step_s([sys.executable, '-c', fake], dict(os.environ), 2)  # pylint: disable=protected-access
+  assert 0.6 <= end < 2.0 and begin == pytest.approx(end - 0.3, abs=0.25)
+  assert time.perf_counter() - start < 10  # ended, not waited for
+  with pytest.raises(RuntimeError, match='ended before step 2'):
+    startup._first_step_s([sys.executable, '-c', 'pass'], dict(os.environ), 2)  # pylint: disable=protected-access
