@@ -184,11 +184,7 @@ def resume_data(batches: data_lib.PackedBatches, hosts: list[dict[str, int]],
     log.warning('the checkpoint\'s data position is from an older jaxformer (no %s): training '
                 'continues on a fresh data stream.', ', '.join(sorted(set(now) - set(saved))))
     return
-  changed = [f'{name} {saved[key]} -> {now[key]}' for key, name in
-             (('seed', 'seed'), ('shard_size', 'training pairs per host'),
-              ('corpus', 'corpus id'), ('src_len', 'source row length'),
-              ('tgt_len', 'target row length')) if saved[key] != now[key]]
-  if changed:
+  if changed := batches.changes(saved):
     raise TrainingError(
         f'the training data changed since the checkpoint ({", ".join(changed)}): resume with the '
         'same corpus and settings, or pass --reset-data to continue from the checkpoint on a '
@@ -429,31 +425,98 @@ def _checkpoint_manager(workdir: pathlib.Path, train_cfg: TrainConfig, validated
       keep_best=(train_cfg.average_best, train_cfg.best_metric) if train_cfg.average_best else None)
 
 
-def _log_metrics(step: int, values: dict[str, Any], reader: monitor.MetricReader,
-                 sink: monitor.MetricsSink) -> None:
-  """The interval's train metrics to TensorBoard, metrics.jsonl and the progress bar."""
-  values.clear()
-  values.update(reader.interval())
-  sink.scalars(step, 'train', values)
-  loss = f'{values["loss"]:.3f}' if 'loss' in values else 'skipped'
-  sink.progress.set_postfix(loss=loss, lr=f'{values["lr"]:.2e}',
-                            tok_s=f'{values["tokens_per_s"]:.0f}')
+class Run:
+  """One training run in progress: the replicated state, the save clock, the data position, the
+  run's translator, early stopping and the summary, with the loop's actions as methods (`log`,
+  `evaluate`, `save`, `stop`). train_and_evaluate makes one, steps it and finishes it."""
 
+  def __init__(self, config: TransformerConfig, train_cfg: TrainConfig, workdir: pathlib.Path,
+               pipeline: pipeline_lib.Pipeline, optim: OptimConfig, init_params: Any = None):
+    self.config, self.train_cfg, self.workdir, self.pipeline = config, train_cfg, workdir, pipeline
+    self.manager = _checkpoint_manager(workdir, train_cfg, pipeline.validation is not None)
+    state, self.rng = init_or_restore(config, train_cfg, pipeline, self.manager, optim,
+                                      init_params)
+    self.start_step = int(state.step)
+    self.meta = checkpoint.make_meta(config, pipeline.tokenizer.model_proto, optim)
+    self.facts = execution_facts(state.config, train_cfg, src_len=pipeline.src_len,
+                                 tgt_len=pipeline.tgt_len, rows=pipeline.rows)
+    self.hparams = _hparams(config, train_cfg, optim, self.facts)
+    log.info('training on %s', describe_run(self.facts))
+    self.p_state, self.p_rng = parallel.replicate(state), parallel.replicate(self.rng)
+    self.p_train_step, self.p_eval_step = _pmapped_steps(train_cfg.accum_steps,
+                                                         train_cfg.skip_nonfinite)
+    self.reader = monitor.MetricReader(skip_nonfinite=train_cfg.skip_nonfinite,
+                                       on_skip=_on_skip)
+    self.sink = monitor.MetricsSink(workdir, enabled=jax.process_index() == 0,
+                                    start_step=self.start_step, total_steps=train_cfg.num_steps)
+    self.summary: dict[str, Any] = {'preempted': False, 'train': {}}
+    self.translator: Translator | None = None  # made at the first evaluation that translates
+    self.last_save, self.data_state = time.monotonic(), None
+    self.patience, self.stop_early = Patience(train_cfg.patience), False
 
-def _stop(step: int, summary: dict[str, Any], manager: Any, save: Callable[[int], None],
-          signal: str | None, patience: 'Patience | None') -> None:
-  """Ends the loop early: out of patience (saving this step), or preempted (its save
-  committed); says which in the summary and the log."""
-  if patience is not None:
-    save(step)  # (a no-op if this step saved already)
-    summary['stopped_early'] = True
-    log.info('step %d: no better validation loss in %d evaluations (best %.4f): stopped '
-             'early.', step, patience.since, patience.best)
-  else:
-    checkpoint.wait_until_finished(manager)
-    summary['preempted'], summary['signal'] = True, signal
-    log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
-                signal or 'stop', step, manager.directory / str(step))
+  def actions(self) -> list[Action]:
+    return periodic_actions(self.train_cfg, log_metrics=self.log, save=self.save,
+                            evaluate=self.evaluate if self.pipeline.validation is not None
+                            else None)
+
+  def train_step(self, step: int, batch: Any) -> None:
+    self.p_state, metrics = self.p_train_step(self.p_state, batch, self.p_rng)
+    self.sink.progress.update(self.reader.read())  # the previous step's: the device has this one
+    self.reader.push(step, metrics)
+
+  def log(self, step: int) -> None:
+    """The interval's train metrics to TensorBoard, metrics.jsonl and the progress bar."""
+    values = self.summary['train'] = self.reader.interval()
+    self.sink.scalars(step, 'train', values)
+    loss = f'{values["loss"]:.3f}' if 'loss' in values else 'skipped'
+    self.sink.progress.set_postfix(loss=loss, lr=f'{values["lr"]:.2e}',
+                                   tok_s=f'{values["tokens_per_s"]:.0f}')
+
+  def evaluate(self, step: int) -> None:
+    """Validation loss, perplexity and accuracy (all hosts); on process 0 also sacreBLEU and
+    sample translations, as configured."""
+    train_cfg = self.train_cfg
+    result = self.summary['eval'] = validation_metrics(self.p_eval_step, self.p_state,
+                                                       self.pipeline)
+    self.stop_early = self.patience.update(result['loss'])  # the same on every host
+    if (train_cfg.bleu_sentences or train_cfg.sample_translations) and self.sink.enabled:
+      self.translator = self.translator or Translator(None, self.config,
+                                                      self.pipeline.tokenizer)
+      _translate_validation(self.translator, parallel.unreplicate(self.p_state.params),
+                            self.pipeline.validation_text, train_cfg, result, self.sink, step)
+    self.sink.scalars(step, 'eval', result)
+    if train_cfg.average_best:  # a checkpoint at every evaluation, ranked by its metric
+      self.save(step, {'loss': result['loss']} if train_cfg.best_metric == 'loss' else
+                {'bleu': float(parallel.all_hosts(np.array(result.get('bleu', 0.0))).sum())})
+
+  def save(self, step: int, metrics: dict[str, float] | None = None) -> None:
+    if self.manager.latest_step() == step:  # saved already at this step's evaluation
+      return
+    _save(self.manager, step, parallel.unreplicate(self.p_state), self.rng, self.meta,
+          self.data_state, self.train_cfg.keep_train_state, metrics)
+    self.last_save = time.monotonic()
+
+  def stop(self, step: int, signal: str | None) -> None:
+    """Ends the loop early: out of patience (saving this step), or preempted (its save
+    committed); says which in the summary and the log."""
+    if self.stop_early:
+      self.save(step)  # (a no-op if this step saved already)
+      self.summary['stopped_early'] = True
+      log.info('step %d: no better validation loss in %d evaluations (best %.4f): stopped '
+               'early.', step, self.patience.since, self.patience.best)
+    else:
+      checkpoint.wait_until_finished(self.manager)
+      self.summary['preempted'], self.summary['signal'] = True, signal
+      log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
+                  signal or 'stop', step, self.manager.directory / str(step))
+
+  def finish(self) -> dict[str, Any]:
+    """The summary, after the end-of-run averages (_average)."""
+    self.summary.update(step=int(parallel.unreplicate(self.p_state.step)),
+                        skipped_updates=self.reader.skipped,
+                        checkpoint=str(self.manager.directory / str(self.manager.latest_step())))
+    _average(self.workdir, self.manager, self.train_cfg, self.summary)
+    return self.summary
 
 
 def _nonfinite_error(e: monitor.NonFiniteLoss, manager: Any) -> 'TrainingError':
@@ -471,77 +534,28 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
   """Trains `config` with `optim` (default: the paper's) on the pipeline's batches, resuming
   from the workdir, else from `init_params` if given. Returns a summary: final step, metrics,
   the checkpoints, and 'preempted' (with its 'signal') or 'stopped_early' (out of patience)."""
-  workdir, optim = pathlib.Path(workdir), optim or OptimConfig()
-  manager = _checkpoint_manager(workdir, train_cfg, pipeline.validation is not None)
-  state, rng = init_or_restore(config, train_cfg, pipeline, manager, optim, init_params)
-  start_step = int(state.step)
-  meta = checkpoint.make_meta(config, pipeline.tokenizer.model_proto, optim)
-  facts = execution_facts(state.config, train_cfg, src_len=pipeline.src_len,
-                          tgt_len=pipeline.tgt_len, rows=pipeline.rows)
-  log.info('training on %s', describe_run(facts))
-  p_state, p_rng = parallel.replicate(state), parallel.replicate(rng)
-  p_train_step, p_eval_step = _pmapped_steps(train_cfg.accum_steps, train_cfg.skip_nonfinite)
-  reader = monitor.MetricReader(skip_nonfinite=train_cfg.skip_nonfinite, on_skip=_on_skip)
-  summary: dict[str, Any] = {'preempted': False, 'train': {}}
-  sink = monitor.MetricsSink(workdir, enabled=jax.process_index() == 0, start_step=start_step,
-                             total_steps=train_cfg.num_steps)
-  translator = None  # the run's one, made at the first evaluation that translates
-  last_save, data_state = time.monotonic(), None
-  patience, stop_early = Patience(train_cfg.patience), False
-
-  def log_metrics(step: int) -> None:
-    _log_metrics(step, summary.setdefault('train', {}), reader, sink)
-
-  def evaluate(step: int) -> None:
-    """Validation loss, perplexity and accuracy (all hosts); on process 0 also sacreBLEU and
-    sample translations, as configured."""
-    nonlocal translator, stop_early
-    result = summary['eval'] = validation_metrics(p_eval_step, p_state, pipeline)
-    stop_early = patience.update(result['loss'])  # the same on every host: an all-host sum
-    if (train_cfg.bleu_sentences or train_cfg.sample_translations) and sink.enabled:
-      translator = translator or Translator(None, config, pipeline.tokenizer)
-      _translate_validation(translator, parallel.unreplicate(p_state.params),
-                            pipeline.validation_text, train_cfg, result, sink, step)
-    sink.scalars(step, 'eval', result)
-    if train_cfg.average_best:  # a checkpoint at every evaluation, ranked by its metric
-      save(step, {'loss': result['loss']} if train_cfg.best_metric == 'loss' else
-           {'bleu': float(parallel.all_hosts(np.array(result.get('bleu', 0.0))).sum())})
-
-  def save(step: int, metrics: dict[str, float] | None = None) -> None:
-    nonlocal last_save
-    if manager.latest_step() == step:  # saved already at this step's evaluation
-      return
-    _save(manager, step, parallel.unreplicate(p_state), rng, meta, data_state,
-          train_cfg.keep_train_state, metrics)
-    last_save = time.monotonic()
-
-  actions = periodic_actions(train_cfg, log_metrics=log_metrics, save=save,
-                             evaluate=evaluate if pipeline.validation is not None else None)
-  device_batches = pipeline.device_batches()
+  run = Run(config, train_cfg, pathlib.Path(workdir), pipeline, optim or OptimConfig(),
+            init_params)
+  actions, device_batches = run.actions(), pipeline.device_batches()
   try:
-    with sink, monitor.PreemptionGuard() as guard:
-      sink.start(start_step, facts, describe_run(facts), _hparams(config, train_cfg, optim, facts))
-      for step in range(start_step + 1, train_cfg.num_steps + 1):
-        batch, data_state = next(device_batches)
-        p_state, metrics = p_train_step(p_state, batch, p_rng)
-        sink.progress.update(reader.read())  # the previous step's: the device has this one
-        reader.push(step, metrics)
-        preempted, timed_save = _agree(guard, last_save, train_cfg) if host_sync_due(
+    with run.sink, monitor.PreemptionGuard() as guard:
+      run.sink.start(run.start_step, run.facts, describe_run(run.facts), run.hparams)
+      for step in range(run.start_step + 1, train_cfg.num_steps + 1):
+        batch, run.data_state = next(device_batches)
+        run.train_step(step, batch)
+        preempted, timed_save = _agree(guard, run.last_save, train_cfg) if host_sync_due(
             step, train_cfg, jax.process_count()) else (False, False)
         now = due(actions, step, train_cfg.num_steps, save_signal=preempted or timed_save)
         if now:  # never report or save past an unchecked update
-          sink.progress.update(reader.read())
+          run.sink.progress.update(run.reader.read())
         for action in now:
           action.run(step)
-        if stop_early or preempted:
-          _stop(step, summary, manager, save, guard.signal, patience if stop_early else None)
+        if run.stop_early or preempted:
+          run.stop(step, guard.signal)
           break
   except monitor.NonFiniteLoss as e:
-    raise _nonfinite_error(e, manager) from None
+    raise _nonfinite_error(e, run.manager) from None
   finally:
     device_batches.close()
-    _finish_saves(manager, train_cfg.keep_train_state)
-  summary.update(step=int(parallel.unreplicate(p_state.step)), skipped_updates=reader.skipped,
-                 checkpoint=str(manager.directory / str(manager.latest_step())))
-  _average(workdir, manager, train_cfg, summary)
-  return summary
+    _finish_saves(run.manager, train_cfg.keep_train_state)
+  return run.finish()

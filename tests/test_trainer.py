@@ -55,6 +55,34 @@ def test_due_logs_evaluates_and_saves_on_their_schedules_and_at_the_end():
   assert [s for s in range(1, 11) if 'save' in _due(s, untimed, evaluating=False)] == [10]
 
 
+def test_each_action_of_a_run_works_alone(tmp_path):
+  """The loop's actions are a Run's methods: log, evaluate, save and stop, each called here by
+  hand on a run of the tiny model."""
+  tc = _tc(num_steps=3, patience=1)
+  validation = synthetic_text(40, seed=1)
+  pipeline = data.pipeline.build(tmp_path, CFG, tc, TEXT, validation)
+  run = trainer.Run(CFG, tc, tmp_path, pipeline, config.OptimConfig())
+  assert [a.name for a in run.actions()] == ['log', 'eval', 'save']
+  batches = pipeline.device_batches()
+  with run.sink:
+    for step in (1, 2):
+      batch, run.data_state = next(batches)
+      run.train_step(step, batch)
+    run.sink.progress.update(run.reader.read())
+    run.log(2)
+    assert set(run.summary['train']) >= {'loss', 'lr', 'tokens_per_s'}
+    run.evaluate(2)
+    assert run.summary['eval']['tokens'] > 0 and not run.stop_early
+    run.save(2)
+    run.evaluate(2)  # no better: out of patience (1)
+    assert run.stop_early
+    run.stop(2, None)
+  batches.close()
+  checkpoint.wait_until_finished(run.manager)
+  assert run.summary['stopped_early'] and run.manager.all_steps() == [2]
+  assert run.finish()['step'] == 2
+
+
 def test_workdir_holds_logs_checkpoints_and_vocabulary(trained):
   assert sorted(os.listdir(trained / 'checkpoints')) == ['2', '4', '6']
   lines = (trained / 'metrics.jsonl').read_text().splitlines()

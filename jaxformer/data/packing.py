@@ -207,12 +207,20 @@ class PackedBatches(Iterator[Batch]):
             'shard_size': len(self.shard), 'corpus': self.corpus_id(self.corpus),
             'src_len': self.src_len, 'tgt_len': self.tgt_len}
 
+  # What a saved position says of its stream, by the words a changed one is reported in.
+  IDENTITY = {'seed': 'seed', 'shard_size': 'training pairs per host', 'corpus': 'corpus id',
+              'src_len': 'source row length', 'tgt_len': 'target row length'}
+
+  def changes(self, state: dict[str, Any]) -> list[str]:
+    """'what old -> new' for each way the stream of `state` (a get_state) differs from this
+    one: another seed, corpus, host share or row length."""
+    now = self.get_state()
+    return [f'{name} {state.get(key)} -> {now[key]}' for key, name in self.IDENTITY.items()
+            if state.get(key) != now[key]]
+
   def set_state(self, state: dict[str, Any]) -> None:
     """Continues from a `get_state` of an iterator over the same corpus and settings."""
-    now = self.get_state()
-    changed = [f'{key} {state.get(key)} -> {now[key]}' for key in self.STATE_KEYS[3:]
-               if state.get(key) != now[key]]
-    if changed:
+    if changed := self.changes(state):
       raise ValueError(f'data state is for other data or settings ({", ".join(changed)}).')
     self._epoch, self._block, self._row = (int(state[k]) for k in ('epoch', 'block', 'row'))
 
