@@ -455,13 +455,16 @@ class Run:
     self.patience, self.stop_early = Patience(train_cfg.patience), False
 
   def actions(self) -> list[Action]:
+    """The loop's periodic actions, this run's methods (evaluate only with a validation set)."""
     return periodic_actions(self.train_cfg, log_metrics=self.log, save=self.save,
                             evaluate=self.evaluate if self.pipeline.validation is not None
                             else None)
 
   def train_step(self, step: int, batch: Any) -> None:
+    """Queues step `step` on `batch`; reads the previous step's metrics (the device has this
+    one) into the progress bar."""
     self.p_state, metrics = self.p_train_step(self.p_state, batch, self.p_rng)
-    self.sink.progress.update(self.reader.read())  # the previous step's: the device has this one
+    self.sink.progress.update(self.reader.read())
     self.reader.push(step, metrics)
 
   def log(self, step: int) -> None:
@@ -490,6 +493,8 @@ class Run:
                 {'bleu': float(parallel.all_hosts(np.array(result.get('bleu', 0.0))).sum())})
 
   def save(self, step: int, metrics: dict[str, float] | None = None) -> None:
+    """Starts an async save of this step (with the validation `metrics` that rank it, if any)
+    and restarts the save clock; nothing if this step was saved already."""
     if self.manager.latest_step() == step:  # saved already at this step's evaluation
       return
     _save(self.manager, step, parallel.unreplicate(self.p_state), self.rng, self.meta,
