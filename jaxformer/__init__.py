@@ -16,7 +16,8 @@ from jaxformer.model import Transformer
 __version__ = '0.1.0'
 
 _LAZY_SUBMODULES = tuple(sorted(module.name for module in pkgutil.iter_modules(__path__)
-                                if module.name not in globals()))  # the rest of the package
+                                if module.name not in globals()
+                                and not module.name.startswith('_')))  # the rest of the package
 
 __all__ = ['OptimConfig', 'TransformerConfig', 'Transformer', 'base', 'big', 'tiny', 'config',
            'losses', 'model', 'optim', *_LAZY_SUBMODULES]

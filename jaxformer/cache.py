@@ -1,14 +1,15 @@
 """The key/value cache of incremental decoding and its slot layout, documented once here::
 
     {'index':  int32 []          the next target position;
-     'slots':  int32 [N, L]      per hypothesis, the slot holding each position of its history;
-     'layers': [{'self':  {'k': [B, H, K, L * n], 'v': [B, H, L * n, J]},
+     'slots':  int32 [N, T]      per hypothesis, the slot holding each position of its history;
+     'layers': [{'self':  {'k': [B, H, K, T * n], 'v': [B, H, T * n, J]},
                  'cross': {'k': [B, H, K, S],     'v': [B, H, S, J]}}, ...]}   one per layer
 
-B sentences, n hypotheses per sentence (beams, adjacent: N = B * n), L target positions, S
-source positions; keys and values in `MultiHeadAttention.project_kv`'s layout.
+B sentences, n hypotheses per sentence (beams, adjacent: N = B * n), T target positions, S
+source positions (as in jaxformer.model, whose key length L is T * n here); keys and values in
+`MultiHeadAttention.project_kv`'s layout.
 
-Beam search never copies the self-attention keys/values. Each sentence has n slots of L
+Beam search never copies the self-attention keys/values. Each sentence has n slots of T
 positions, stored position-major (position l of slot s at entry l * n + s). At step t,
 hypothesis s of a sentence writes its keys/values at position t of slot s (`write`), and
 `slots` says, per hypothesis, which slot holds each position of its history. When beams are
@@ -28,7 +29,7 @@ from jaxformer.config import TransformerConfig
 
 Array = jax.Array
 Cache = dict[str, Any]
-POSITION_AXIS = {'k': -1, 'v': -2}  # of the self-attention keys [.., L * n], values [.., L * n, J]
+POSITION_AXIS = {'k': -1, 'v': -2}  # of the self-attention keys [.., T * n], values [.., T * n, J]
 
 
 def init(config: TransformerConfig, cross: list[dict[str, Array]], max_len: int,
@@ -50,17 +51,17 @@ def beams(cache: Cache) -> int:
 
 
 def self_attention_mask(cache: Cache, window: int | None) -> tuple[Array, Cache]:
-  """(mask [B, 1, n, L * n] of the keys each hypothesis's new query sees, the cache with this
+  """(mask [B, 1, n, T * n] of the keys each hypothesis's new query sees, the cache with this
   position recorded in each hypothesis's own slot). A query sees the positions of its own
   history up to `index` (within +-window of it for restricted self-attention)."""
   index, (hypotheses, max_len), n = cache['index'], cache['slots'].shape, beams(cache)
   slots = jax.lax.dynamic_update_slice_in_dim(
       cache['slots'], (jnp.arange(hypotheses) % n)[:, None], index, axis=1)
-  positions = jnp.arange(max_len)  # [L]
+  positions = jnp.arange(max_len)  # [T]
   visible = positions <= index
   if window is not None:
     visible &= jnp.abs(index - positions) <= window
-  own = visible[None, :, None] & (slots[:, :, None] == jnp.arange(n))  # [N, L, n]
+  own = visible[None, :, None] & (slots[:, :, None] == jnp.arange(n))  # [N, T, n]
   return own.reshape(hypotheses // n, 1, n, max_len * n), {**cache, 'slots': slots}
 
 
@@ -85,7 +86,7 @@ def advance(cache: Cache, layers: list[dict[str, Any]]) -> Cache:
 def grow(cache: Cache, max_len: int) -> Cache:
   """`cache` with room for max_len target positions: its self-attention keys/values and its
   slots padded with zeros after the positions they have."""
-  def pad(x: Array, axis: int) -> Array:  # L * n entries along `axis` -> max_len * n
+  def pad(x: Array, axis: int) -> Array:  # T * n entries along `axis` -> max_len * n
     n = x.shape[axis] // cache['slots'].shape[1]
     return jnp.pad(x, [(0, (max_len - cache['slots'].shape[1]) * n)
                        if a == x.ndim + axis else (0, 0) for a in range(x.ndim)])

@@ -22,8 +22,8 @@ from typing import Any
 
 import jax
 
-from jaxformer import (checkpoint, compilation, data, export, monitor, parallel, recipes, scoring,
-                       trainer)
+from jaxformer import (checkpoint, compilation, data, export, files, monitor, parallel, recipes,
+                       scoring, trainer)
 from jaxformer import config as config_lib
 from jaxformer.config import DataConfig, OptimConfig, SettingError, TrainConfig
 from jaxformer.errors import JaxformerError
@@ -311,10 +311,8 @@ def _eval(args: argparse.Namespace) -> int:
   except KeyboardInterrupt:
     print('interrupted: no hypotheses written', file=sys.stderr)
     return 130
-  try:
-    output.write_text(''.join(h + '\n' for h in hypotheses), encoding='utf-8')
-  except OSError as e:
-    return _fail(f'cannot write the hypotheses to {output} ({e.strerror}).')
+  files.write_atomically(output, ''.join(h + '\n' for h in hypotheses).encode(),
+                         'the hypotheses')
   if warning := scoring.undertrained(hypotheses, step):
     print(f'warning: {warning}', file=sys.stderr)
   result = scoring.scores(hypotheses, text.tgt, args.target_language)
@@ -431,7 +429,7 @@ _TRAIN_DESCRIPTION = (
     '--train-tgt new.en\n'
     '  jaxformer train --config base --workdir workdirs/base --tfds-data-dir ~/tfds\n'
     '  jaxformer train --config demo --workdir W --set train.num_steps=20\n\n'
-    'On a CPU, run it on huge pages as make does (glibc >= 2.35; about 20% faster, see '
+    'On a CPU, run it on huge pages as make does (glibc >= 2.35; faster, see '
     'docs/speed.md):\n\n'
     '  GLIBC_TUNABLES=glibc.malloc.hugetlb=1 jaxformer train ...')
 

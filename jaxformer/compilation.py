@@ -30,7 +30,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 log = logging.getLogger(__name__)
 
-MAX_BYTES = 2**30  # jax's own entries for one model: a few MB on CPU, tens on a GPU
+MAX_BYTES = 2**30  # room for many models' programs; the least recently used go first
 _JAX_CACHE_ERROR = re.compile(r'Error (reading|writing) persistent compilation cache entry')
 
 

@@ -7,6 +7,8 @@ continues hypothesis parents[i]). The default, `reorder_rows`, takes every array
 axis as per hypothesis [N, ...] and leaves scalars (a position counter) as they are; a cache
 with other shared parts (the model's: see jaxformer.cache) passes its own.
 
+Shapes: B sentences, W beams per sentence (N = B * W hypotheses), T output positions, V vocabulary
+(T and V as in jaxformer.model; W for the beams, since K is the model's key width per head).
 Lengths count generated tokens, EOS included. Sentence b stops at EOS or after max_lengths[b]
 tokens, whichever comes first; the paper uses max_lengths = source length + 50.
 """
@@ -17,6 +19,8 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+
+from jaxformer._cpu_ops import argmax, top_k  # noqa: F401  (decode.argmax, decode.top_k)
 
 Array = jax.Array
 Cache = Any
@@ -46,7 +50,7 @@ class GreedyState:
   """The loop state of `greedy_search`."""
   step: Array   # [] tokens generated so far
   last: Array   # [B] the last token of each sentence
-  out: Array    # [B, L]
+  out: Array    # [B, T]
   done: Array   # [B]
   cache: Cache
 
@@ -91,11 +95,11 @@ def _search_loop(cond: Callable[[Any], Array], body: Callable[[Any], Any], state
 class BeamState:
   """The loop state of `beam_search`: live and finished hypotheses of every sentence."""
   step: Array             # [] tokens generated so far
-  alive_seqs: Array       # [B, K, L]
-  alive_log_probs: Array  # [B, K] sum of log-probabilities
-  finished_seqs: Array    # [B, K, L]
-  finished_scores: Array  # [B, K] log-probability / length penalty; NEG_INF where empty
-  cache: Cache            # for B * K hypotheses
+  alive_seqs: Array       # [B, W, T]
+  alive_log_probs: Array  # [B, W] sum of log-probabilities
+  finished_seqs: Array    # [B, W, T]
+  finished_scores: Array  # [B, W] log-probability / length penalty; NEG_INF where empty
+  cache: Cache            # for B * W hypotheses
 
 
 def _flatten(x: Array) -> Array:
@@ -107,13 +111,13 @@ def _unflatten(x: Array, beam: int) -> Array:
 
 
 def _gather(x: Array, indices: Array) -> Array:
-  """x [B, K, ...] -> [B, N, ...], taking beam indices[b, n] for each sentence b."""
+  """x [B, W, ...] -> [B, N, ...], taking beam indices[b, n] for each sentence b."""
   return jnp.take_along_axis(x, indices.reshape(*indices.shape, *([1] * (x.ndim - 2))), axis=1)
 
 
 def take_rows(x: Array, rows: Array) -> Array:
   """x's rows in the order `rows` [N] (in bounds): one gather along the leading axis (XLA:CPU
-  lowers take_along_axis on [B, K, ...] to a slow select; mode='clip' spares the default
+  lowers take_along_axis on [B, W, ...] to a slow select; mode='clip' spares the default
   mode's select as well). `rows` may be in any order: beam search passes each sentence's
   parents in score order, so the gather makes no sortedness promise XLA could rely on."""
   return jnp.take(x, rows, axis=0, mode='clip')
@@ -129,54 +133,15 @@ def _no_padding(logits: Array) -> Array:
   return jnp.where(jnp.arange(logits.shape[-1]) == 0, NEG_INF, logits)
 
 
-def argmax(x: Array) -> Array:
-  """jnp.argmax over the last axis of x [N, V] (ties to the lower index; int32; in range for
-  a row holding NaN too) as two vectorised reductions: the maximum, then the lowest index
-  holding it. XLA:CPU lowers argmax's (value, index) reduction to a scalar loop, 2.8-5.5x
-  slower on 32 rows of V = 1000 to 37000 (docs/BENCHMARKS.md and its log)."""
-  most = jnp.max(x, axis=-1, keepdims=True)
-  vocab = x.shape[-1]
-  return jnp.min(jnp.where(x == most, jnp.arange(vocab, dtype=jnp.int32), vocab - 1),
-                 axis=-1)
-
-
-BLOCK = 32  # entries per block of `top_k`'s first pass
-
-
-def top_k(x: Array, k: int) -> tuple[Array, Array]:
-  """jax.lax.top_k over the last axis of x [N, V] (values, then indices; ties to the lower
-  index), through block maxima when rows are long.
-
-  XLA:CPU's TopK sorts each row on one thread (about 5 ns an entry), while a max over blocks
-  of BLOCK entries is a vectorised reduction. The k largest entries lie in the k blocks with
-  the largest maxima, so TopK runs on the V / BLOCK maxima and then on those k blocks' entries,
-  kept in index order so that ties resolve as before. Short rows go to TopK directly.
-  """
-  n, vocab = x.shape
-  if vocab < 64 * BLOCK:
-    return jax.lax.top_k(x, k)
-  maxima = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, BLOCK), (1, BLOCK),
-                                 [(0, 0), (0, -vocab % BLOCK)])  # [N, ceil(V / BLOCK)]
-  blocks = jnp.sort(jax.lax.top_k(maxima, k)[1], axis=-1)  # [N, k]
-  # A short last block is read from an earlier start; the entries before it belong to the
-  # block before, which may be chosen as well, and are masked out here.
-  starts = jnp.minimum(blocks * BLOCK, vocab - BLOCK)[:, :, None]
-  indices = (starts + jnp.arange(BLOCK)).reshape(n, k * BLOCK)
-  own = indices >= jnp.repeat(blocks * BLOCK, BLOCK, axis=-1)
-  top, where = jax.lax.top_k(jnp.where(own, jnp.take_along_axis(x, indices, axis=1), -jnp.inf),
-                             k)
-  return top, jnp.take_along_axis(indices, where, axis=1)
-
-
 @jax.named_scope('continuations')  # (experiments/profile_step.py sums its ops by this name)
 def continuations(alive_log_probs: Array, logits: Array, n: int) -> tuple[Array, Array, Array]:
-  """The n best one-token continuations of K live beams per sentence, by log-probability:
+  """The n best one-token continuations of W live beams per sentence, by log-probability:
   (log-probabilities [B, n], beam [B, n], token [B, n]), best first. Given the beams'
-  log-probabilities [B, K] and next-token logits [B * K, V].
+  log-probabilities [B, W] and next-token logits [B * W, V].
 
-  The same as jax.lax.top_k over all K * V candidates with padding's log-probability at
+  The same as jax.lax.top_k over all W * V candidates with padding's log-probability at
   NEG_INF, in two steps: the n best of a sentence are among the n likeliest tokens of each of
-  its beams (fewer when V < n), so the full log-softmax [B * K, V] is never written: its
+  its beams (fewer when V < n), so the full log-softmax [B * W, V] is never written: its
   normaliser is a reduction, and only the chosen entries are normalised, as
   jax.nn.log_softmax computes them.
   """
@@ -185,7 +150,7 @@ def continuations(alive_log_probs: Array, logits: Array, n: int) -> tuple[Array,
   logits = logits.astype(jnp.float32)
   most = jnp.max(logits, axis=-1, keepdims=True)
   normaliser = jnp.log(jnp.sum(jnp.exp(logits - most), axis=-1, keepdims=True))
-  top, tokens = top_k(_no_padding(logits), per_beam)  # --> [B * K, per_beam]
+  top, tokens = top_k(_no_padding(logits), per_beam)  # --> [B * W, per_beam]
   log_probs = jnp.where(tokens == 0, NEG_INF, (top - most) - normaliser)
   candidates = alive_log_probs[:, :, None] + _unflatten(log_probs, k)
   log_probs, indices = jax.lax.top_k(candidates.reshape(batch, k * per_beam), n)
@@ -246,23 +211,23 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
     return (s.step < max_len) & jnp.any(can_improve)
 
   def body(s: BeamState) -> BeamState:
-    last = jnp.where(s.step > 0, s.alive_seqs[:, :, jnp.maximum(s.step - 1, 0)], 0)  # [B, K]
+    last = jnp.where(s.step > 0, s.alive_seqs[:, :, jnp.maximum(s.step - 1, 0)], 0)  # [B, W]
     logits, cache = tokens_to_logits(_flatten(last)[:, None], s.cache)
-    # The 2K best continuations: enough to keep K live ones even if K of them end here.
-    top_log_probs, beam_of, token = continuations(s.alive_log_probs, logits, 2 * k)  # [B, 2K]
-    seqs = _gather(s.alive_seqs, beam_of)  # --> [B, 2K, L]
+    # The 2W best continuations: enough to keep W live ones even if W of them end here.
+    top_log_probs, beam_of, token = continuations(s.alive_log_probs, logits, 2 * k)  # [B, 2W]
+    seqs = _gather(s.alive_seqs, beam_of)  # --> [B, 2W, T]
     seqs = seqs.at[:, :, s.step].set(token)
     length = s.step + 1
-    ends = (token == eos_id) | (length >= max_lengths)[:, None]  # --> [B, 2K]
+    ends = (token == eos_id) | (length >= max_lengths)[:, None]  # --> [B, 2W]
 
-    # Live beams: the K best that did not end.
+    # Live beams: the W best that did not end.
     _, alive_idx, alive_seqs, alive_log_probs = _top_k(
         jnp.where(ends, NEG_INF, top_log_probs), k, seqs, top_log_probs)
     alive_log_probs = jnp.where(_gather(ends, alive_idx), NEG_INF, alive_log_probs)
-    parents = _gather(beam_of, alive_idx) + jnp.arange(batch)[:, None] * k  # --> [B, K]
+    parents = _gather(beam_of, alive_idx) + jnp.arange(batch)[:, None] * k  # --> [B, W]
     cache = reorder_cache(cache, parents.reshape(-1))
 
-    # Finished: the K best of those finished before and those ending now, by penalised score.
+    # Finished: the W best of those finished before and those ending now, by penalised score.
     new_scores = jnp.where(ends, top_log_probs / length_penalty(length, alpha), NEG_INF)
     finished_scores, _, finished_seqs = _top_k(
         jnp.concatenate([s.finished_scores, new_scores], axis=1), k,
@@ -282,7 +247,7 @@ def _results(final: BeamState, alpha: float, num_results: int | None) -> tuple[A
     has_finished = final.finished_scores[:, 0] > NEG_INF / 2
     seqs = jnp.where(has_finished[:, None], final.finished_seqs[:, 0], final.alive_seqs[:, 0])
     return seqs, jnp.where(has_finished, final.finished_scores[:, 0], alive_scores[:, 0])
-  scores = jnp.concatenate([final.finished_scores, alive_scores], axis=1)  # [B, 2K]
+  scores = jnp.concatenate([final.finished_scores, alive_scores], axis=1)  # [B, 2W]
   valid = jnp.concatenate([final.finished_scores, final.alive_log_probs], axis=1) > NEG_INF / 2
   finished = jnp.arange(2 * k) < k
   rank = jnp.where(valid, scores - jnp.where(finished, 0.0, -NEG_INF), 2 * NEG_INF)

@@ -36,8 +36,8 @@ class _NoWriter:
 
 class _EventFile:
   """A TensorBoard event file, written with tensorboard's own record writer and summary protos.
-  flax's writer goes through TensorFlow, whose import costs each training process about 5 s and
-  600 MB; this writes the same events without it."""
+  flax's writer goes through TensorFlow, whose import would cost every training process seconds
+  and memory (docs/benchmarks-log.md); this writes the same events without it."""
 
   def __init__(self, folder: pathlib.Path):
     # pylint: disable=g-import-not-at-top  (tensorboard is optional on a GPU image)

@@ -86,14 +86,14 @@ def _jitted_search(config: TransformerConfig, beam_size: int, alpha: float) -> A
                                    alpha=alpha), static_argnames=('max_len', 'num_results'))
 
 
-MAX_WORKERS = 8  # each batch in flight holds its own cache: ~1 GB for base, beam 4, 32 x 256
+MAX_WORKERS = 8  # each batch in flight holds a decoding cache of its own: memory grows with them
 
 
 def default_workers() -> int:
   """Batches searched side by side: on CPU one per core this process may use, at most
-  MAX_WORKERS, since XLA:CPU runs a small model's search on little more than one core (two on
-  2 cores translate the demo model's test split 1.6x faster: docs/benchmarks-log.md);
-  elsewhere one, as an accelerator runs one program at a time."""
+  MAX_WORKERS, since XLA:CPU runs a small model's search on little more than one core
+  (measured in docs/benchmarks-log.md); elsewhere one, as an accelerator runs one program at a
+  time."""
   if jax.default_backend() != 'cpu':
     return 1
   cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()

@@ -9,55 +9,23 @@ import subprocess
 import sys
 
 import pytest
+from helpers import TESTS
 
 from jaxformer import cli, translation
-
-# Runs `jaxformer ARGS...` in this process and reports on stderr how many programs XLA compiled:
-# jax records an event for each program it compiles or loads from the cache, and another for
-# each it loaded.
-# FAULT names where a write fails: 'probe' (enable_cache's first write: a read-only folder) or
-# 'entries' (jax's cache writing a program: a disk that filled after the cache was opened).
-_COUNTING_CLI = r'''
-import errno, os, sys, tempfile
-import jax
-from jax._src import dispatch
-
-events = []
-jax.monitoring.register_event_duration_secs_listener(lambda event, secs, **kw: events.append(event))
-jax.monitoring.register_event_listener(lambda event, **kw: events.append(event))
-fault = os.environ.get('FAULT')
-if fault == 'probe':
-  def refuse(*args, **kwargs):
-    raise OSError(errno.EROFS, os.strerror(errno.EROFS))
-  tempfile.TemporaryFile = refuse
-elif fault == 'entries':
-  from jax._src import lru_cache
-  def full(self, key, value):
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-  lru_cache.LRUCache.put = full
-
-from jaxformer import cli, translation
-status = cli.main(sys.argv[1:])
-compiled = events.count(dispatch.BACKEND_COMPILE_EVENT) - events.count(
-    '/jax/compilation_cache/cache_hits')
-print(f'compiled {compiled}', file=sys.stderr)
-sys.exit(status)
-'''
-
 
 _LINES = ('the man sees a dog', 'the dog')
 
 
-def _run(tmp_path: pathlib.Path, model: pathlib.Path, *flags: str, fault: str | None = None
+def _run(tmp_path: pathlib.Path, model: pathlib.Path, *flags: str, fault: str = 'none'
          ) -> tuple[str, list[str], int]:
-  """(stdout, stderr's lines but the count, programs compiled) of `jaxformer translate`."""
-  script = tmp_path / 'counting_cli.py'
-  script.write_text(_COUNTING_CLI)
+  """(stdout, stderr's lines but the count, programs compiled) of `jaxformer translate`, with
+  `fault` (tests/faults.py) injected."""
   env = {k: v for k, v in os.environ.items() if not k.startswith('JAX_')}  # not the tests' cache
-  env.update(JAXFORMER_CACHE_DIR=str(tmp_path / 'cache'), FAULT=fault or '')
-  result = subprocess.run([sys.executable, str(script), 'translate', '--model', str(model),
-                           '--batch-size', '2', *flags], input='\n'.join(_LINES) + '\n',
-                          capture_output=True, text=True, env=env, timeout=300)
+  env.update(JAXFORMER_CACHE_DIR=str(tmp_path / 'cache'))
+  result = subprocess.run([sys.executable, str(TESTS / 'faults.py'), fault, 'translate',
+                           '--model', str(model), '--batch-size', '2', *flags],
+                          input='\n'.join(_LINES) + '\n', capture_output=True, text=True,
+                          env=env, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   *lines, count = result.stderr.strip().split('\n')
   return result.stdout, lines, int(count.removeprefix('compiled '))
@@ -87,9 +55,10 @@ def test_a_second_command_loads_every_program_the_first_compiled(workdir, tmp_pa
 
 
 @pytest.mark.parametrize('fault, message', [
-    ('probe', r'compilation cache off: cannot write \S+/cache/xla \(Read-only file system\)'),
-    ('entries', r'compilation cache: No space left on device; this run compiles what it cannot '
-                'load or store')])
+    ('cache-read-only',
+     r'compilation cache off: cannot write \S+/cache/xla \(Read-only file system\)'),
+    ('cache-full', r'compilation cache: No space left on device; this run compiles what it '
+                   'cannot load or store')])
 def test_a_cache_that_cannot_be_written_is_one_warning_line(workdir, tmp_path, fault, message):
   output, lines, compiled = _run(tmp_path, workdir, fault=fault)
   assert output == _expected(workdir) and compiled > 0

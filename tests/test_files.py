@@ -192,6 +192,11 @@ def test_a_read_only_workdir_is_one_line_from_average_and_train(workdir, tmp_pat
   assert _command('train', *train_command(disk / 'w', src, tgt)[2:]) == (
       f'error: {disk}/w/.run.lock: cannot write the lock of a training run on {disk} '
       '(Read-only file system).')
+  (tmp_path / 'few.txt').write_text('the man sees a dog\nthe dog\n')
+  assert _command('eval', '--model', str(disk / 'w'), '--src', str(tmp_path / 'few.txt'),
+                  '--ref', str(tmp_path / 'few.txt')) == (
+      f'error: {disk}/w/hyps-few.txt: cannot write the hypotheses on {disk} (Read-only file '
+      'system).')
 
 
 def test_a_vocabulary_that_does_not_fit_leaves_no_record_behind(tmp_path, small_disk):

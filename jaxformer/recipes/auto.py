@@ -142,8 +142,8 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
     optim['lr_scale'] = FINE_TUNE_LR_SCALE
     reasons.append(f'learning rate {FINE_TUNE_LR_SCALE} of the paper\'s formula (lr_scale): '
                    'fine-tuning moves a trained model less than a fresh run')
-  # A validation pass (its loss, and the sample translations) took about 3 s of a small run's
-  # 15 minutes on 2 CPU cores: there, one at every other checkpoint (docs/BENCHMARKS.md).
+  # A validation pass (its loss, and the sample translations) is a noticeable share of a small
+  # run on a CPU, where it then comes at every other checkpoint (docs/BENCHMARKS.md).
   evaluate = every if gpu else 2 * every
   reasons.append(f'checkpoints  every {every} steps, the last 5 averaged; a validation pass '
                  f'every {evaluate} steps and at the end, when there is a validation set')
