@@ -8,8 +8,8 @@ for a small model and for base dimensions.
   python experiments/bench --only startup --demo-model workdirs/demo/average-last5
 
 Medians of `rounds` rounds, the ways of one round run one after another. Each process gets a
-cache folder of its own case (JAXFORMER_CACHE_DIR), and jax's own cache settings are taken out
-of its environment.
+cache folder of its own case (JAXFORMER_CACHE_DIR) or none, never the user's, and jax's own
+cache settings are taken out of its environment.
 """
 
 import os
@@ -167,9 +167,10 @@ def run(data_dir: pathlib.Path, demo_model: str | None, rounds: int = 3) -> dict
     tmp = pathlib.Path(tmp)
     model = tmp / 'exported'
     ct2 = tmp / 'ct2' if has_ct2 else None
-    _timed(_jaxformer('export', '--model', demo_model, str(model)))
-    if ct2:
-      _timed(_jaxformer('export', '--model', demo_model, '--format', 'ctranslate2', str(ct2)))
+    for fmt, out in (('jaxformer', model), ('ctranslate2', ct2)):  # (not into the user's cache)
+      if out:
+        _timed(_jaxformer('export', '--model', demo_model, '--format', fmt, str(out),
+                          '--no-compilation-cache'))
     return {'model': demo_model, 'rounds': rounds,
             'translate': _translations(tmp, model, ct2, rounds),
             'imports': _imports(rounds), 'resume': _resumes(tmp, data_dir, rounds)}
