@@ -98,7 +98,7 @@ train-base train-big: $(STAMP)
 # BLEU of a trained workdir on tfds newstest2014 (ARGS="--src F --ref F" for local files).
 eval: $(STAMP)
 	@test -n "$(WORKDIR)" || { echo "make eval: set WORKDIR=, e.g. make eval WORKDIR=workdirs/base" >&2; exit 2; }
-	$(JAXFORMER) eval --workdir $(WORKDIR) $(if $(AVERAGE_LAST),--average-last $(AVERAGE_LAST)) \
+	$(JAXFORMER) eval --model $(WORKDIR) $(if $(AVERAGE_LAST),--average-last $(AVERAGE_LAST)) \
 	  $(TFDS_FLAG) $(ARGS)
 
 # Multi30k EN->DE on CPU (jaxformer/recipes/multi30k.py): train, then BLEU on test_2016_flickr
@@ -111,7 +111,7 @@ train-multi30k: $(STAMP)
 	$(JAXFORMER) train --config multi30k --workdir $(WORKDIR) \
 	  --train-src $(call m30k,train.en) --train-tgt $(call m30k,train.de) \
 	  --eval-src $(call m30k,val.en) --eval-tgt $(call m30k,val.de) $(ARGS)
-	$(JAXFORMER) eval --checkpoint "$$(ls -d $(WORKDIR)/average-last* | sort -V | tail -n 1)" \
+	$(JAXFORMER) eval --model "$$(ls -d $(WORKDIR)/average-last* | sort -V | tail -n 1)" \
 	  --src $(call m30k,test_2016_flickr.en) --ref $(call m30k,test_2016_flickr.de)
 
 # Real corpora for benchmarks live beside the repository, never in it.

@@ -1,8 +1,9 @@
 """The `jaxformer` command line: train, eval, translate, export, average, params.
 
-Thin wrappers around library functions. Flags are spelled with dashes (`--num-steps`); the
-underscore spelling (`--num_steps`) is accepted too. Every model, training and data setting can
-be changed with `--set SECTION.NAME=VALUE` (SECTION: model, train, data, optim).
+Thin wrappers around library functions. Flags are spelled with dashes (`--num-steps`); older
+spellings (`--num_steps`, `eval --workdir`) still work and print a note (older_spellings). Every
+model, training and data setting can be changed with `--set SECTION.NAME=VALUE` (SECTION: model,
+train, data, optim).
 """
 
 import argparse
@@ -76,7 +77,7 @@ def path_arg(text: str) -> str:
 
 
 def _flag(parser: argparse._ActionsContainer, name: str, **kwargs: Any) -> None:
-  """--name-with-dashes, and --name_with_underscores as a hidden alias."""
+  """--name-with-dashes, and --name_with_underscores as a hidden older spelling."""
   dashed = '--' + name.replace('_', '-')
   parser.add_argument(dashed, dest=name, **kwargs)
   if '_' in name:
@@ -254,14 +255,42 @@ def _train(args: argparse.Namespace) -> int:
 # --- loading a model ------------------------------------------------------------------------------
 
 
-def _add_model_path(parser: argparse.ArgumentParser, *aliases: str, required: bool = True
-                    ) -> None:
+def _add_model_path(parser: argparse.ArgumentParser, *aliases: str) -> None:
   """--model PATH, the one name of "the model to load" in eval, translate and export; --workdir
-  (and eval's --checkpoint) are older spellings of it."""
-  parser.add_argument('--model', '--workdir', *aliases, dest='model', required=required,
-                      type=path_arg, metavar='PATH', help='the model: a training workdir (its '
-                      'newest checkpoint), a checkpoint folder (e.g. WORKDIR/average-last5) or an '
-                      'exported folder')
+  (and eval's --checkpoint) are older spellings of it, kept out of the help (older_spellings)."""
+  parser.add_argument('--model', dest='model', type=path_arg, metavar='PATH',
+                      help='the model: a training workdir (its newest checkpoint), a checkpoint '
+                      'folder (e.g. WORKDIR/average-last5) or an exported folder')
+  for alias in ('--workdir', *aliases):
+    parser.add_argument(alias, dest='model', type=path_arg, help=argparse.SUPPRESS)
+
+
+# The commands whose model flag is --model, and its older spellings there.
+_MODEL_ALIASES = {'eval': ('--workdir', '--checkpoint'), 'translate': ('--workdir',),
+                  'export': ('--workdir',)}
+
+
+def older_spellings(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+  """A line for each older spelling in `argv` (a command's arguments): the underscore spelling
+  of a flag (--num_steps) and the model's --workdir/--checkpoint, which still work."""
+  if not argv or argv[0] not in _subcommands(parser):
+    return []
+  command = argv[0]
+  hidden = {option for action in _subcommands(parser)[command]._actions  # pylint: disable=protected-access
+            if action.help == argparse.SUPPRESS for option in action.option_strings}
+  lines = []
+  for word in argv[1:]:
+    flag = word.split('=')[0]
+    if flag in _MODEL_ALIASES.get(command, ()):
+      lines.append(f'note: {flag} is an older spelling of --model; it still works.')
+    elif flag in hidden and '_' in flag:
+      lines.append(f'note: {flag} is an older spelling of {flag.replace("_", "-")}; it still '
+                   'works.')
+  return lines
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+  return parser._subparsers._group_actions[0].choices  # pylint: disable=protected-access
 
 
 def _add_model_flags(parser: argparse.ArgumentParser, *, beam: bool = True) -> None:
@@ -389,6 +418,9 @@ def _export(args: argparse.Namespace) -> int:
   if (args.model is None) == (args.path is None):
     return _fail('give the model to export once: jaxformer export --model PATH OUT.')
   path = args.model or args.path
+  if args.path is not None:
+    print('note: `jaxformer export PATH OUT` is an older spelling of `jaxformer export --model '
+          'PATH OUT`; it still works.', file=sys.stderr)
   export.check_destination(args.out, args.format, args.overwrite)  # before the loading
   params, config, spm_model, step = export.load_model(path, args.average_last)
   if args.format == 'ctranslate2':
@@ -496,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
       'Writes a model that Translator.from_pretrained(OUT) (and jaxformer eval/translate) load '
       'without orbax or the workdir; with --format ctranslate2, a CTranslate2 model of the same '
       "weights (pip install 'jaxformer[ctranslate2]'), with spm.model beside it.")
-  _add_model_path(export, required=False)
+  _add_model_path(export)
   export.add_argument('path', nargs='?', type=path_arg,
                       help='the model, as --model (an older spelling)')
   export.add_argument('out', type=path_arg, help='the folder to write')
@@ -528,10 +560,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
   parser = build_parser()
+  argv = sys.argv[1:] if argv is None else argv
   args = parser.parse_args(argv)
   if args.command is None:
     parser.print_help()
     return 0
+  if args.command in ('eval', 'translate') and args.model is None:
+    _subcommands(parser)[args.command].error('the following arguments are required: --model')
+  for line in older_spellings(parser, argv):
+    print(line, file=sys.stderr)
   try:
     use_compilation_cache(args)
     with monitor.Interrupts():

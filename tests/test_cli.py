@@ -47,7 +47,7 @@ def test_params_command_prints_the_documented_counts(capsys, preset, count):
 
 
 @pytest.mark.parametrize('flags,message', [
-    (['--accum_steps', '0'], 'error: train.accum_steps must be >= 1, got 0.'),
+    (['--accum-steps', '0'], 'error: train.accum_steps must be >= 1, got 0.'),
     (['--log-every-steps', '0'], 'error: train.log_every_steps must be >= 1, got 0.'),
     (['--set', 'train.row_len=16'], 'error: row_len=16 is shorter than max_len=64: the longest '
                                     'pairs would not fit in a row; set row_len >= max_len.'),
@@ -132,6 +132,19 @@ def test_the_search_refuses_an_alpha_that_is_not_a_finite_number(capsys, command
     translation.Translator(None, config.tiny(), None, alpha=float('nan'))
 
 
+def test_older_spellings_still_work_and_name_the_current_one():
+  parser = cli.build_parser()
+  assert cli.older_spellings(parser, ['eval', '--checkpoint', 'M', '--average_last', '2',
+                                      '--beam', '4']) == [
+      'note: --checkpoint is an older spelling of --model; it still works.',
+      'note: --average_last is an older spelling of --average-last; it still works.']
+  assert cli.older_spellings(parser, ['train', '--workdir', 'W', '--num_steps=3']) == [
+      'note: --num_steps is an older spelling of --num-steps; it still works.']
+  assert cli.older_spellings(parser, ['translate', '--model', 'M']) == []
+  args = parser.parse_args(['translate', '--workdir', 'M', '--batch_size', '3'])
+  assert (args.model, args.batch_size) == ('M', 3)
+
+
 def test_translate_command_keeps_lines_and_non_ascii(workdir):
   lines = ['the man sees a dog', '', 'Größe — ünïcode ✓ 😀', '', '', 'the dog']
   result = subprocess.run(
@@ -190,7 +203,7 @@ def _eval_main(argv: list[str]) -> int:
 def test_eval_refuses_an_invalid_utf8_source_file(workdir, tmp_path, capsys):
   (tmp_path / 'test.src').write_bytes(b'the dog\nthe \xe9t\xe9\n')
   (tmp_path / 'test.ref').write_text('der hund\ndas haus\n')
-  assert _eval_main(['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
+  assert _eval_main(['--model', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
                      str(tmp_path / 'test.ref'), '--output', str(tmp_path / 'hyps.txt')]) == 1
   assert capsys.readouterr().err.strip().splitlines() == [
       f'error: {tmp_path / "test.src"}:2: not valid UTF-8 (byte 4: invalid continuation byte); '
@@ -201,7 +214,7 @@ def test_eval_refuses_an_invalid_utf8_source_file(workdir, tmp_path, capsys):
 def test_eval_checks_the_output_folder_before_translating(workdir, tmp_path, capsys):
   (tmp_path / 'test.src').write_text('the dog\n')
   (tmp_path / 'test.ref').write_text('der hund\n')
-  assert _eval_main(['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
+  assert _eval_main(['--model', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
                      str(tmp_path / 'test.ref'), '--output',
                      str(tmp_path / 'missing' / 'hyps.txt')]) == 1
   err = capsys.readouterr().err
@@ -218,7 +231,7 @@ def test_eval_scores_any_target_language_and_says_when_the_model_is_undertrained
   (tmp_path / 'test.src').write_text('the dog\nthe cat\nthe house\n')
   (tmp_path / 'test.ref').write_text('狗\n猫\n房子\n')
   monkeypatch.setattr(translation.Translator, 'translate', lambda self, s, **k: ['狗'] * len(s))
-  args = ['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
+  args = ['--model', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
           str(tmp_path / 'test.ref'), '--output', str(tmp_path / 'hyps.txt')]
   assert _eval_main([*args, '--target-language', 'zh']) == 0
   out, err = capsys.readouterr()
@@ -244,7 +257,7 @@ def test_eval_interrupted_while_translating_ends_quietly(workdir, tmp_path, caps
   def interrupted(*args, **kwargs):
     raise KeyboardInterrupt
   monkeypatch.setattr(translation.Translator, 'translate', interrupted)
-  assert _eval_main(['--workdir', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
+  assert _eval_main(['--model', str(workdir), '--src', str(tmp_path / 'test.src'), '--ref',
                      str(tmp_path / 'test.ref'), '--output', str(tmp_path / 'hyps.txt')]) == 130
   assert capsys.readouterr().err.strip().splitlines() == ['interrupted: no hypotheses written']
   assert not (tmp_path / 'hyps.txt').exists()

@@ -32,7 +32,7 @@ def test_short_demo_runs_end_to_end_and_reruns_cleanly(tmp_path):
   assert len((workdir / 'test_hypotheses.de').read_text().splitlines()) == 12
   # The README's quickstart: the demo's test split, scored again by `jaxformer eval`.
   scored = subprocess.run(
-      [sys.executable, '-m', 'jaxformer.cli', 'eval', '--checkpoint', summary['model'],
+      [sys.executable, '-m', 'jaxformer.cli', 'eval', '--model', summary['model'],
        '--src', str(workdir / 'test.en'), '--ref', str(workdir / 'test.de')],
       capture_output=True, text=True, timeout=300)
   assert scored.returncode == 0, scored.stderr[-3000:]

@@ -96,7 +96,7 @@ def test_a_damaged_or_partial_export_is_a_one_line_error(workdir, tmp_path, caps
   with pytest.raises(checkpoint.CheckpointError, match=r'not an exported model \(missing spm'):
     translation.Translator.from_pretrained(str(out))
   capsys.readouterr()
-  assert cli.main(['translate', '--workdir', str(out)]) == 1
+  assert cli.main(['translate', '--model', str(out)]) == 1
   assert capsys.readouterr().err.strip().splitlines()[-1].startswith('error: ')
 
 

@@ -53,7 +53,7 @@ def test_train_eval_export_translate_from_the_installed_package(installed, tmp_p
   test = embedded.splits(10, 10, 10)['test']
   (tmp_path / 'test.en').write_text('\n'.join(test.src) + '\n')
   (tmp_path / 'test.de').write_text('\n'.join(test.tgt) + '\n')
-  scored = _run(installed, tmp_path, jaxformer, 'eval', '--workdir', 'w', '--src', 'test.en',
+  scored = _run(installed, tmp_path, jaxformer, 'eval', '--model', 'w', '--src', 'test.en',
                 '--ref', 'test.de', '--output', 'hyps.de')
   summary = json.loads(scored.stdout.strip().splitlines()[-1])
   assert summary['segments'] == 10 and {'sacrebleu', 'tokenized_bleu', 'chrf'} <= set(summary)
