@@ -220,8 +220,8 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
   if auto:
     inherited = None if parent is None else (parent[0], data.Tokenizer.from_bytes(
         parent[1], f'the vocabulary of {recipe.train.init_from}'))
-    sizing = auto_recipe.size(recipe, assignments, backend=jax.default_backend(),
-                              parent=inherited)
+    sizing = auto_recipe.recorded(args.workdir, recipe, assignments) or auto_recipe.size(
+        recipe, assignments, backend=jax.default_backend(), parent=inherited)
     logging.getLogger('jaxformer.recipes.auto').info(
         '%s (recorded in %s)', '\n  '.join(sizing.reasons),
         auto_recipe.record(args.workdir, sizing))

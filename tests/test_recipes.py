@@ -234,6 +234,34 @@ def test_size_measures_the_files_and_lets_settings_win(tmp_path, shared_data):
     auto.record(tmp_path / 'file', sizing)  # a file where the workdir belongs
 
 
+def test_a_resumed_run_keeps_its_recorded_recipe_and_does_not_measure_again(tmp_path,
+                                                                           monkeypatch):
+  """With checkpoints to resume, the record is the recipe (a newer jaxformer's rules, or a
+  corpus measured again, cannot change what the checkpoints were trained with); --set wins."""
+  chosen, reasons = auto.choose(_corpus(4_000), 'cpu')
+  data_cfg = recipes.override(recipes.AUTO, ['data.train_src=a', 'data.train_tgt=b']).data
+  first = auto.Sizing(recipes.Recipe(chosen['model'], config.TrainConfig(**chosen['train']),
+                                     data_cfg, config.OptimConfig(**chosen['optim'])),
+                      ('head', *reasons, 'tail'))
+  auto.record(tmp_path, first)
+  assert auto.recorded(tmp_path, recipes.AUTO, []) is None  # no checkpoint yet: sized afresh
+  (tmp_path / 'checkpoints' / '40').mkdir(parents=True)
+  monkeypatch.setattr(auto, 'measure', lambda *args, **kwargs: pytest.fail('measured again'))
+  moved = ['data.train_src=c', 'data.train_tgt=d']  # the files moved since
+  again = auto.recorded(tmp_path, recipes.override(recipes.AUTO, moved),
+                        [*moved, 'train.num_steps=900'])
+  assert again.recipe.model == first.recipe.model and again.recipe.optim == first.recipe.optim
+  assert again.recipe.train == dataclasses.replace(first.recipe.train, num_steps=900)
+  assert (again.recipe.data.train_src, again.recipe.data.train_tgt) == ('c', 'd')
+  assert again.reasons[1:-1] == tuple(reasons) and again.reasons[0].startswith('resuming: ')
+  assert again.reasons[-1] == 'then your settings, which win: train.num_steps=900'
+  auto.record(tmp_path, again)  # and the next resume reads it as well
+  assert auto.recorded(tmp_path, recipes.AUTO, []).reasons[1:-1] == tuple(reasons)
+  (tmp_path / 'recipe.json').write_text('{"model": ')
+  with pytest.raises(config_lib.SettingError, match='damaged recipe record'):
+    auto.recorded(tmp_path, recipes.AUTO, [])
+
+
 def test_a_fine_tuning_run_keeps_its_parents_model_at_a_lower_learning_rate():
   parent = recipes.load('multi30k').model
   chosen, reasons = auto.choose(_corpus(2_000, mean=24.0, longest=70), 'cpu', parent)

@@ -194,11 +194,41 @@ def size(recipe: 'Recipe', assignments: Sequence[str], *, backend: str,  # noqa:
   sized = recipes.Recipe(chosen['model'], train, recipe.data, OptimConfig(**chosen['optim']))
   head = (f'the automatic recipe for {corpus.pairs:,} pairs ({corpus.mean_pieces:.1f} pieces a '
           f'sentence, 99.9% within {corpus.long_pieces}) on {backend}:')
+  return Sizing(recipes.override(sized, assignments), (head, *reasons, _last_reason(assignments)))
+
+
+def _last_reason(assignments: Sequence[str]) -> str:
+  """The reasons' last line: the user's settings over the rules', or how to give some."""
   yours = [a for a in assignments if not a.startswith('data.')]
-  tail = (f'then your settings, which win: {", ".join(yours)}' if yours else
+  return (f'then your settings, which win: {", ".join(yours)}' if yours else
           'change any of it with --set SECTION.NAME=VALUE (or its flag); docs/own-data.md '
           'explains the rules')
-  return Sizing(recipes.override(sized, assignments), (head, *reasons, tail))
+
+
+def recorded(workdir: str | pathlib.Path, recipe: 'Recipe', assignments: Sequence[str]  # noqa: F821
+             ) -> Sizing | None:
+  """The recipe `record` wrote in `workdir`, when the workdir has checkpoints to resume, with
+  `recipe`'s data section and `assignments` (--set) applied over it: a resumed run keeps the
+  choices its checkpoints were trained with (the corpus is not measured again, and a newer
+  jaxformer's rules do not change them). None for a fresh workdir or one without a record."""
+  from jaxformer import recipes  # pylint: disable=g-import-not-at-top  (the package imports us)
+  workdir = pathlib.Path(workdir)
+  path = workdir / 'recipe.json'
+  if not path.is_file() or not any(p.name.isdigit() for p in (workdir / 'checkpoints').glob('*')):
+    return None
+  try:
+    fields = json.loads(path.read_text())
+    known = {f.name for f in dataclasses.fields(config_lib.TrainConfig)}
+    train = config_lib.TrainConfig(**{k: v for k, v in fields['train'].items() if k in known})
+    sized = recipes.Recipe(config_lib.config_from_dict(fields['model']), train, recipe.data,
+                           config_lib.optim_from_dict(fields['optim']))
+    reasons = tuple(fields['reasons'])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise config_lib.SettingError(f'{path}: damaged recipe record ({type(e).__name__}: {e}); '
+                                  'give the settings with --config, or remove it.') from None
+  head = f'resuming: the automatic recipe recorded in {path} (the corpus is not measured again)'
+  return Sizing(recipes.override(sized, assignments),
+                (head, *reasons[1:-1], _last_reason(assignments)))
 
 
 def record(workdir: str | pathlib.Path, sizing: Sizing) -> pathlib.Path:
