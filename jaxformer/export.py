@@ -113,24 +113,27 @@ def load_model(path: str | pathlib.Path, average_last: int | None = None
   newest checkpoint, or with average_last=N the mean of its last N), a checkpoint folder (e.g.
   WORKDIR/average-last5) or an exported folder (one with a config.json; `load` says what it
   lacks, if anything)."""
-  found = files.describe(path)
-  if found == files.EXPORT:
+  if _model_kind(path) == files.EXPORT:
     if average_last:
       raise SettingError(f'--average-last averages the checkpoints of a training workdir; {path} '
                          'is an exported folder (one set of params).')
     return load(path)
-  if found not in (files.WORKDIR, files.CHECKPOINTS):
-    raise checkpoint.CheckpointError(files.misplaced(path, found, MODEL))
   return checkpoint.load(path, average_last)
+
+
+def _model_kind(path: str | pathlib.Path) -> str:
+  """files.describe's word for `path` when it is a model (an export, a training workdir or a
+  checkpoint folder); the one-line CheckpointError naming what it is otherwise."""
+  found = files.describe(path)
+  if found not in (files.EXPORT, files.WORKDIR, files.CHECKPOINTS):
+    raise checkpoint.CheckpointError(files.misplaced(path, found, MODEL))
+  return found
 
 
 def model_config(path: str | pathlib.Path) -> tuple[TransformerConfig, bytes]:
   """(config, sentencepiece model bytes) of any model load_model reads, without its arrays."""
   path = pathlib.Path(path)
-  found = files.describe(path)
-  if found not in (files.EXPORT, files.WORKDIR, files.CHECKPOINTS):
-    raise checkpoint.CheckpointError(files.misplaced(path, found, MODEL))
-  if found == files.EXPORT:
+  if _model_kind(path) == files.EXPORT:
     try:
       config = config_from_dict(json.loads((path / 'config.json').read_text())['model'])
       return config, (path / 'spm.model').read_bytes()

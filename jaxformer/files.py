@@ -55,6 +55,11 @@ def describe(path: str | os.PathLike) -> str:
   return 'a folder' if children else EMPTY
 
 
+def has_checkpoints(workdir: str | os.PathLike) -> bool:
+  """Whether a training workdir has saved a checkpoint (a numbered step folder) to resume."""
+  return any(path.name.isdigit() for path in (pathlib.Path(workdir) / 'checkpoints').glob('*'))
+
+
 def misplaced(path: str | os.PathLike, found: str, wanted: str) -> str:
   """The one line for `path`, which is `found` (describe's words) where `wanted` belongs."""
   there = 'does not exist' if found == MISSING else f'is {found}'

@@ -331,7 +331,7 @@ def train(config: TransformerConfig, train_cfg: TrainConfig, workdir: str | path
   with files.locked(pipeline_lib.make_workdir(workdir), 'run', 'a training run') if first \
       else contextlib.nullcontext():
     init_params = inherit(train_cfg.init_from, config, pathlib.Path(workdir), train_pairs) \
-        if train_cfg.init_from and not _has_checkpoints(workdir) else None
+        if train_cfg.init_from and not files.has_checkpoints(workdir) else None
     pipeline = pipeline_lib.build(workdir, config, train_cfg, train_pairs, validation)
     return train_and_evaluate(config, train_cfg, workdir, pipeline, optim=optim,
                               init_params=init_params)
@@ -346,10 +346,6 @@ def train_recipe(recipe: Recipe, workdir: str | pathlib.Path) -> dict[str, Any]:
 
 
 # --- fine-tuning --------------------------------------------------------------------------------
-
-
-def _has_checkpoints(workdir: str | pathlib.Path) -> bool:
-  return any(path.name.isdigit() for path in (pathlib.Path(workdir) / 'checkpoints').glob('*'))
 
 
 def inherit(path: str, config: TransformerConfig, workdir: pathlib.Path,

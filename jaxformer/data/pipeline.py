@@ -128,7 +128,7 @@ def build(workdir: str | pathlib.Path, model: TransformerConfig, train: TrainCon
   the one its checkpoints hold (their data positions say whether the data changed)."""
   train.check_rows(model)
   workdir = make_workdir(workdir)
-  resuming = any(path.name.isdigit() for path in (workdir / 'checkpoints').glob('*'))
+  resuming = files.has_checkpoints(workdir)
   tokenizer, corpus, validation_corpus = prepare(
       workdir, train_pairs, validation, vocab_size=model.vocab_size, max_len=model.max_len,
       sample_size=train.spm_sample_size, seed=train.seed, check_vocabulary=not resuming)

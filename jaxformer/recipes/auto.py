@@ -214,7 +214,7 @@ def recorded(workdir: str | pathlib.Path, recipe: 'Recipe', assignments: Sequenc
   from jaxformer import recipes  # pylint: disable=g-import-not-at-top  (the package imports us)
   workdir = pathlib.Path(workdir)
   path = workdir / 'recipe.json'
-  if not path.is_file() or not any(p.name.isdigit() for p in (workdir / 'checkpoints').glob('*')):
+  if not path.is_file() or not files.has_checkpoints(workdir):
     return None
   try:
     fields = json.loads(path.read_text())
