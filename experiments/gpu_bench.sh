@@ -24,6 +24,17 @@
 #              val, which chooses, and on test_2016_flickr)
 #   scale      the data path at WMT14 EN-DE size (4.5M synthetic pairs) on this host's cores,
 #              with the base recipe's 8-device batches (bench --only scale, on the CPU backend)
+#   parity     decoding on this GPU against the CPU, sentence by sentence (backend_parity.py):
+#              PARITY_MODEL an exported model, PARITY_CPU its `decode` JSON written on a CPU;
+#              greedy and beam 4 at jax's default float32 matmul precision and at 'highest',
+#              each difference explained; parity.tar holds the runs and the reports
+#   candidates the base and big steps with the whole batch's loss in one chunk against the
+#              shipped path, PyTorch beside them (candidates_a.json), and the same base cases
+#              with XLA's Triton GEMMs off for their programs alone (candidates_b.json), two
+#              processes compiled side by side and timed in turn
+#   resume     bench --only startup without a model: a resumed `jaxformer train` at base
+#              dimensions and 25,600 target tokens a step, to its first step, with the
+#              compilation cache and without (RESUME_ROUNDS rounds, default 1)
 # BEFORE=DIR also times the train and decode steps with the jaxformer package in DIR (e.g. an
 # older commit's: git archive REV jaxformer | tar -x -C DIR). PYTHON: the interpreter (python3).
 set -u
@@ -107,6 +118,28 @@ for step in $steps; do
         --set model.dropout_rate=0.2 --set model.warmup_steps=400 &
       wait
       echo "== multi30k: ${SECONDS} s in all" >&2 ;;
+    parity)
+      tmp=$(mktemp -d)
+      for precision in default highest; do
+        PYTHONPATH=$path timeout 150 "$py" experiments/backend_parity.py decode \
+          --model "$PARITY_MODEL" --precision $precision --out "$tmp/gpu-$precision.json" \
+          2> /dev/null || echo "== parity decode $precision: exit $?" >&2
+        PYTHONPATH=$path timeout 60 "$py" experiments/backend_parity.py compare "$PARITY_CPU" \
+          "$tmp/gpu-$precision.json" --model "$PARITY_MODEL" --precision $precision \
+          --out "$tmp/report-$precision.json" >&2 || echo "== parity compare: exit $?" >&2
+      done
+      tar -C "$tmp" -cf "$out/parity.tar" . ;;
+    candidates) lock=$(mktemp) chunk=loss_chunk=32768
+      XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$path run 420 candidates_a.json \
+        "${bench[@]}" --only train --train-case base --train-case big --execution default \
+        --execution $chunk --time-lock "$lock" &
+      XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$path run 420 candidates_b.json \
+        "${bench[@]}" --only train --train-case base --no-torch --execution default \
+        --execution $chunk --compiler-option xla_gpu_enable_triton_gemm=false \
+        --time-lock "$lock" &
+      wait ;;
+    resume) XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$path run 300 resume.json \
+              "${bench[@]}" --only startup --rounds "${RESUME_ROUNDS:-1}" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

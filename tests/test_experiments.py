@@ -11,11 +11,13 @@ import threading
 import time
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import synthetic_text
 from matplotlib import image
 
-from jaxformer import config, scoring
+from jaxformer import cli, config, scoring, translation
+from jaxformer.decode import length_penalty
 from jaxformer.flops import forward_flops
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -276,3 +278,32 @@ def test_bench_startup_times_a_resumed_run_to_its_first_step_and_ends_it():
   assert time.perf_counter() - start < 10  # ended, not waited for
   with pytest.raises(RuntimeError, match='ended before step 2'):
     startup._first_step_s([sys.executable, '-c', 'pass'], dict(os.environ), 2)  # pylint: disable=protected-access
+
+
+def test_backend_parity_explains_each_difference_by_teacher_forced_scores(workdir, tmp_path):
+  parity = _script('backend_parity')
+  model = tmp_path / 'exported'
+  assert cli.main(['export', '--model', str(workdir), str(model)]) == 0
+  (tmp_path / 'src.txt').write_text('\n'.join(synthetic_text(6, seed=3).src) + '\n')
+  run = tmp_path / 'a.json'
+  assert parity.main(['decode', '--model', str(model), '--src', str(tmp_path / 'src.txt'),
+                      '--out', str(run)]) == 0
+  a = json.loads(run.read_text())
+  assert len(a['greedy']) == len(a['beam4']) == len(a['beam4_scores']) == 6
+  b = json.loads(run.read_text())
+  b['beam4'][2] = b['beam4'][2][:-1]  # a shorter output: it parts where the first one ended
+  report = parity.compare(a, b, str(model), 'default')
+  assert report['greedy'] == {'differ': 0, 'cases': []} and report['beam4']['differ'] == 1
+  case = report['beam4']['cases'][0]
+  assert case['sentence'] == 2 and case['part_at'] == len(a['beam4'][2]) - 1
+  # Teacher forcing scores the search's own outputs as the search did (an independent path): with
+  # their EOS, or without it for an output the length limit ended (this barely trained model's).
+  translator = translation.Translator.from_pretrained(str(model))
+  for i, sentence in enumerate(a['sources']):
+    src, hyp = translator.tokenizer.encode([sentence])[0], a['beam4'][i]
+    lp = parity._log_probs(translator, src, [hyp])[0]  # pylint: disable=protected-access
+    ended, cut = (lp.sum() / length_penalty(np.array(len(hyp) + 1), 0.6),
+                  lp[:-1].sum() / length_penalty(np.array(len(hyp)), 0.6))
+    assert min(abs(ended - a['beam4_scores'][i]), abs(cut - a['beam4_scores'][i])) < 1e-4
+  assert case['score'][1] != pytest.approx(case['score'][0])
+  assert case['gap_at_part'] == pytest.approx(abs(np.subtract(*case['piece_log_prob'])))

@@ -3,7 +3,7 @@
   make bench   (or: python experiments/bench --only train --train-case base)
 Sections, one module each of this package (its docstring says what it measures): data, train,
 checkpoint, memory, decode, and, only when asked for, scale (--only scale) and startup (--only
-startup --demo-model M);
+startup [--demo-model M]);
 common.py holds the timing, matmul-peak, RSS and batch helpers.
 """
 
@@ -24,7 +24,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench import checkpoint, data, decode, memory, scale, startup, train  # noqa: E402
-from bench.common import ROOT  # noqa: E402
+from bench.common import ROOT, turn  # noqa: E402
 from jaxformer.cli import positive_int  # noqa: E402
 
 # Each section, and the options of this command it takes.
@@ -32,7 +32,8 @@ SECTIONS = {
     'data': (data.run, lambda args: {'data_dir': args.data_dir}),
     'train': (train.run, lambda args: {'fast_path': args.fast_path, 'only': args.train_case,
                                        'executions': args.execution,
-                                       'peer': args.peer, 'lock': args.time_lock}),
+                                       'peer': args.peer, 'lock': args.time_lock,
+                                       'compiler_options': dict(args.compiler_option or [])}),
     'checkpoint': (checkpoint.run, lambda args: {}),
     'decode': (decode.run, lambda args: {'data_dir': args.data_dir,
                                          'demo_model': args.demo_model,
@@ -42,7 +43,9 @@ SECTIONS = {
                                        'src': args.scale_src, 'tgt': args.scale_tgt,
                                        'with_train': args.scale_train}),
     'startup': (startup.run, lambda args: {'data_dir': args.data_dir,
-                                           'demo_model': args.demo_model}),
+                                           'demo_model': args.demo_model,
+                                           'rounds': args.rounds,
+                                           'gpu': jax.default_backend() == 'gpu'}),
 }
 
 
@@ -61,6 +64,10 @@ def main() -> int:
   parser.add_argument('--execution', type=train.execution_changes, action='append',
                       help='train section: time each case with this change to its Execution, '
                       "e.g. loss_chunk=4096,dropout_rng=rbg, or 'default' (repeatable)")
+  parser.add_argument('--compiler-option', type=train.compiler_option, action='append',
+                      help='train section: an XLA option for the timed programs alone, e.g. '
+                      'xla_gpu_enable_triton_gemm=false (repeatable; XLA_FLAGS sets them for '
+                      'the whole process)')
   parser.add_argument('--time-lock', metavar='FILE',
                       help='train section: time while holding a lock on FILE, so that bench '
                       'processes sharing one GPU (e.g. under different XLA_FLAGS) compile side '
@@ -69,10 +76,12 @@ def main() -> int:
                       help='train section: time PyTorch beside jaxformer when it is installed')
   parser.add_argument('--demo-model', help='decode section: also time this trained model '
                       '(e.g. workdirs/demo/average-last5 after make demo); startup section: '
-                      'the model it times (needed)')
+                      'the model whose translations it times (without it: imports and resumes)')
   parser.add_argument('--multi30k-model', help='decode section: also time this trained model '
                       'against CTranslate2 on test_2016_flickr (e.g. workdirs/multi30k/'
                       'average-last5 after make train-multi30k)')
+  parser.add_argument('--rounds', type=positive_int, default=3,
+                      help='startup section: rounds, each way once a round (medians)')
   parser.add_argument('--scale-pairs', type=positive_int, default=4_500_000,
                       help='scale section: pairs of the synthetic corpus (WMT14 EN-DE: 4.5M)')
   parser.add_argument('--scale-src', help='scale section: your own source file instead')
@@ -94,9 +103,12 @@ def main() -> int:
   if needs_data and not (args.data_dir / 'multi30k').is_dir():
     print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
     return 2
-  # PyTorch's peer first, in a process of its own, before jax starts and takes the GPU.
-  args.peer = (train.torch_peer(args.train_case)
-               if 'train' in sections and args.torch else None)
+  # PyTorch's peer first, in a process of its own, before jax starts and takes the GPU; holding
+  # the time lock, so that no other bench process compiles or times beside it.
+  args.peer = None
+  if 'train' in sections and args.torch:
+    with turn(args.time_lock):
+      args.peer = train.torch_peer(args.train_case)
   results = {'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
              'machine': {'platform': platform.platform(), 'cpus': os.cpu_count(),
                          'backend': jax.default_backend(),

@@ -3,9 +3,12 @@ sentence and on the demo's 1,000 test sentences, with the compilation cache empt
 filled (every later run) and off (--no-compilation-cache, as before the cache), beside a
 CTranslate2 process (import, load, translate) on the same weights; `import jaxformer`; and the
 time from `jaxformer train` on an existing workdir to its first resumed step, cached and not,
-for a small model and for base dimensions.
+for a small model and for base dimensions (on a GPU: base dimensions at the paper's 25,600
+target tokens a step).
 
   python experiments/bench --only startup --demo-model workdirs/demo/average-last5
+
+Without --demo-model, only the imports and the resumes are timed.
 
 Medians of `rounds` rounds, the ways of one round run one after another. Each process gets a
 cache folder of its own case (JAXFORMER_CACHE_DIR) or none, never the user's, and jax's own
@@ -122,15 +125,16 @@ def _first_step_s(argv: list[str], env: dict[str, str], step: int) -> tuple[floa
     process.wait()
 
 
-def _resumes(tmp: pathlib.Path, data_dir: pathlib.Path, rounds: int) -> dict:
+def _resumes(tmp: pathlib.Path, data_dir: pathlib.Path, rounds: int, gpu: bool) -> dict:
   """Seconds from `jaxformer train` on a workdir with a checkpoint at step 1 to the end and to
   the start of its step 2 (_first_step_s), with the cache its first run filled and without: the
-  multi30k recipe's model, and base dimensions (on batches of 2,048 tokens)."""
+  multi30k recipe's model, and base dimensions on batches of 2,048 tokens (on a GPU: base
+  dimensions alone, on the paper's 25,600)."""
   corpus = data_dir / 'multi30k'
-  models = {'multi30k': [],
-            'base_dims': ['--set', 'model.num_layers=6', '--set', 'model.d_model=512',
-                          '--set', 'model.d_ff=2048', '--set', 'model.num_heads=8',
-                          '--set', 'train.tokens_per_batch=2048']}
+  base = ['--set', 'model.num_layers=6', '--set', 'model.d_model=512', '--set',
+          'model.d_ff=2048', '--set', 'model.num_heads=8']
+  models = ({'base_dims': base + ['--set', 'train.tokens_per_batch=25600']} if gpu else
+            {'multi30k': [], 'base_dims': base + ['--set', 'train.tokens_per_batch=2048']})
   results = {}
   for name, flags in models.items():
     workdir, cache = tmp / f'resume-{name}', tmp / f'cache-resume-{name}'
@@ -154,23 +158,29 @@ def _resumes(tmp: pathlib.Path, data_dir: pathlib.Path, rounds: int) -> dict:
   return results
 
 
-def run(data_dir: pathlib.Path, demo_model: str | None, rounds: int = 3) -> dict:
-  if demo_model is None:
-    raise SystemExit('error: the startup section times a trained model: pass --demo-model '
-                     '(e.g. workdirs/demo/average-last5 after make demo)')
+def run(data_dir: pathlib.Path, demo_model: str | None, rounds: int = 3,
+        gpu: bool = False) -> dict:
+  """The section's results; `gpu`: the processes it starts train on a GPU."""
+  with tempfile.TemporaryDirectory() as tmp:
+    tmp = pathlib.Path(tmp)
+    results = {'model': demo_model, 'rounds': rounds}
+    if demo_model:
+      results['translate'] = _translations(tmp, *_exported(tmp, demo_model), rounds)
+    return {**results, 'imports': _imports(rounds),
+            'resume': _resumes(tmp, data_dir, rounds, gpu)}
+
+
+def _exported(tmp: pathlib.Path, demo_model: str) -> tuple[pathlib.Path, pathlib.Path | None]:
+  """`demo_model` exported for jaxformer and, when ctranslate2 is installed, for CTranslate2."""
   try:
     import ctranslate2  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
     has_ct2 = True
   except ImportError:
     has_ct2 = False
-  with tempfile.TemporaryDirectory() as tmp:
-    tmp = pathlib.Path(tmp)
-    model = tmp / 'exported'
-    ct2 = tmp / 'ct2' if has_ct2 else None
-    for fmt, out in (('jaxformer', model), ('ctranslate2', ct2)):  # (not into the user's cache)
-      if out:
-        _timed(_jaxformer('export', '--model', demo_model, '--format', fmt, str(out),
-                          '--no-compilation-cache'))
-    return {'model': demo_model, 'rounds': rounds,
-            'translate': _translations(tmp, model, ct2, rounds),
-            'imports': _imports(rounds), 'resume': _resumes(tmp, data_dir, rounds)}
+  model = tmp / 'exported'
+  ct2 = tmp / 'ct2' if has_ct2 else None
+  for fmt, out in (('jaxformer', model), ('ctranslate2', ct2)):  # (not into the user's cache)
+    if out:
+      _timed(_jaxformer('export', '--model', demo_model, '--format', fmt, str(out),
+                        '--no-compilation-cache'))
+  return model, ct2

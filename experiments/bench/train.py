@@ -26,10 +26,12 @@ from jaxformer import config, flops, parallel, recipes, train
 
 
 def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accum_steps: int,
-                     timed_steps: int, peak_gflops: float, lock: str | None = None) -> dict:
+                     timed_steps: int, peak_gflops: float, lock: str | None = None,
+                     compiler_options: dict | None = None) -> dict:
   """Median step time of the pmap'd train step on `rows` x `length`-token rows per side, split
   over the local devices; MFU against `peak_gflops` (one device's) x devices. The timing holds
-  `lock` (common.turn)."""
+  `lock` (common.turn); `compiler_options`: XLA options for this program alone (e.g.
+  {'xla_gpu_enable_triton_gemm': False}), where XLA_FLAGS would set them for the process."""
   devices = jax.local_device_count()
   with turn(lock, compiling=True):
     state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
@@ -39,7 +41,7 @@ def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accu
                                       accum_steps=accum_steps),
                     axis_name=parallel.AXIS, donate_argnums=0)
     start = time.perf_counter()
-    compiled = step.lower(state, batch, rng).compile()
+    compiled = step.lower(state, batch, rng).compile(compiler_options or None)
     compile_s = time.perf_counter() - start
   times = []
   with turn(lock):
@@ -123,14 +125,25 @@ def execution_changes(text: str) -> dict:
   return changes
 
 
+def compiler_option(text: str) -> tuple[str, bool | int | str]:
+  """--compiler-option's value: 'xla_gpu_enable_triton_gemm=false' -> (name, False); true and
+  false are booleans, digits an integer, anything else a string, as XLA's options take them."""
+  name, sep, value = text.partition('=')
+  if not sep or not name.startswith('xla_'):
+    raise argparse.ArgumentTypeError(f'{text!r}: expected xla_NAME=VALUE')
+  if value.lower() in ('true', 'false'):
+    return name, value.lower() == 'true'
+  return name, int(value) if value.lstrip('-').isdigit() else value
+
+
 def run(*, fast_path: bool | None = None, only: list[str] | None = None,
         executions: list[dict] | None = None, peer: dict | None = None,
-        lock: str | None = None) -> dict:
+        lock: str | None = None, compiler_options: dict | None = None) -> dict:
   """Train-step throughput and MFU of the cases for this backend (TRAIN_CASES); with
   `executions` (e.g. [{'loss_chunk': 4096}]), each case once per change to its Execution, named
   CASE@loss_chunk=4096. `peer`: torch_peer's results on the same cases, added with jaxformer /
   torch per case (`ratio_to_torch`). `lock`: a file whose lock each timing holds (common.turn),
-  for processes that share one GPU."""
+  for processes that share one GPU. `compiler_options`: XLA options for every case's program."""
   backend = jax.default_backend()
   use_fast = backend == 'gpu' if fast_path is None else fast_path
   cases = [c for c in TRAIN_CASES['gpu' if backend == 'gpu' else 'cpu']
@@ -140,13 +153,15 @@ def run(*, fast_path: bool | None = None, only: list[str] | None = None,
   # 4096, the last taking 17 CPU-s alone).
   with turn(lock):
     peak = matmul_peak(dtype, (2048, 4096, 8192) if backend == 'gpu' else (1024, 2048))
-  results = {'matmul_peak': peak, 'fast_path': use_fast}
+  results = {'matmul_peak': peak, 'fast_path': use_fast,
+             'compiler_options': compiler_options or {}}
   for (name, preset, rows, length, accum, remat, timed), changes in itertools.product(
       cases, executions or [{}]):
     cfg = case_config(preset)
     cfg = config.fast_path(cfg, 'gpu') if use_fast else cfg
     cfg = cfg.with_execution(**{'remat': remat, **changes})  # changes win
-    result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'], lock)
+    result = _time_train_step(cfg, rows, length, accum, timed, peak['peak_gflops'], lock,
+                              compiler_options)
     result['execution'] = config.config_to_dict(cfg)['execution']
     if preset in PAPER_RECIPES:  # at this speed, the paper's recipe would take this long
       result['paper_recipe_hours'] = round(
