@@ -26,12 +26,14 @@
 #              with the base recipe's 8-device batches (bench --only scale, on the CPU backend)
 #   parity     decoding on this GPU against the CPU, sentence by sentence (backend_parity.py):
 #              PARITY_MODEL an exported model, PARITY_CPU its `decode` JSON written on a CPU;
-#              greedy and beam 4 at jax's default float32 matmul precision and at 'highest',
-#              each difference explained; parity.tar holds the runs and the reports
+#              greedy and beam 4 at each of PARITY_PRECISIONS (jax's float32 matmul
+#              precision: default, and/or highest), each difference explained; parity.tar
+#              holds the runs and the reports (both precisions: 260 s on an H100)
 #   candidates the base and big steps with the whole batch's loss in one chunk against the
 #              shipped path, PyTorch beside them (candidates_a.json), and the same base cases
 #              with XLA's Triton GEMMs off for their programs alone (candidates_b.json), two
-#              processes compiled side by side and timed in turn
+#              processes compiled side by side and timed in turn (PyTorch's torch.compile of
+#              base and big alone took ~3 min on an H100)
 #   resume     bench --only startup without a model: a resumed `jaxformer train` at base
 #              dimensions and 25,600 target tokens a step, to its first step, with the
 #              compilation cache and without (RESUME_ROUNDS rounds, default 1)
@@ -120,7 +122,7 @@ for step in $steps; do
       echo "== multi30k: ${SECONDS} s in all" >&2 ;;
     parity)
       tmp=$(mktemp -d)
-      for precision in default highest; do
+      for precision in ${PARITY_PRECISIONS:-default}; do
         PYTHONPATH=$path timeout 150 "$py" experiments/backend_parity.py decode \
           --model "$PARITY_MODEL" --precision $precision --out "$tmp/gpu-$precision.json" \
           2> /dev/null || echo "== parity decode $precision: exit $?" >&2

@@ -114,6 +114,23 @@ def test_bench_execution_values_are_parsed_as_set_parses_them():
     bench_train.execution_changes('chunk=1')
 
 
+def test_bench_compiler_options_reach_the_timed_program_alone(tmp_path):
+  """--compiler-option's values are typed as XLA takes them, and reach XLA for the step's
+  program alone: a dump folder named that way holds that one module."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  from bench import train as bench_train  # pylint: disable=g-import-not-at-top
+  assert bench_train.compiler_option('xla_gpu_enable_triton_gemm=false') == (
+      'xla_gpu_enable_triton_gemm', False)
+  assert bench_train.compiler_option('xla_gpu_autotune_level=0') == ('xla_gpu_autotune_level', 0)
+  with pytest.raises(argparse.ArgumentTypeError, match='expected xla_NAME=VALUE'):
+    bench_train.compiler_option('triton=false')
+  result = bench_train._time_train_step(  # pylint: disable=protected-access
+      config.tiny(), 4, 16, 1, 1, 1.0, compiler_options={'xla_dump_to': str(tmp_path)})
+  assert result['target_tokens_per_s'] > 0
+  # Only the step's program was compiled with them (the state's init, the batch: not).
+  assert len({p.name.split('.')[0] for p in tmp_path.iterdir()}) == 1
+
+
 def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):
   """The ratio jaxformer / torch per case, from bench_torch.py's JSON (faked here: torch is an
   optional extra; test_torch_peer_matches_jaxformer checks the peer where torch is installed);
