@@ -243,7 +243,7 @@ def _train(args: argparse.Namespace) -> int:
       raise SettingError(f'--distributed: cannot join a cluster ({str(e).splitlines()[0]}); '
                          'give --coordinator-address, --num-processes and --process-id, or run '
                          'under a launcher jax detects (SLURM, Cloud TPU, ...).') from None
-  data.pipeline.check_workdir(args.workdir)  # before the recipe's work, which may be minutes
+  files.check_workdir(args.workdir)  # before the recipe's work, which may be minutes
   summary = trainer.train_recipe(recipe_of(args), args.workdir)
   print(json.dumps(summary, indent=2))
   if summary.get('signal') == 'SIGINT':  # saved; SIGTERM (a preemption) ends with 0

@@ -55,6 +55,30 @@ def describe(path: str | os.PathLike) -> str:
   return 'a folder' if children else EMPTY
 
 
+class WorkdirError(JaxformerError, ValueError):
+  """A path that cannot be a training workdir."""
+
+
+def check_workdir(workdir: str | os.PathLike) -> None:
+  """A one-line WorkdirError when `workdir` is a file, or a model that is no training workdir
+  (an export, a checkpoint folder), which a run's checkpoints would turn into something no
+  command reads as either."""
+  found = describe(workdir)
+  if found not in (MISSING, EMPTY, WORKDIR, 'a folder'):
+    raise WorkdirError(misplaced(workdir, found, 'a training workdir'))
+
+
+def make_workdir(workdir: str | os.PathLike) -> pathlib.Path:
+  """`workdir` (check_workdir), created if needed; a one-line WorkdirError when it cannot be."""
+  check_workdir(workdir)
+  workdir = pathlib.Path(workdir)
+  try:
+    workdir.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise WorkdirError(f'{workdir}: cannot be the workdir ({e.strerror}).') from None
+  return workdir
+
+
 def has_checkpoints(workdir: str | os.PathLike) -> bool:
   """Whether a training workdir has saved a checkpoint (a numbered step folder) to resume."""
   return any(path.name.isdigit() for path in (pathlib.Path(workdir) / 'checkpoints').glob('*'))

@@ -209,19 +209,17 @@ class Interrupts:
   callback, and reports it to `sys.unraisablehook`: a Ctrl-C landing there was lost and the run
   trained on. Here the hook sees the dropped KeyboardInterrupt and sends SIGINT to the main
   thread again 10 ms later (once more if it lands in the hook itself). `.seen` stays set until
-  exit, and PreemptionGuard raises on entry if it is, so an interrupted run never trains. The
-  previous handler and hook come back on exit.
+  exit, and PreemptionGuard raises on entry if it is (`interrupted`), so an interrupted run
+  never trains. The previous handler and hook come back on exit.
   """
 
-  seen = False
-
   def __init__(self):
+    self.seen = False
     self._previous: Any = None
     self._previous_hook: Any = None
 
-  @classmethod
-  def _handle(cls, signum: int, frame: Any) -> None:  # pylint: disable=unused-argument
-    cls.seen = True
+  def _handle(self, signum: int, frame: Any) -> None:  # pylint: disable=unused-argument
+    self.seen = True
     raise KeyboardInterrupt
 
   def _unraisable(self, unraisable: Any) -> None:
@@ -239,20 +237,25 @@ class Interrupts:
         continue  # (a busy host can take 10 ms to start a thread): send it once more
 
   def __enter__(self) -> 'Interrupts':
-    Interrupts.seen = False
+    self.seen = False
     self._previous = signal.signal(signal.SIGINT, self._handle)
     self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
     return self
 
   def __exit__(self, kind: type | None, error: BaseException | None, traceback: Any) -> None:
-    interrupted = Interrupts.seen
+    interrupted, self.seen = self.seen, False
     signal.signal(signal.SIGINT, self._previous)
     sys.unraisablehook = self._previous_hook
-    Interrupts.seen = False  # (a library user's next run in this process is not interrupted)
     if interrupted and isinstance(error, Exception):
       # Library code that turned the KeyboardInterrupt into an error of its own (sentencepiece
       # reading the vocabulary's sample: a RuntimeError; a pool's worker): still the interrupt.
       raise KeyboardInterrupt from error
+
+
+def interrupted() -> bool:
+  """Whether the Interrupts that handles SIGINT now (a command's) has seen a Ctrl-C."""
+  owner = getattr(signal.getsignal(signal.SIGINT), '__self__', None)
+  return isinstance(owner, Interrupts) and owner.seen
 
 
 class PreemptionGuard:
@@ -269,7 +272,7 @@ class PreemptionGuard:
     self.signal = signal.Signals(signum).name
 
   def __enter__(self) -> 'PreemptionGuard':
-    if Interrupts.seen:  # a Ctrl-C before training that something swallowed
+    if interrupted():  # a Ctrl-C before training that something swallowed
       raise KeyboardInterrupt
     self._previous = {sig: signal.signal(sig, self._record) for sig in self.SIGNALS}
     return self

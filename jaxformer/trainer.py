@@ -328,7 +328,7 @@ def train(config: TransformerConfig, train_cfg: TrainConfig, workdir: str | path
   check_backend(train_cfg)
   train_cfg.check_rows(config)  # before the workdir is made
   first = jax.process_index() == 0  # the other processes of this run share the workdir
-  with files.locked(pipeline_lib.make_workdir(workdir), 'run', 'a training run') if first \
+  with files.locked(files.make_workdir(workdir), 'run', 'a training run') if first \
       else contextlib.nullcontext():
     init_params = inherit(train_cfg.init_from, config, pathlib.Path(workdir), train_pairs) \
         if train_cfg.init_from and not files.has_checkpoints(workdir) else None

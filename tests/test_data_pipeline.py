@@ -9,7 +9,7 @@ import pytest
 from helpers import CFG, TEXT, synthetic_text
 from helpers import train_settings as _tc
 
-from jaxformer import config, data, trainer
+from jaxformer import config, data, files, trainer
 
 
 def test_row_len_shorter_than_max_len_is_refused_before_any_work(tmp_path):
@@ -24,7 +24,7 @@ def test_a_workdir_that_cannot_be_made_is_a_one_line_error(tmp_path):
   for workdir, message in ((tmp_path / 'file', 'is a file, where a training workdir belongs'),
                            (tmp_path / 'file' / 'sub', r'cannot be the workdir \(Not a '
                             r'directory\)')):
-    with pytest.raises(data.DataError, match=rf'^{workdir}: {message}'):
+    with pytest.raises(files.WorkdirError, match=rf'^{workdir}: {message}'):
       trainer.train(CFG, _tc(), workdir, TEXT)
 
 

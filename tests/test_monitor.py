@@ -143,12 +143,12 @@ def test_ctrl_c_inside_a_gc_callback_arrives_just_after_it():
   """Python's own handler raised KeyboardInterrupt inside the callback, where it was printed
   and lost (the run went on); under Interrupts it arrives once the callback has returned."""
   before, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
-  with monitor.Interrupts():
+  with monitor.Interrupts() as interrupts:
     assert _seconds_to_ctrl_c_inside_a_gc_callback() < 10
-    assert monitor.Interrupts.seen
+    assert interrupts.seen
     with pytest.raises(KeyboardInterrupt), monitor.PreemptionGuard():  # so it never trains
       pass
-  assert signal.getsignal(signal.SIGINT) == before and not monitor.Interrupts.seen
+  assert signal.getsignal(signal.SIGINT) == before and not interrupts.seen
   assert sys.unraisablehook is hook
   with monitor.PreemptionGuard():  # the process's next run (library use) trains
     pass

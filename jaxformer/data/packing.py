@@ -28,7 +28,13 @@ BLOCK = 64 * WINDOW  # at most this many pairs planned at once (vectorised acros
 AHEAD = 2            # blocks planned ahead of the batches
 OPEN_ROWS = 128    # rows of a window that can still take pairs
 _NO_ROW = np.iinfo(np.int32).max
-_PLANNER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='packing-plan')
+
+
+@functools.cache
+def _planner() -> concurrent.futures.ThreadPoolExecutor:
+  """The one thread that plans blocks ahead of the batches, shared by every PackedBatches of the
+  process; started by the first that plans ahead, not when the module is imported."""
+  return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix='packing-plan')
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3))
@@ -256,7 +262,7 @@ class PackedBatches(Iterator[Batch]):
         e, b = (e, b + 1) if b + 1 < self.blocks_per_epoch else (e + 1, 0)
         if self.num_epochs is None or e < self.num_epochs:
           wanted.append((e, b))
-      self._ahead = {key: self._ahead.get(key) or _PLANNER.submit(self._plan_block, *key)
+      self._ahead = {key: self._ahead.get(key) or _planner().submit(self._plan_block, *key)
                      for key in wanted}
     return self._plan[1]
 

@@ -98,26 +98,6 @@ class Pipeline:
       yield next(batches, None) or batches.empty_batch()
 
 
-def check_workdir(workdir: str | pathlib.Path) -> None:
-  """A one-line DataError when `workdir` is a file, or a model that is no training workdir (an
-  export, a checkpoint folder), which a run's checkpoints would turn into something no command
-  reads as either."""
-  found = files.describe(workdir)
-  if found not in (files.MISSING, files.EMPTY, files.WORKDIR, 'a folder'):
-    raise DataError(files.misplaced(workdir, found, 'a training workdir'))
-
-
-def make_workdir(workdir: str | pathlib.Path) -> pathlib.Path:
-  """`workdir` (check_workdir), created if needed; a one-line DataError when it cannot be."""
-  check_workdir(workdir)
-  workdir = pathlib.Path(workdir)
-  try:
-    workdir.mkdir(parents=True, exist_ok=True)
-  except OSError as e:
-    raise DataError(f'{workdir}: cannot be the workdir ({e.strerror}).') from None
-  return workdir
-
-
 def build(workdir: str | pathlib.Path, model: TransformerConfig, train: TrainConfig,
           train_pairs: PairSource, validation: ParallelText | None = None) -> Pipeline:
   """The Pipeline of a run in `workdir`: its vocabulary and token caches (prepared by one
@@ -126,8 +106,7 @@ def build(workdir: str | pathlib.Path, model: TransformerConfig, train: TrainCon
 
   A fresh run refuses a vocabulary trained on other data or settings; a run that resumes keeps
   the one its checkpoints hold (their data positions say whether the data changed)."""
-  train.check_rows(model)
-  workdir = make_workdir(workdir)
+  workdir = files.make_workdir(workdir)
   resuming = files.has_checkpoints(workdir)
   tokenizer, corpus, validation_corpus = prepare(
       workdir, train_pairs, validation, vocab_size=model.vocab_size, max_len=model.max_len,
