@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import uncached_decoding
 from jaxformer import checkpoint, cli, config, parallel, train, translation
 from jaxformer.model import Transformer
 
@@ -201,10 +202,9 @@ def check_decoding(params: dict, cfg: config.TransformerConfig = CFG) -> str:
   lengths = jnp.full((src.shape[0],), LENGTH + 4, jnp.int32)
   correct = []
   for beam in (1, 4):
-    search = functools.partial(translation.decode_batch, params, src, lengths, config=cfg,
-                               max_len=LENGTH + 4, beam_size=beam, alpha=0.6)
-    cached, uncached = (np.asarray(jax.jit(search, static_argnames='cached')(cached=c))
-                        for c in (True, False))
+    cached, uncached = (np.asarray(jax.jit(functools.partial(
+        search, params, src, lengths, config=cfg, max_len=LENGTH + 4, beam_size=beam,
+        alpha=0.6))()) for search in (translation.decode_batch, uncached_decoding.decode_batch))
     if not np.array_equal(cached, uncached):
       rows = int((cached != uncached).any(-1).sum())
       raise AssertionError(f'beam {beam}: {rows} of {len(src)} sentences differ')

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -38,38 +37,22 @@ def cached_tokens_to_logits(model: Transformer, params: Any, src: Array
   return fn
 
 
-def uncached_tokens_to_logits(model: Transformer, params: Any, src: Array, encoded: Array
-                              ) -> decode.TokensToLogits:
-  """The same scores without a cache: every step reruns the decoder over the whole prefix
-  buffer (the baseline for the cache's speed-up). Its cache is {'tokens' [N, L], 'index'}."""
-  def fn(tokens, cache):
-    buffer = cache['tokens'].at[:, cache['index']].set(tokens[:, 0])
-    logits = model.apply({'params': params}, encoded, src, buffer, method=Transformer.decode)
-    return logits[:, cache['index']], {'tokens': buffer, 'index': cache['index'] + 1}
-  return fn
-
-
 def decode_batch(params: Any, src: Array, max_lengths: Array, *, config: TransformerConfig,
-           max_len: int, beam_size: int, alpha: float, cached: bool = True,
+           max_len: int, beam_size: int, alpha: float,
            num_results: int | None = None) -> Array | tuple[Array, Array]:
   """Encodes src [B, S] once and decodes [B, max_len] ids (greedy when beam_size is 1); with
-  num_results=n, the n best of the beam search and their scores ([B, n, max_len], [B, n])."""
+  num_results=n, the n best of the beam search and their scores ([B, n, max_len], [B, n]).
+  The beams of a sentence share its encoder keys/values; the cache grows in stages."""
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
-  if cached:  # the beams of a sentence share its encoder keys/values; the cache grows
-    cache = model.apply({'params': params}, encoded, decode.stage_lengths(max_len)[0],
-                        beam_size, method=Transformer.init_cache)
-    step = cached_tokens_to_logits(model, params, src)
-  else:
-    src, encoded = (jnp.repeat(x, beam_size, axis=0) for x in (src, encoded))  # beams adjacent
-    cache = {'tokens': jnp.zeros((src.shape[0], max_len), jnp.int32), 'index': jnp.array(0)}
-    step = uncached_tokens_to_logits(model, params, src, encoded)
-  grow = cache_lib.grow if cached else None
+  cache = model.apply({'params': params}, encoded, decode.stage_lengths(max_len)[0], beam_size,
+                      method=Transformer.init_cache)
+  step = cached_tokens_to_logits(model, params, src)
   if beam_size == 1 and num_results is None:
-    return decode.greedy_search(step, cache, max_lengths, max_len, grow_cache=grow)
+    return decode.greedy_search(step, cache, max_lengths, max_len, grow_cache=cache_lib.grow)
   found = decode.beam_search(step, cache, max_lengths, max_len, beam_size=beam_size,
-                             alpha=alpha, num_results=num_results, grow_cache=grow,
-                             reorder_cache=cache_lib.reorder if cached else decode.reorder_rows)
+                             alpha=alpha, num_results=num_results, grow_cache=cache_lib.grow,
+                             reorder_cache=cache_lib.reorder)
   return found if num_results else found[0]
 
 

@@ -18,6 +18,8 @@ from jaxformer.data import embedded
 from jaxformer.model import Transformer
 
 TESTS = pathlib.Path(__file__).resolve().parent
+sys.path.insert(1, str(TESTS.parent / 'experiments'))  # uncached_decoding: the cached search's
+import uncached_decoding  # noqa: E402,F401  pylint: disable=wrong-import-position  reference
 # XLA:CPU compiles with LLVM's cheapest settings in the tests (conftest.py, and the processes the
 # tests start): the suite's time is mostly compiling small programs, which these settings make
 # about 1.4-1.8x cheaper, while the compiled programs run about 2x slower (docs/benchmarks-log.md,

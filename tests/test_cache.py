@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-from helpers import apply, init_params
+from helpers import apply, init_params, uncached_decoding
 
 from jaxformer import cache as cache_lib
 from jaxformer import config as config_lib
@@ -46,7 +46,7 @@ def test_cached_and_uncached_steps_give_the_same_logits(translator):
   src = jnp.array([[5, 9, 13, 1, 0, 0], [7, 8, 1, 0, 0, 0]])
   encoded = apply(model, {'params': params}, src, method=Transformer.encode)
   cached = jax.jit(translation.cached_tokens_to_logits(model, params, src))
-  uncached = jax.jit(translation.uncached_tokens_to_logits(model, params, src, encoded))
+  uncached = jax.jit(uncached_decoding.tokens_to_logits(model, params, src, encoded))
   c_cache = model.apply({'params': params}, encoded, 8, method=Transformer.init_cache)
   u_cache = {'tokens': jnp.zeros((2, 8), jnp.int32), 'index': jnp.array(0)}
   for token in ([0, 0], [17, 4], [33, 33], [9, 200]):
@@ -66,7 +66,7 @@ def test_reordered_beams_attend_to_their_own_histories(translator):
   per_hypothesis = [x for x in jax.tree.leaves(cache) if x.ndim and x.shape[0] == 2 * beams]
   assert [x.shape for x in per_hypothesis] == [(2 * beams, 8)]  # only the slot map is reordered
   cached = jax.jit(translation.cached_tokens_to_logits(model, params, src))
-  uncached = jax.jit(translation.uncached_tokens_to_logits(
+  uncached = jax.jit(uncached_decoding.tokens_to_logits(
       model, params, jnp.repeat(src, beams, axis=0), jnp.repeat(encoded, beams, axis=0)))
   history = jnp.zeros((2 * beams, 0), jnp.int32)
   tokens = jnp.zeros((2 * beams, 1), jnp.int32)

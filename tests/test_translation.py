@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import CFG, synthetic_text
+from helpers import CFG, synthetic_text, uncached_decoding
 
 from jaxformer import config, trainer, translation
 
@@ -21,12 +21,12 @@ def test_cached_and_uncached_search_agree(translator, beam_size):
   # max_len 40: the cached search grows its cache through stages of 16, 32 and 40 tokens.
   src = jnp.array([[5, 9, 13, 1, 0, 0, 0, 0], [7, 8, 1, 0, 0, 0, 0, 0]])
   lengths = jnp.array([40, 23])
-  run = lambda cached: translation.decode_batch(  # noqa: E731
+  run = lambda search: search(  # noqa: E731
       translator.params, src, lengths, config=translator.config, max_len=40,
-      beam_size=beam_size, alpha=0.6, cached=cached)
-  cached = jax.jit(lambda: run(True))()
+      beam_size=beam_size, alpha=0.6)
+  cached = jax.jit(lambda: run(translation.decode_batch))()
   assert (cached[0] != 0).sum() > 16  # the untrained model ran into the second stage
-  np.testing.assert_array_equal(cached, jax.jit(lambda: run(False))())
+  np.testing.assert_array_equal(cached, jax.jit(lambda: run(uncached_decoding.decode_batch))())
 
 
 def test_batch_padding_does_not_change_a_translation(translator):

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import uncached_decoding
 from bench.common import median_time
 from jaxformer import checkpoint, config, data, decode, export, train, translation
 from jaxformer.translation import Translator
@@ -210,8 +211,9 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None,
   lengths = jnp.full((batch,), out_len, jnp.int32)  # random weights almost never emit EOS
   for beam in (1, 4):
     for cached in (True, False):
-      fn = jax.jit(functools.partial(translation.decode_batch, config=cfg, max_len=out_len,
-                                     beam_size=beam, alpha=0.6, cached=cached))
+      search = translation.decode_batch if cached else uncached_decoding.decode_batch
+      fn = jax.jit(functools.partial(search, config=cfg, max_len=out_len, beam_size=beam,
+                                     alpha=0.6))
       first, median = median_time(lambda: fn(params, src, lengths), runs=2)
       results[f'{"greedy" if beam == 1 else "beam4"}_{"cached" if cached else "uncached"}'] = {
           'target_tokens_per_s': round(batch * out_len / median, 1),
