@@ -37,6 +37,7 @@ import numpy as np
 
 import uncached_decoding
 from jaxformer import checkpoint, cli, config, parallel, train, translation
+from jaxformer.layout import Layout
 from jaxformer.model import Transformer
 
 CFG = config.TransformerConfig(vocab_size=64, num_layers=2, d_model=64, d_ff=256, num_heads=4,
@@ -96,8 +97,7 @@ def _fused_against_einsum(batch: dict[str, np.ndarray], cfg: config.TransformerC
                           ) -> tuple[bool, str]:
   """(whether fused is within the bound on logits and gradients, what was measured)."""
   cfg = cfg.with_execution(dtype=jnp.bfloat16, attention='fused')  # any backend
-  layout = {key: batch[key] for key in ('src_segments', 'tgt_segments', 'src_positions',
-                                        'tgt_positions')}
+  layout = Layout.of(batch)
   src, tgt, real = batch['src'], batch['tgt_in'], batch['weights'] > 0
   params = jax.jit(Transformer(cfg).init)(jax.random.key(0), src[:1], tgt[:1])['params']
   projection = np.random.default_rng(1).normal(size=(*tgt.shape, cfg.vocab_size))
@@ -107,7 +107,8 @@ def _fused_against_einsum(batch: dict[str, np.ndarray], cfg: config.TransformerC
               'float32': cfg.with_execution(attention='einsum', dtype=jnp.float32)}  # the reference
   for attention, variant in variants.items():
     def projected(p, model=Transformer(variant)):  # (the projection, the logits)
-      out = model.apply({'params': p}, src, tgt, **layout).astype(jnp.float32)
+      out = model.apply({'params': p}, src, tgt, layout, method=Transformer.forward
+                        ).astype(jnp.float32)
       return jnp.sum(out * projection), out
     grad = jax.jit(jax.grad(projected, has_aux=True)).lower(params).compile()  # one program
     g, out = grad(params)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from jaxformer import cache as cache_lib
 from jaxformer.config import TransformerConfig
+from jaxformer.layout import Layout
 
 Array = jax.Array
 Cache = cache_lib.Cache
@@ -308,15 +309,6 @@ class Decoder(nn.Module):
     return y, None if cache is None else cache_lib.advance(cache, new_caches)
 
 
-def _default_segments(tokens: Array, segments: Array | None) -> Array:
-  return (tokens != 0).astype(jnp.int32) if segments is None else segments
-
-
-def _default_positions(tokens: Array, positions: Array | None) -> Array:
-  return jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape) if positions is None \
-      else positions
-
-
 def _check_length(config: TransformerConfig, length: int, what: str) -> None:
   if config.learned_positions and length > config.max_len:
     raise ValueError(f'{what} has {length} positions but the learned positional embeddings '
@@ -349,27 +341,20 @@ class Transformer(nn.Module):
     self.encoder = Encoder(cfg, self.embed)
     self.decoder = Decoder(cfg, self.embed)
 
-  def encode(self, src: Array, *, deterministic: bool = True, src_segments: Array | None = None,
-             src_positions: Array | None = None) -> Array:
+  def encode(self, src: Array, layout: Layout | None = None, *,
+             deterministic: bool = True) -> Array:
     """Source tokens [B, S] -> encoder output [B, S, D]."""
     _check_length(self.config, src.shape[1], 'the source')
-    return self.encoder(src, _default_segments(src, src_segments),
-                        _default_positions(src, src_positions), deterministic=deterministic)
+    return self.encoder(src, *(layout or Layout()).source(src), deterministic=deterministic)
 
-  def decoder_output(self, encoded: Array, src: Array, tgt_in: Array, *,
-                     deterministic: bool = True, src_segments: Array | None = None,
-                     tgt_segments: Array | None = None,
-                     tgt_positions: Array | None = None) -> Array:
+  def decoder_output(self, encoded: Array, src: Array, tgt_in: Array,
+                     layout: Layout | None = None, *, deterministic: bool = True) -> Array:
     """Decoder inputs [B, T] -> the decoder's output [B, T, D] before the softmax projection
-    (a loss may project it in chunks: losses.chunked_smoothed_cross_entropy).
-
-    Without segments, target padding needs no mask: it comes after the real tokens, which the
-    causal mask already hides from them."""
+    (a loss may project it in chunks: losses.chunked_smoothed_cross_entropy)."""
     _check_length(self.config, tgt_in.shape[1], 'the target')
-    src_segments = _default_segments(src, src_segments)
-    tgt_segments = jnp.ones_like(tgt_in) if tgt_segments is None else tgt_segments
-    positions = _default_positions(tgt_in, tgt_positions)
-    self_mask, cross_mask = decoder_masks(tgt_segments, src_segments, positions,
+    layout = layout or Layout()
+    tgt_segments, positions = layout.target(tgt_in)
+    self_mask, cross_mask = decoder_masks(tgt_segments, layout.source(src)[0], positions,
                                           self.config.attention_window)
     hidden, _ = self.decoder(tgt_in, encoded, self_mask, cross_mask, positions,
                              deterministic=deterministic)
@@ -380,10 +365,11 @@ class Transformer(nn.Module):
     (float32)."""
     return self.embed.attend(hidden).astype(jnp.float32)
 
-  def decode(self, encoded: Array, src: Array, tgt_in: Array, **kwargs: Array | bool | None
-             ) -> Array:
-    """Decoder inputs [B, T] -> logits [B, T, V] (float32); kwargs as for decoder_output."""
-    return self.logits(self.decoder_output(encoded, src, tgt_in, **kwargs))
+  def decode(self, encoded: Array, src: Array, tgt_in: Array, layout: Layout | None = None, *,
+             deterministic: bool = True) -> Array:
+    """Decoder inputs [B, T] -> logits [B, T, V] (float32)."""
+    return self.logits(self.decoder_output(encoded, src, tgt_in, layout,
+                                           deterministic=deterministic))
 
   def init_cache(self, encoded: Array, max_len: int, beams: int = 1) -> Cache:
     """A decoding cache (jaxformer.cache) for up to max_len tokens after `encode`, for `beams`
@@ -392,12 +378,12 @@ class Transformer(nn.Module):
     cross = [layer.cross_attention.project_kv(encoded) for layer in self.decoder.layers]
     return cache_lib.init(self.config, cross, max_len, beams)
 
-  def decode_step(self, src: Array, tokens: Array, cache: Cache, *,
-                  src_segments: Array | None = None) -> tuple[Array, Cache]:
+  def decode_step(self, src: Array, tokens: Array, cache: Cache, layout: Layout | None = None
+                  ) -> tuple[Array, Cache]:
     """One decoding step: the next token [N, 1] of the N = B * n hypotheses the cache was made
     for (src stays [B, S]) -> (logits [N, V] of the token after it, the cache after it)."""
     self_mask, cache = cache_lib.self_attention_mask(cache, self.config.attention_window)
-    cross_mask = segment_mask(jnp.ones_like(src[:, :1]), _default_segments(src, src_segments))
+    cross_mask = segment_mask(jnp.ones_like(src[:, :1]), (layout or Layout()).source(src)[0])
     hidden, cache = self.decoder(tokens, None, self_mask, cross_mask,
                                  jnp.full_like(tokens, cache['index']), deterministic=True,
                                  cache=cache)
@@ -407,22 +393,22 @@ class Transformer(nn.Module):
                src_segments: Array | None = None, tgt_segments: Array | None = None,
                src_positions: Array | None = None, tgt_positions: Array | None = None
                ) -> Array:
-    """Teacher-forced logits [B, T, V] for source [B, S] and decoder inputs [B, T]."""
-    return self.logits(self.forward_hidden(
-        src, tgt_in, deterministic=deterministic, src_segments=src_segments,
-        tgt_segments=tgt_segments, src_positions=src_positions, tgt_positions=tgt_positions))
+    """Teacher-forced logits [B, T, V] for source [B, S] and decoder inputs [B, T]: `forward`
+    with the layout's arrays as keywords (the form DESIGN.md documents)."""
+    return self.forward(src, tgt_in, Layout(src_segments, src_positions, tgt_segments,
+                                             tgt_positions), deterministic=deterministic)
 
-  def forward_hidden(self, src: Array, tgt_in: Array, *, deterministic: bool = True,
-                     src_segments: Array | None = None, tgt_segments: Array | None = None,
-                     src_positions: Array | None = None, tgt_positions: Array | None = None
-                     ) -> Array:
-    """As __call__, but the decoder's output [B, T, D] before the softmax projection (the
+  def forward(self, src: Array, tgt_in: Array, layout: Layout | None = None, *,
+              deterministic: bool = True) -> Array:
+    """Teacher-forced logits [B, T, V] for source [B, S] and decoder inputs [B, T]."""
+    return self.logits(self.forward_hidden(src, tgt_in, layout, deterministic=deterministic))
+
+  def forward_hidden(self, src: Array, tgt_in: Array, layout: Layout | None = None, *,
+                     deterministic: bool = True) -> Array:
+    """As `forward`, but the decoder's output [B, T, D] before the softmax projection (the
     training loss projects it in chunks)."""
-    encoded = self.encode(src, deterministic=deterministic, src_segments=src_segments,
-                          src_positions=src_positions)
-    return self.decoder_output(encoded, src, tgt_in, deterministic=deterministic,
-                               src_segments=src_segments, tgt_segments=tgt_segments,
-                               tgt_positions=tgt_positions)
+    encoded = self.encode(src, layout, deterministic=deterministic)
+    return self.decoder_output(encoded, src, tgt_in, layout, deterministic=deterministic)
 
 
 @functools.cache

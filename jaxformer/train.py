@@ -15,11 +15,11 @@ from flax.training import train_state
 from jaxformer import losses
 from jaxformer import optim as optim_lib
 from jaxformer.config import OptimConfig, TransformerConfig
+from jaxformer.layout import Layout
 from jaxformer.model import Transformer
 
 Array = jax.Array
-Batch = dict[str, Array]  # src, tgt_in, tgt_out, weights [B, S|T]; optional *_segments, *_positions
-_LAYOUT_KEYS = ('src_segments', 'tgt_segments', 'src_positions', 'tgt_positions')
+Batch = dict[str, Array]  # src, tgt_in, tgt_out, weights [B, S|T]; packed: Layout's fields too
 
 
 class TrainState(train_state.TrainState):
@@ -61,9 +61,9 @@ def _model_and_optimizer(config: TransformerConfig, optim: OptimConfig
   return model, jax.jit(model.init), schedule, optim_lib.make_optimizer(config, optim, schedule)
 
 
-def _apply(state: TrainState, params: Any, batch: Batch, **kwargs: Any) -> Array:
-  layout = {key: batch[key] for key in _LAYOUT_KEYS if key in batch}
-  return state.apply_fn({'params': params}, batch['src'], batch['tgt_in'], **layout, **kwargs)
+def _apply(state: TrainState, params: Any, batch: Batch, method: Any, **kwargs: Any) -> Array:
+  return state.apply_fn({'params': params}, batch['src'], batch['tgt_in'], Layout.of(batch),
+                        method=method, **kwargs)
 
 
 def _sum(x: Any, axis_name: str | None) -> Any:
@@ -99,8 +99,8 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
   def sums(params, micro_batch, micro_rng):
     """Gradient of the loss sum, and the sums behind the metrics, for one micro-batch."""
     def loss_fn(params):
-      hidden = _apply(state, params, micro_batch, deterministic=False,
-                      method=Transformer.forward_hidden, rngs={'dropout': micro_rng})
+      hidden = _apply(state, params, micro_batch, Transformer.forward_hidden,
+                      deterministic=False, rngs={'dropout': micro_rng})
       loss_sum, weight_sum, correct = losses.chunked_smoothed_cross_entropy(
           hidden.astype(state.config.execution.dtype), params['embed']['embedding'],
           micro_batch['tgt_out'], micro_batch['weights'], state.optim.label_smoothing,
@@ -144,7 +144,7 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
 
 def eval_step(state: TrainState, batch: Batch) -> dict[str, Array]:
   """Sums for one batch: smoothed loss, NLL, correct tokens and tokens."""
-  logits = _apply(state, state.params, batch, deterministic=True)
+  logits = _apply(state, state.params, batch, Transformer.forward, deterministic=True)
   targets, weights = batch['tgt_out'], batch['weights']
   loss_sum, tokens = losses.smoothed_cross_entropy(
       logits, targets, weights, state.optim.label_smoothing)

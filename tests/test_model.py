@@ -13,6 +13,7 @@ from helpers import apply, init_params
 from jaxformer import config as config_lib
 from jaxformer import model as model_lib
 from jaxformer import data, losses, train, translation
+from jaxformer.layout import Layout
 from jaxformer.model import Transformer
 
 SRC = jnp.array([[5, 9, 3, 7, 2]])
@@ -272,8 +273,8 @@ def test_bfloat16_keeps_layer_norm_softmax_and_logits_in_float32(tiny_model, tin
   cfg = tiny_config.with_execution(dtype=jnp.bfloat16)
   logits, state = jax.jit(functools.partial(Transformer(cfg).apply, mutable=['intermediates']))(
       {'params': params}, **inputs)
-  hidden = apply(Transformer(cfg), {'params': params}, **inputs,
-                 method=Transformer.forward_hidden)
+  hidden = apply(Transformer(cfg), {'params': params}, inputs['src'], inputs['tgt_in'],
+                 Layout.of(inputs), method=Transformer.forward_hidden)
   weights = state['intermediates']['decoder']['layers_0']['self_attention']['attention_weights']
   assert logits.dtype == jnp.float32 and hidden.dtype == jnp.float32  # after the final LN
   assert weights[0].dtype == jnp.bfloat16  # the softmax ran in float32, its output is cast

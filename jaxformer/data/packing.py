@@ -160,7 +160,8 @@ class PackedBatches(Iterator[Batch]):
   Each batch is a dict of int32 arrays [num_devices, rows_per_device, src_len] (src,
   src_segments, src_positions) and [num_devices, rows_per_device, tgt_len] (tgt_in: the
   targets shifted right within each segment, starting with 0; tgt_out, tgt_segments,
-  tgt_positions; and float32 weights, 1 on real target tokens). Host `process_index` of
+  tgt_positions; and float32 weights, 1 on real target tokens); the segments and positions are
+  `jaxformer.layout.Layout`'s fields, which the model reads (`Layout.of`). Host `process_index` of
   `process_count` reads the pairs i with i % process_count == process_index. Epochs are
   reshuffled with (seed, epoch) and planned a block at a time; with num_epochs=None the stream
   is endless and rows run on from one epoch into the next, otherwise the last batch is
