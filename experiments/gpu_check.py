@@ -143,9 +143,9 @@ def check_fused_training(steps: int = 50, widths: tuple[int, ...] = (64, 192, 25
     losses, norms, kernel = {}, {}, ''
     for attention in ('fused', 'einsum'):
       variant = cfg.with_execution(dtype=jnp.bfloat16, attention=attention)
-      state = jax.tree.map(jnp.copy, start.replace(apply_fn=Transformer(variant).apply,
-                                                   config=variant))
-      step = jax.jit(train.train_step, donate_argnums=0).lower(
+      state = jax.tree.map(jnp.copy, start)
+      step = jax.jit(functools.partial(train.train_step, config=variant, optim=OPTIM),
+                     donate_argnums=0).lower(
           state, batches[0], jax.random.key(1)).compile()
       if attention == 'fused':
         kernel = 'cuDNN' if 'cudnn' in step.as_text().lower() else 'XLA'
@@ -178,9 +178,11 @@ def check_training(steps: int, cfg: config.TransformerConfig = CFG) -> tuple[str
   """The fast path trains on packed rows: the mean loss of the last 10 steps is under half the
   first 10's."""
   devices = jax.local_device_count()
-  state = train.create_train_state(config.fast_path(cfg, 'gpu'), jax.random.key(0), optim=OPTIM)
+  fast = config.fast_path(cfg, 'gpu')
+  state = train.create_train_state(fast, jax.random.key(0), optim=OPTIM)
   p_state, p_rng = parallel.replicate(state), parallel.replicate(jax.random.key(1))
-  p_step = jax.pmap(functools.partial(train.train_step, axis_name=parallel.AXIS),
+  p_step = jax.pmap(functools.partial(train.train_step, config=fast, optim=OPTIM,
+                                      axis_name=parallel.AXIS),
                     axis_name=parallel.AXIS, donate_argnums=0)
   batches = [parallel.shard(_packed(b, 64)) for b in _reversal_batches(16, devices)]
   losses, start = [], time.perf_counter()
@@ -191,7 +193,7 @@ def check_training(steps: int, cfg: config.TransformerConfig = CFG) -> tuple[str
   seconds = time.perf_counter() - start
   first, last = np.mean(losses[:10]), np.mean(losses[-10:])
   detail = (f'loss {first:.2f} -> {last:.2f} in {steps} steps ({seconds:.1f} s, bfloat16, '
-            f'{state.config.execution.attention} attention, {devices} device{"s" * (devices > 1)})')
+            f'{fast.execution.attention} attention, {devices} device{"s" * (devices > 1)})')
   if not last < first / 2:
     raise AssertionError(detail)
   return detail, parallel.unreplicate(p_state.params)

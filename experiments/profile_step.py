@@ -126,7 +126,7 @@ def _train_step(args: argparse.Namespace):
   state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
   rng = parallel.replicate(jax.random.key(1))
   batch = parallel.shard(random_batch(1, args.rows, args.row_len, cfg.vocab_size))
-  step = jax.pmap(lambda s, b, r: train.train_step(s, b, r, axis_name=parallel.AXIS),
+  step = jax.pmap(functools.partial(train.train_step, config=cfg, axis_name=parallel.AXIS),
                   axis_name=parallel.AXIS)
   compiled = step.lower(state, batch, rng).compile()
   return compiled, _profile(compiled, lambda: compiled(state, batch, rng), PARTS)

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
-from flax.training import train_state
 
 from jaxformer import losses
 from jaxformer import optim as optim_lib
@@ -22,48 +21,43 @@ Array = jax.Array
 Batch = dict[str, Array]  # src, tgt_in, tgt_out, weights [B, S|T]; packed: Layout's fields too
 
 
-class TrainState(train_state.TrainState):
-  """Params, optimiser state and step (flax), plus the config the step reads, how it trains
-  (label smoothing) and the learning rate schedule the optimiser was built with (the logged lr
-  reads it)."""
-  config: TransformerConfig = struct.field(pytree_node=False)
-  optim: OptimConfig = struct.field(pytree_node=False)
-  lr_schedule: optax.Schedule = struct.field(pytree_node=False)
+class TrainState(struct.PyTreeNode):
+  """What a train step updates: the step count, the params and the optimiser state. It holds no
+  setting: the model's config and the optimiser's are bound where the step is wrapped
+  (`functools.partial(train_step, config=...)` before jit or pmap), so that equal settings give
+  equal programs however many states are made."""
+  step: Array | int
+  params: Any
+  opt_state: Any
 
 
 def create_train_state(config: TransformerConfig, rng: Array, src_len: int = 8,
                        tgt_len: int = 8, *, optim: OptimConfig | None = None) -> TrainState:
   """Initialises the model's params and the optimiser of `optim` (default: the paper's)."""
-  init = _model_and_optimizer(config, optim or OptimConfig())[1]
   dummy_src = jnp.ones((1, src_len), jnp.int32)
   dummy_tgt = jnp.ones((1, tgt_len), jnp.int32)
-  return train_state_from_params(config, init(rng, dummy_src, dummy_tgt)['params'], optim=optim)
+  params = _jitted_init(config)(rng, dummy_src, dummy_tgt)['params']
+  return train_state_from_params(config, params, optim=optim)
 
 
 def train_state_from_params(config: TransformerConfig, params: Any, *,
                             optim: OptimConfig | None = None) -> TrainState:
   """A train state at step 0 of given params (e.g. a trained model's, to fine-tune it), with a
-  fresh optimiser state and schedule of `optim` (default: the paper's)."""
-  optim = optim or OptimConfig()
-  model, _, schedule, tx = _model_and_optimizer(config, optim)
-  return TrainState.create(apply_fn=model.apply, params=params, config=config, optim=optim,
-                           tx=tx, lr_schedule=schedule)
+  fresh state of the optimiser of `optim` (default: the paper's)."""
+  return TrainState(step=0, params=params,
+                    opt_state=optim_lib.make_optimizer(config, optim).init(params))
 
 
 @functools.lru_cache(maxsize=8)
-def _model_and_optimizer(config: TransformerConfig, optim: OptimConfig
-                         ) -> tuple[Transformer, Any, optax.Schedule, optax.GradientTransformation]:
-  """The model, its jitted init, the schedule and the optimiser of a config, made once per
-  process: states of equal configs then have equal static fields (the model's apply, the
-  optimiser), so jitted steps compiled for one state are reused for the next, not traced again."""
-  model = Transformer(config)
-  schedule = optim_lib.make_schedule(config, optim)
-  return model, jax.jit(model.init), schedule, optim_lib.make_optimizer(config, optim, schedule)
+def _jitted_init(config: TransformerConfig) -> Any:
+  """The model's init, jitted once per config (each state of an equal config reuses it)."""
+  return jax.jit(Transformer(config).init)
 
 
-def _apply(state: TrainState, params: Any, batch: Batch, method: Any, **kwargs: Any) -> Array:
-  return state.apply_fn({'params': params}, batch['src'], batch['tgt_in'], Layout.of(batch),
-                        method=method, **kwargs)
+def _apply(config: TransformerConfig, params: Any, batch: Batch, method: Any,
+           **kwargs: Any) -> Array:
+  return Transformer(config).apply({'params': params}, batch['src'], batch['tgt_in'],
+                                   Layout.of(batch), method=method, **kwargs)
 
 
 def _sum(x: Any, axis_name: str | None) -> Any:
@@ -77,11 +71,15 @@ def _applied_updates(state: TrainState) -> Array:
   return counts[0][1] if counts else state.step
 
 
-def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | None = None,
-               accum_steps: int = 1,
+def train_step(state: TrainState, batch: Batch, rng: Array, *, config: TransformerConfig,
+               optim: OptimConfig | None = None, tx: optax.GradientTransformation | None = None,
+               axis_name: str | None = None, accum_steps: int = 1,
                skip_nonfinite: bool = False) -> tuple[TrainState, dict[str, Array]]:
-  """One update on `batch`; under pmap pass the axis name to combine devices (under `jax.jit`
-  over a mesh, `parallel.data_mesh` and `parallel.shard_rows`, pass none).
+  """One update on `batch` of the model `config` describes, with the optimiser of `optim`
+  (default: the paper's; `tx` to use another, whose state `state` must hold). Bind the
+  settings before wrapping it: `jax.jit(functools.partial(train_step, config=config))`. Under
+  pmap pass the axis name to combine devices (under `jax.jit` over a mesh,
+  `parallel.data_mesh` and `parallel.shard_rows`, pass none).
 
   The loss is the label-smoothed sum divided by the number of real target tokens across all
   devices, so devices holding fewer tokens do not weigh more. With accum_steps = k, the batch's
@@ -90,21 +88,24 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
   skip_nonfinite, an update whose loss or gradients are not finite leaves params and optimiser
   state unchanged (metrics['nonfinite'] = 1).
   """
+  optim = optim or OptimConfig()
+  schedule = optim_lib.make_schedule(config, optim)
+  tx = tx or optim_lib.make_optimizer(config, optim, schedule)
   rng = jax.random.fold_in(rng, state.step)
   if axis_name is not None:
     rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))
-  if state.config.execution.dropout_rng == 'rbg':  # this step's key, as an RngBitGenerator key
+  if config.execution.dropout_rng == 'rbg':  # this step's key, as an RngBitGenerator key
     rng = jax.random.wrap_key_data(jax.random.bits(rng, (4,), jnp.uint32), impl='rbg')
 
   def sums(params, micro_batch, micro_rng):
     """Gradient of the loss sum, and the sums behind the metrics, for one micro-batch."""
     def loss_fn(params):
-      hidden = _apply(state, params, micro_batch, Transformer.forward_hidden,
+      hidden = _apply(config, params, micro_batch, Transformer.forward_hidden,
                       deterministic=False, rngs={'dropout': micro_rng})
       loss_sum, weight_sum, correct = losses.chunked_smoothed_cross_entropy(
-          hidden.astype(state.config.execution.dtype), params['embed']['embedding'],
-          micro_batch['tgt_out'], micro_batch['weights'], state.optim.label_smoothing,
-          chunk=state.config.execution.loss_chunk)
+          hidden.astype(config.execution.dtype), params['embed']['embedding'],
+          micro_batch['tgt_out'], micro_batch['weights'], optim.label_smoothing,
+          chunk=config.execution.loss_chunk)
       return loss_sum, (weight_sum, correct)
     (loss_sum, (weight_sum, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return grads, jnp.stack([loss_sum, weight_sum, correct])
@@ -130,9 +131,11 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
       'accuracy': correct / tokens,
       'tokens': tokens,
       'grad_norm': grad_norm,
-      'lr': state.lr_schedule(_applied_updates(state)),
+      'lr': schedule(_applied_updates(state)),
   }
-  new_state = state.apply_gradients(grads=grads)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                            opt_state=opt_state)
   finite = jnp.isfinite(metrics['loss']) & jnp.isfinite(grad_norm)
   metrics['nonfinite'] = 1.0 - finite.astype(jnp.float32)
   if skip_nonfinite:
@@ -142,12 +145,14 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, axis_name: str | 
   return new_state, metrics
 
 
-def eval_step(state: TrainState, batch: Batch) -> dict[str, Array]:
-  """Sums for one batch: smoothed loss, NLL, correct tokens and tokens."""
-  logits = _apply(state, state.params, batch, Transformer.forward, deterministic=True)
+def eval_step(state: TrainState, batch: Batch, *, config: TransformerConfig,
+              optim: OptimConfig | None = None) -> dict[str, Array]:
+  """Sums for one batch: smoothed loss (optim's label smoothing), NLL, correct tokens and
+  tokens; the settings bound as for train_step."""
+  logits = _apply(config, state.params, batch, Transformer.forward, deterministic=True)
   targets, weights = batch['tgt_out'], batch['weights']
   loss_sum, tokens = losses.smoothed_cross_entropy(
-      logits, targets, weights, state.optim.label_smoothing)
+      logits, targets, weights, (optim or OptimConfig()).label_smoothing)
   nll_sum, _ = losses.cross_entropy(logits, targets, weights)
   correct, _ = losses.accuracy(logits, targets, weights)
   return {'loss_sum': loss_sum, 'nll_sum': nll_sum, 'correct': correct, 'tokens': tokens}

@@ -395,14 +395,17 @@ def report_coverage(tokenizer: data_lib.Tokenizer, pairs: data_lib.PairSource,
 
 
 @functools.lru_cache(maxsize=8)
-def _pmapped_steps(accum_steps: int, skip_nonfinite: bool) -> tuple[Any, Any]:
-  """The train step (donating its state) and the eval step, pmapped over the local devices;
-  made once per process, so that a second run in it reuses their compiled programs."""
+def _pmapped_steps(config: TransformerConfig, optim: OptimConfig, accum_steps: int,
+                   skip_nonfinite: bool) -> tuple[Any, Any]:
+  """The train step (donating its state) and the eval step of these settings, pmapped over the
+  local devices; made once per process and settings, so that a second run in it with equal
+  settings reuses their compiled programs."""
   p_train_step = jax.pmap(
-      functools.partial(train_step, axis_name=parallel.AXIS, accum_steps=accum_steps,
-                        skip_nonfinite=skip_nonfinite),
+      functools.partial(train_step, config=config, optim=optim, axis_name=parallel.AXIS,
+                        accum_steps=accum_steps, skip_nonfinite=skip_nonfinite),
       axis_name=parallel.AXIS, donate_argnums=0)
-  return p_train_step, jax.pmap(eval_step, axis_name=parallel.AXIS)
+  return p_train_step, jax.pmap(functools.partial(eval_step, config=config, optim=optim),
+                                axis_name=parallel.AXIS)
 
 
 def _on_skip(step: int, skipped: int) -> None:
@@ -434,13 +437,14 @@ class Run:
                                       init_params)
     self.start_step = int(state.step)
     self.meta = checkpoint.make_meta(config, pipeline.tokenizer.model_proto, optim)
-    self.facts = execution_facts(state.config, train_cfg, src_len=pipeline.src_len,
+    computed = train_cfg.computed(config)  # what the steps compute with (the fast path's)
+    self.facts = execution_facts(computed, train_cfg, src_len=pipeline.src_len,
                                  tgt_len=pipeline.tgt_len, rows=pipeline.rows)
     self.hparams = _hparams(config, train_cfg, optim, self.facts)
     log.info('training on %s', describe_run(self.facts))
     self.p_state, self.p_rng = parallel.replicate(state), parallel.replicate(self.rng)
-    self.p_train_step, self.p_eval_step = _pmapped_steps(train_cfg.accum_steps,
-                                                         train_cfg.skip_nonfinite)
+    self.p_train_step, self.p_eval_step = _pmapped_steps(
+        computed, optim, train_cfg.accum_steps, train_cfg.skip_nonfinite)
     self.reader = monitor.MetricReader(skip_nonfinite=train_cfg.skip_nonfinite,
                                        on_skip=_on_skip)
     self.sink = monitor.MetricsSink(workdir, enabled=jax.process_index() == 0,

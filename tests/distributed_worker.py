@@ -53,20 +53,23 @@ def batches(num_devices: int, process_index: int = 0, process_count: int = 1):
     yield batch
 
 
+STEP_CFG = CFG.replace(dropout_rate=0.0)
+# SGD with rate 1 makes each update the combined gradient itself. Adam's first steps are
+# ~sign(g), which turns float rounding in near-zero gradients into differences of 2 * lr.
+SGD = optax.sgd(1.0)
+STEP = functools.partial(train.train_step, config=STEP_CFG, tx=SGD)
+
+
 def initial_state() -> train.TrainState:
-  cfg = CFG.replace(dropout_rate=0.0)
-  state = train.create_train_state(cfg, jax.random.key(0))
-  # SGD with rate 1 makes each update the combined gradient itself. Adam's first steps are
-  # ~sign(g), which turns float rounding in near-zero gradients into differences of 2 * lr.
-  state = state.replace(tx=optax.sgd(1.0))
-  return state.replace(opt_state=state.tx.init(state.params))
+  state = train.create_train_state(STEP_CFG, jax.random.key(0))
+  return state.replace(opt_state=SGD.init(state.params))
 
 
 def run_jit(batch_iter) -> dict:
   """The README's own loop: jax.jit over a data mesh, no axis name."""
   mesh = parallel.data_mesh()
   state = parallel.replicate_on(initial_state(), mesh)
-  step = jax.jit(train.train_step, donate_argnums=0)
+  step = jax.jit(STEP, donate_argnums=0)
   for batch in batch_iter:
     rows = {key: value.reshape(-1, value.shape[-1]) for key, value in batch.items()}
     state, _ = step(state, parallel.shard_rows(rows, mesh), jax.random.key(1))
@@ -76,7 +79,7 @@ def run_jit(batch_iter) -> dict:
 def run(batch_iter, devices=None) -> dict:
   p_state = parallel.replicate(initial_state(), devices)
   p_rng = parallel.replicate(jax.random.key(1), devices)
-  step = jax.pmap(functools.partial(train.train_step, axis_name=parallel.AXIS),
+  step = jax.pmap(functools.partial(STEP, axis_name=parallel.AXIS),
                   axis_name=parallel.AXIS, devices=devices)
   for batch in batch_iter:
     p_state, _ = step(p_state, batch, p_rng)

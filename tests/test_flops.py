@@ -1,5 +1,6 @@
 """jaxformer.flops: the counted FLOPs equal the dots of XLA's own programs."""
 
+import functools
 import math
 
 import jax
@@ -54,7 +55,8 @@ def test_forward_flops_equal_the_dots_of_the_forward_pass():
 def test_train_flops_equal_the_dots_of_the_train_step():
   batch = _flops_batch()
   state = train.create_train_state(FLOPS_CONFIG, jax.random.key(0))
-  jaxpr = jax.make_jaxpr(train.train_step)(state, batch, jax.random.key(1))
+  jaxpr = jax.make_jaxpr(functools.partial(train.train_step, config=FLOPS_CONFIG))(
+      state, batch, jax.random.key(1))
   counted = _dot_flops(jaxpr.jaxpr)
   assert counted == flops.train_flops(FLOPS_CONFIG, 2, 7, 5) == 3 * flops.forward_flops(
       FLOPS_CONFIG, 2, 7, 5)

@@ -291,7 +291,8 @@ def test_independent_qk_and_v_dims_shape_and_train():
   assert attention['out']['kernel'].shape == (4, 12, 32)
   batch = {'src': jnp.array([[3, 4, 5, 6]]), 'tgt_in': jnp.array([[0, 7, 8]]),
            'tgt_out': jnp.array([[7, 8, 1]]), 'weights': jnp.ones((1, 3))}
-  new_state, metrics = jax.jit(train.train_step)(state, batch, jax.random.key(1))
+  new_state, metrics = jax.jit(functools.partial(train.train_step, config=cfg))(
+      state, batch, jax.random.key(1))
   assert np.isfinite(float(metrics['loss'])) and int(new_state.step) == 1
   model = Transformer(cfg)
   encoded = apply(model, {'params': state.params}, batch['src'], method=Transformer.encode)

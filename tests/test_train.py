@@ -33,7 +33,7 @@ def test_first_step_matches_the_stored_loss():
   cfg = config_lib.tiny(vocab_size=32)
   state = train.create_train_state(cfg, jax.random.key(0), optim=OPTIM)
   batch = reverse_batch(np.random.default_rng(0), batch=8, length=6, vocab=32)
-  step = jax.jit(train.train_step)
+  step = jax.jit(functools.partial(train.train_step, config=cfg, optim=OPTIM))
   state, first = step(state, batch, jax.random.key(1))
   _, second = step(state, batch, jax.random.key(1))
   assert float(first['loss']) == pytest.approx(STORED_FIRST_LOSS, rel=1e-5), \
@@ -53,15 +53,17 @@ def test_loss_is_normalised_by_the_global_token_count():
   """Two shards with uneven token counts, combined by psum, equal one step on the whole batch."""
   cfg = CFG.replace(dropout_rate=0.0)
   # Plain SGD with rate 1 makes the update the gradient itself (Adam's first step is ~sign(g)).
-  state = train.create_train_state(cfg, jax.random.key(0), optim=OPTIM).replace(tx=optax.sgd(1.0))
-  state = state.replace(opt_state=state.tx.init(state.params))
+  sgd = optax.sgd(1.0)
+  state = train.create_train_state(cfg, jax.random.key(0), optim=OPTIM)
+  state = state.replace(opt_state=sgd.init(state.params))
+  step = functools.partial(train.train_step, config=cfg, optim=OPTIM, tx=sgd)
   batch = reverse_batch(np.random.default_rng(1), batch=4, length=6, vocab=32)
   batch['weights'] = batch['weights'].at[:2, 3:].set(0.0)  # shard 0 holds fewer real tokens
-  whole, whole_metrics = jax.jit(train.train_step)(state, batch, jax.random.key(2))
+  whole, whole_metrics = jax.jit(step)(state, batch, jax.random.key(2))
 
   shards = jax.tree.map(lambda x: x.reshape(2, 2, *x.shape[1:]), batch)
   sharded_step = jax.jit(jax.vmap(
-      lambda s, b: train.train_step(s, b, jax.random.key(2), axis_name='batch'),
+      lambda s, b: step(s, b, jax.random.key(2), axis_name='batch'),
       in_axes=(None, 0), axis_name='batch'))
   split, split_metrics = sharded_step(state, shards)
   np.testing.assert_allclose(split_metrics['loss'][0], whole_metrics['loss'], rtol=1e-5)
@@ -74,7 +76,8 @@ def test_tiny_learns_to_reverse_sequences():
   """The paper's recipe (dropout, label smoothing, Adam, lrate) on a reversal task: >= 99%."""
   cfg = CFG
   state = train.create_train_state(cfg, jax.random.key(0), optim=OPTIM)
-  step, evaluate = jax.jit(train.train_step), jax.jit(train.eval_step)
+  step = jax.jit(functools.partial(train.train_step, config=cfg, optim=OPTIM))
+  evaluate = jax.jit(functools.partial(train.eval_step, config=cfg, optim=OPTIM))
   rng = np.random.default_rng(0)
   held_out = reverse_batch(np.random.default_rng(123), batch=256, length=10, vocab=32)
   accuracy = 0.0
@@ -90,12 +93,14 @@ def test_tiny_learns_to_reverse_sequences():
 
 def test_gradient_accumulation_equals_the_big_batch():
   cfg = CFG.replace(dropout_rate=0.0)
-  state = train.create_train_state(cfg, jax.random.key(0), optim=OPTIM).replace(tx=optax.sgd(1.0))
-  state = state.replace(opt_state=state.tx.init(state.params))
+  sgd = optax.sgd(1.0)
+  state = train.create_train_state(cfg, jax.random.key(0), optim=OPTIM)
+  state = state.replace(opt_state=sgd.init(state.params))
+  step = functools.partial(train.train_step, config=cfg, optim=OPTIM, tx=sgd)
   batch = reverse_batch(np.random.default_rng(2), batch=4, length=6, vocab=32)
   batch['weights'] = batch['weights'].at[0, 2:].set(0.0)  # micro-batches of unequal size
-  whole, whole_metrics = jax.jit(train.train_step)(state, batch, jax.random.key(3))
-  accumulated, metrics = jax.jit(functools.partial(train.train_step, accum_steps=2))(
+  whole, whole_metrics = jax.jit(step)(state, batch, jax.random.key(3))
+  accumulated, metrics = jax.jit(functools.partial(step, accum_steps=2))(
       state, batch, jax.random.key(3))
   for key in ('loss', 'accuracy', 'tokens'):
     np.testing.assert_allclose(metrics[key], whole_metrics[key], rtol=1e-6)
@@ -129,9 +134,9 @@ def test_bfloat16_trains_and_stays_close_to_float32():
   batch = reverse_batch(np.random.default_rng(0), batch=16, length=8, vocab=32)
   curves = {}
   for dtype in (jnp.float32, jnp.bfloat16):
-    state = train.create_train_state(cfg.with_execution(dtype=dtype), jax.random.key(0),
-                                     optim=OPTIM)
-    step = jax.jit(train.train_step)
+    computed = cfg.with_execution(dtype=dtype)
+    state = train.create_train_state(computed, jax.random.key(0), optim=OPTIM)
+    step = jax.jit(functools.partial(train.train_step, config=computed, optim=OPTIM))
     curve = []
     for i in range(60):
       state, metrics = step(state, batch, jax.random.key(i))
@@ -153,12 +158,12 @@ def test_rbg_dropout_bits_and_bfloat16_norms_train():
   first = {}
   for name, c in (('threefry', cfg.with_execution(dtype=jnp.bfloat16)), ('rbg', fast)):
     state = train.create_train_state(c, jax.random.key(0), optim=OPTIM)
-    first[name] = [float(jax.jit(train.train_step)(state, batch, jax.random.key(k))[1]['loss'])
-                   for k in (1, 1, 2)]
+    step = jax.jit(functools.partial(train.train_step, config=c, optim=OPTIM))
+    first[name] = [float(step(state, batch, jax.random.key(k))[1]['loss']) for k in (1, 1, 2)]
   assert first['rbg'][0] == first['rbg'][1] != first['rbg'][2]  # a function of the key
   assert first['rbg'][0] != first['threefry'][0]  # other bits than threefry's
   state = train.create_train_state(fast, jax.random.key(0), optim=OPTIM)
-  step = jax.jit(train.train_step)
+  step = jax.jit(functools.partial(train.train_step, config=fast, optim=OPTIM))
   curve = []
   for i in range(80):
     state, metrics = step(state, batch, jax.random.key(i))

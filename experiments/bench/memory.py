@@ -24,7 +24,8 @@ def run(preset: str = 'big', rows: int = 100, row_len: int = 256,
     batch = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype)
              for k, v in random_batch(1, rows, row_len, cfg.vocab_size).items()}
     start = time.perf_counter()
-    step = jax.jit(functools.partial(train.train_step, accum_steps=accum), donate_argnums=0)
+    step = jax.jit(functools.partial(train.train_step, config=cfg, accum_steps=accum),
+                   donate_argnums=0)
     analysis = step.lower(state, batch, jax.random.key(1)).compile().memory_analysis()
     results[f'{preset}_{rows * row_len}_tokens_remat_{remat}_accum_{accum}'] = {
         'compile_s': round(time.perf_counter() - start, 1),

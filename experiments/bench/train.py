@@ -37,7 +37,7 @@ def _time_train_step(cfg: config.TransformerConfig, rows: int, length: int, accu
     state = parallel.replicate(train.create_train_state(cfg, jax.random.key(0)))
     rng = parallel.replicate(jax.random.key(1))
     batch = parallel.shard(random_batch(devices, rows // devices, length, cfg.vocab_size))
-    step = jax.pmap(functools.partial(train.train_step, axis_name=parallel.AXIS,
+    step = jax.pmap(functools.partial(train.train_step, config=cfg, axis_name=parallel.AXIS,
                                       accum_steps=accum_steps),
                     axis_name=parallel.AXIS, donate_argnums=0)
     start = time.perf_counter()
