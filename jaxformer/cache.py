@@ -2,19 +2,19 @@
 
     {'index':  int32 []          the next target position;
      'slots':  int32 [N, T]      per hypothesis, the slot holding each position of its history;
-     'layers': [{'self':  {'k': [B, H, K, T * n], 'v': [B, H, T * n, J]},
+     'layers': [{'self':  {'k': [B, H, K, T * W], 'v': [B, H, T * W, J]},
                  'cross': {'k': [B, H, K, S],     'v': [B, H, S, J]}}, ...]}   one per layer
 
-B sentences, n hypotheses per sentence (beams, adjacent: N = B * n), T target positions, S
-source positions (as in jaxformer.model, whose key length L is T * n here); keys and values in
-`MultiHeadAttention.project_kv`'s layout.
+B sentences, W hypotheses per sentence (beams, adjacent: N = B * W; as in jaxformer.decode),
+T target positions, S source positions (as in jaxformer.model, whose key length L is T * W
+here); keys and values in `MultiHeadAttention.project_kv`'s layout.
 
-Beam search never copies the self-attention keys/values. Each sentence has n slots of T
-positions, stored position-major (position l of slot s at entry l * n + s). At step t,
+Beam search never copies the self-attention keys/values. Each sentence has W slots of T
+positions, stored position-major (position l of slot s at entry l * W + s). At step t,
 hypothesis s of a sentence writes its keys/values at position t of slot s (`write`), and
 `slots` says, per hypothesis, which slot holds each position of its history. When beams are
 chosen, only `slots` is reordered (`reorder`), and each query attends to all its sentence's
-slots through a mask that keeps its own history (`self_attention_mask`): n times the attention
+slots through a mask that keeps its own history (`self_attention_mask`): W times the attention
 products of one history, instead of copying every layer's cache at every step. The
 encoder-decoder keys/values are computed once per sentence and shared by its hypotheses.
 """
@@ -29,7 +29,7 @@ from jaxformer.config import TransformerConfig
 
 Array = jax.Array
 Cache = dict[str, Any]
-POSITION_AXIS = {'k': -1, 'v': -2}  # of the self-attention keys [.., T * n], values [.., T * n, J]
+POSITION_AXIS = {'k': -1, 'v': -2}  # of the self-attention keys [.., T * W], values [.., T * W, J]
 
 
 def init(config: TransformerConfig, cross: list[dict[str, Array]], max_len: int,
@@ -46,34 +46,42 @@ def init(config: TransformerConfig, cross: list[dict[str, Array]], max_len: int,
 
 
 def beams(cache: Cache) -> int:
-  """n: the hypotheses per sentence the cache was made for."""
+  """W: the hypotheses per sentence the cache was made for."""
   return cache['slots'].shape[0] // cache['layers'][0]['cross']['k'].shape[0]
 
 
+def by_sentence(queries: Array, sentences: int) -> Array:
+  """Queries [N, T, ...] of N = B * W hypotheses as [B, W * T, ...]: a sentence's W beams
+  attend to the keys/values it shares (its slots, or its encoder output) as one sequence of
+  W * T queries, which the mask of `self_attention_mask` keeps to each one's own history.
+  With W = 1 (training, greedy search) it changes nothing."""
+  return queries.reshape(sentences, -1, *queries.shape[2:])
+
+
 def self_attention_mask(cache: Cache, window: int | None) -> tuple[Array, Cache]:
-  """(mask [B, 1, n, T * n] of the keys each hypothesis's new query sees, the cache with this
+  """(mask [B, 1, W, T * W] of the keys each hypothesis's new query sees, the cache with this
   position recorded in each hypothesis's own slot). A query sees the positions of its own
   history up to `index` (within +-window of it for restricted self-attention)."""
-  index, (hypotheses, max_len), n = cache['index'], cache['slots'].shape, beams(cache)
+  index, (hypotheses, max_len), w = cache['index'], cache['slots'].shape, beams(cache)
   slots = jax.lax.dynamic_update_slice_in_dim(
-      cache['slots'], (jnp.arange(hypotheses) % n)[:, None], index, axis=1)
+      cache['slots'], (jnp.arange(hypotheses) % w)[:, None], index, axis=1)
   positions = jnp.arange(max_len)  # [T]
   visible = positions <= index
   if window is not None:
     visible &= jnp.abs(index - positions) <= window
-  own = visible[None, :, None] & (slots[:, :, None] == jnp.arange(n))  # [N, T, n]
-  return own.reshape(hypotheses // n, 1, n, max_len * n), {**cache, 'slots': slots}
+  own = visible[None, :, None] & (slots[:, :, None] == jnp.arange(w))  # [N, T, W]
+  return own.reshape(hypotheses // w, 1, w, max_len * w), {**cache, 'slots': slots}
 
 
 def write(layer: dict[str, Any], new: dict[str, Array], index: Array) -> dict[str, Any]:
-  """A layer's cache with the new self-attention keys/values of position `index` (from N = B * n
-  hypotheses) written in place: hypothesis b * n + s into slot s of sentence b."""
-  n = new['v'].shape[0] // layer['cross']['v'].shape[0]
+  """A layer's cache with the new self-attention keys/values of position `index` (from N = B * W
+  hypotheses) written in place: hypothesis b * W + s into slot s of sentence b."""
+  w = new['v'].shape[0] // layer['cross']['v'].shape[0]
   def put(cache: Array, x: Array, axis: int) -> Array:
     axis = cache.ndim + axis
-    x = jnp.moveaxis(x.reshape(-1, n, *x.shape[1:]), 1, axis + 1)  # [..., 1, n, ...]
-    x = x.reshape(*cache.shape[:axis], n, *cache.shape[axis + 1:])
-    return jax.lax.dynamic_update_slice_in_dim(cache, x, index * n, axis=axis)
+    x = jnp.moveaxis(x.reshape(-1, w, *x.shape[1:]), 1, axis + 1)  # [..., 1, W, ...]
+    x = x.reshape(*cache.shape[:axis], w, *cache.shape[axis + 1:])
+    return jax.lax.dynamic_update_slice_in_dim(cache, x, index * w, axis=axis)
   return {**layer, 'self': {name: put(layer['self'][name], x, POSITION_AXIS[name])
                             for name, x in new.items()}}
 
@@ -86,9 +94,9 @@ def advance(cache: Cache, layers: list[dict[str, Any]]) -> Cache:
 def grow(cache: Cache, max_len: int) -> Cache:
   """`cache` with room for max_len target positions: its self-attention keys/values and its
   slots padded with zeros after the positions they have."""
-  def pad(x: Array, axis: int) -> Array:  # T * n entries along `axis` -> max_len * n
-    n = x.shape[axis] // cache['slots'].shape[1]
-    return jnp.pad(x, [(0, (max_len - cache['slots'].shape[1]) * n)
+  def pad(x: Array, axis: int) -> Array:  # T * W entries along `axis` -> max_len * W
+    w = x.shape[axis] // cache['slots'].shape[1]
+    return jnp.pad(x, [(0, (max_len - cache['slots'].shape[1]) * w)
                        if a == x.ndim + axis else (0, 0) for a in range(x.ndim)])
   return {**cache, 'slots': pad(cache['slots'], -1),
           'layers': [{**layer, 'self': {name: pad(x, POSITION_AXIS[name])

@@ -2,7 +2,8 @@
 
 Shape glossary (used in einsum strings and shape comments):
   B batch, S source length, T target (query) length, L key/value length,
-  D d_model, H heads, K query/key dim per head, J value dim per head, F d_ff, V vocab.
+  D d_model, H heads, K query/key dim per head, J value dim per head, F d_ff, V vocab;
+  in decoding (jaxformer.cache, jaxformer.decode) W beams per sentence, N = B * W hypotheses.
 
 Token id 0 is padding. Packed rows carry segment ids (0 = padding, 1, 2, ... = the pairs in
 the row) and positions that restart at 0 for every pair; without them a row holds one pair.
@@ -123,14 +124,13 @@ class MultiHeadAttention(nn.Module):
                deterministic: bool) -> Array:
     """Attends from x [B, T, D] to kv (from `project_kv`) where mask [B, 1, T, L] is True.
 
-    Beam search shares one kv [B, H, ...] among the n beams of each sentence: then x is
-    [B * n, T, D] (beams adjacent) and its queries attend as n * T positions of their sentence.
+    Beam search shares one kv [B, H, ...] among the W beams of each sentence: then x is
+    [B * W, T, D] (beams adjacent) and its queries attend as W * T positions of their sentence.
     """
-    q = self.query(x) * self.config.key_dim ** -0.5  # [B, T, H, K]
-    batch, length = kv['k'].shape[0], q.shape[1]
-    q = q.reshape(batch, -1, *q.shape[2:])  # [B, n * T, H, K]: n = 1 unless beams share kv
+    q = self.query(x) * self.config.key_dim ** -0.5  # [B * W, T, H, K]
+    q = cache_lib.by_sentence(q, kv['k'].shape[0])  # [B, W * T, H, K]
     return self.out(self._attend(q, kv, mask, deterministic).reshape(
-        x.shape[0], length, *q.shape[2:-1], -1))  # [B * n, T, D]
+        *x.shape[:2], *q.shape[2:-1], -1))  # [B * W, T, D]
 
   def _attend(self, q: Array, kv: dict[str, Array], mask: Array, deterministic: bool) -> Array:
     """The heads [B, T, H, J] of q [B, T, H, K] over kv."""
@@ -380,7 +380,7 @@ class Transformer(nn.Module):
 
   def decode_step(self, src: Array, tokens: Array, cache: Cache, layout: Layout | None = None
                   ) -> tuple[Array, Cache]:
-    """One decoding step: the next token [N, 1] of the N = B * n hypotheses the cache was made
+    """One decoding step: the next token [N, 1] of the N = B * W hypotheses the cache was made
     for (src stays [B, S]) -> (logits [N, V] of the token after it, the cache after it)."""
     self_mask, cache = cache_lib.self_attention_mask(cache, self.config.attention_window)
     cross_mask = segment_mask(jnp.ones_like(src[:, :1]), (layout or Layout()).source(src)[0])

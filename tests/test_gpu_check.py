@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'experiments'))
 import gpu_check  # noqa: E402
 
-from jaxformer.model import Transformer  # noqa: E402
+from jaxformer import train  # noqa: E402
 
 CPU_CFG = gpu_check.CPU_CFG  # the checks' model without a GPU: one layer
 
@@ -86,9 +86,9 @@ def test_gpu_check_fails_non_finite_attention_gradients(monkeypatch):
   with pytest.raises(AssertionError, match=r'rows of 64: relative error to float32: logits '
                      r'\S+ \(einsum .*gradients nan'):
     gpu_check.check_fused_attention((64,), CPU_CFG)
-  models = []  # the attention of each model the fused training check builds
-  monkeypatch.setattr(gpu_check, 'Transformer', lambda cfg: models.append(
-      cfg.execution.attention) or Transformer(cfg))
+  models, step = [], train.train_step  # the attention of each model the check trains
+  monkeypatch.setattr(train, 'train_step', lambda *args, config, **kwargs: models.append(
+      config.execution.attention) or step(*args, config=config, **kwargs))
   with pytest.raises(AssertionError, match=r'^rows of 64 \(XLA\): non-finite from step 1$'):
     gpu_check.check_fused_training(1, (64,), CPU_CFG)  # and training through it stops at once
   assert models == ['fused']  # einsum, the comparison, is not trained for a failed width
