@@ -52,25 +52,25 @@ def decode(model: str, src: str | None, precision: str) -> dict:
     for name, beam in SEARCHES.items():
       translator = translation.Translator.from_pretrained(model, beam_size=beam, alpha=ALPHA)
       result[name] = translator.translate_ids(sentences, progress=True)
-    beam = translation.Translator.from_pretrained(model, beam_size=4, alpha=ALPHA)
-    result['beam4_scores'] = [b[0][1] if b else None
-                              for b in beam.translate_nbest(sentences, 1, progress=True)]
+    beam4 = translator  # (the last of SEARCHES) its best output's score, for each sentence
+    result['beam4_scores'] = [best[0][1] if best else None
+                              for best in beam4.translate_nbest(sentences, 1, progress=True)]
   return result
 
 
-def _log_probs(translator: translation.Translator, src: list[int], hyps: list[list[int]]
-               ) -> list[np.ndarray]:
-  """Each hypothesis's per-piece log-probabilities (its EOS last) given `src`, teacher forced."""
+def log_probs(translator: translation.Translator, src: list[int], hyps: list[list[int]]
+              ) -> list[np.ndarray]:
+  """Each hypothesis's log-probabilities [its pieces and EOS, V] given `src`, teacher forced."""
   model, params = Transformer(translator.config), translator.params
   width = max(map(len, hyps)) + 1
-  tgt_in, tgt_out = np.zeros((len(hyps), width), np.int32), np.zeros((len(hyps), width), np.int32)
+  tgt_in = np.zeros((len(hyps), width), np.int32)
   for row, hyp in enumerate(hyps):
-    tgt_in[row, 1:len(hyp) + 1], tgt_out[row, :len(hyp) + 1] = hyp, hyp + [EOS_ID]
+    tgt_in[row, 1:len(hyp) + 1] = hyp
   source = np.repeat(np.array([src + [EOS_ID]], np.int32), len(hyps), axis=0)
   encoded = model.apply({'params': params}, source, method=Transformer.encode)
   logits = model.apply({'params': params}, encoded, source, tgt_in, method=Transformer.decode)
-  chosen = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), tgt_out[..., None], -1)
-  return [chosen[row, :len(hyp) + 1, 0] for row, hyp in enumerate(hyps)]
+  return [np.asarray(jax.nn.log_softmax(logits[row, :len(hyp) + 1]))
+          for row, hyp in enumerate(hyps)]
 
 
 def explain(translator: translation.Translator, src: list[int], a: list[int], b: list[int]
@@ -78,7 +78,8 @@ def explain(translator: translation.Translator, src: list[int], a: list[int], b:
   """Both outputs' teacher-forced scores (each as ended by EOS, also one that the length limit
   ended), and the two pieces' log-probabilities where they part."""
   part = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-  lp_a, lp_b = _log_probs(translator, src, [a, b])
+  lp_a, lp_b = (lp[np.arange(len(hyp) + 1), hyp + [EOS_ID]]
+                for lp, hyp in zip(log_probs(translator, src, [a, b]), (a, b)))
   scores = [float(lp.sum() / length_penalty(np.array(len(lp)), ALPHA)) for lp in (lp_a, lp_b)]
   return {'part_at': part, 'piece_log_prob': [float(lp_a[part]), float(lp_b[part])],
           'gap_at_part': abs(float(lp_a[part] - lp_b[part])), 'score': scores}
