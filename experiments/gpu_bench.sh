@@ -30,10 +30,10 @@
 #              precision: default, and/or highest), each difference explained; parity.tar
 #              holds the runs and the reports (both precisions: 260 s on an H100)
 #   candidates the base and big steps with the whole batch's loss in one chunk against the
-#              shipped path, PyTorch beside them (candidates_a.json), and the same base cases
-#              with XLA's Triton GEMMs off for their programs alone (candidates_b.json), two
-#              processes compiled side by side and timed in turn (PyTorch's torch.compile of
-#              base and big alone took ~3 min on an H100)
+#              shipped path (candidates_a.json), and the same base cases with XLA's Triton
+#              GEMMs off for their programs alone (candidates_b.json): two processes compiled
+#              side by side and timed in turn, no PyTorch (its torch.compile of base and big
+#              took ~3 min on an H100; `train` times it beside the shipped path)
 #   resume     bench --only startup without a model: a resumed `jaxformer train` at base
 #              dimensions and 25,600 target tokens a step, to its first step, with the
 #              compilation cache and without (RESUME_ROUNDS rounds, default 1)
@@ -133,8 +133,8 @@ for step in $steps; do
       tar -C "$tmp" -cf "$out/parity.tar" . ;;
     candidates) lock=$(mktemp) chunk=loss_chunk=32768
       XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$path run 420 candidates_a.json \
-        "${bench[@]}" --only train --train-case base --train-case big --execution default \
-        --execution $chunk --time-lock "$lock" &
+        "${bench[@]}" --only train --train-case base --train-case big --no-torch \
+        --execution default --execution $chunk --time-lock "$lock" &
       XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$path run 420 candidates_b.json \
         "${bench[@]}" --only train --train-case base --no-torch --execution default \
         --execution $chunk --compiler-option xla_gpu_enable_triton_gemm=false \
