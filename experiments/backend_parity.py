@@ -49,12 +49,12 @@ def decode(model: str, src: str | None, precision: str) -> dict:
   with jax.default_matmul_precision(precision):
     result = {'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind,
               'jax': jax.__version__, 'precision': precision, 'sources': sentences}
-    for name, beam in SEARCHES.items():
-      translator = translation.Translator.from_pretrained(model, beam_size=beam, alpha=ALPHA)
+    searches = {name: translation.Translator.from_pretrained(model, beam_size=beam, alpha=ALPHA)
+                for name, beam in SEARCHES.items()}
+    for name, translator in searches.items():
       result[name] = translator.translate_ids(sentences, progress=True)
-    beam4 = translator  # (the last of SEARCHES) its best output's score, for each sentence
-    result['beam4_scores'] = [best[0][1] if best else None
-                              for best in beam4.translate_nbest(sentences, 1, progress=True)]
+    result['beam4_scores'] = [best[0][1] if best else None for best in searches['beam4']
+                              .translate_nbest(sentences, 1, progress=True)]
   return result
 
 
