@@ -7,7 +7,6 @@ train, data, optim).
 """
 
 import argparse
-import codecs
 import contextlib
 import dataclasses
 import json
@@ -18,16 +17,16 @@ import pathlib
 import sys
 import textwrap
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from jaxformer import (checkpoint, compilation, data, export, files, monitor, parallel, recipes,
-                       scoring, trainer)
+from jaxformer import (checkpoint, compilation, data, export, files, monitor, parallel,
+                       recipes, scoring, serving, text, trainer)
 from jaxformer import config as config_lib
 from jaxformer.config import DataConfig, OptimConfig, SettingError, TrainConfig
-from jaxformer.errors import JaxformerError
+from jaxformer.errors import exit_code
 from jaxformer.model import parameter_count
 from jaxformer.recipes import auto as auto_recipe
 from jaxformer.translation import Translator
@@ -67,6 +66,14 @@ def non_negative(kind: type) -> Callable[[str], Any]:
       raise argparse.ArgumentTypeError(f'must be a finite number >= 0, got {text!r}')
     return value
   return parse
+
+
+def port_number(text: str) -> int:
+  """An argparse type: a TCP port, 0 to 65535 (0: the system picks a free one)."""
+  value = int(text) if text.isdigit() else -1
+  if not 0 <= value <= 65535:
+    raise argparse.ArgumentTypeError(f'must be a port number from 0 to 65535, got {text!r}')
+  return value
 
 
 def path_arg(text: str) -> str:
@@ -356,59 +363,40 @@ def _eval(args: argparse.Namespace) -> int:
 # --- translate ------------------------------------------------------------------------------------
 
 
-def _chunks(stream, name: str, size: int) -> Iterable[list[str]]:
-  """The stream's lines, `size` at a time; the lines before one that is not UTF-8 come out
-  before its error."""
-  chunk = []
-  try:
-    for number, raw in enumerate(stream, 1):
-      raw = raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw  # as files' (read_lines)
-      chunk.append(data.decode_line(raw, f'{name}:{number}'))
-      if len(chunk) == size:
-        yield chunk
-        chunk = []
-  except data.DataError:
-    if chunk:
-      yield chunk
-    raise
-  if chunk:
-    yield chunk
-
-
-def _write(model, chunk: list[str], first: int, nbest: int | None, out) -> None:
-  """Translations of `chunk` (input lines first, first + 1, ...) to `out`."""
-  if nbest is None:
-    out.write(''.join(t + '\n' for t in model.translate(chunk)))
-  else:
-    for index, options in enumerate(model.translate_nbest(chunk, nbest), start=first):
-      out.write(''.join(f'{index} ||| {text} ||| {score:.4f}\n' for text, score in options))
-  out.flush()
-
-
 def _translate(args: argparse.Namespace) -> int:
   if args.nbest and args.nbest > args.beam:
     return _fail(f'--nbest {args.nbest} needs --beam >= {args.nbest}.')
   model = translator(args.model, args)[0]
   sentences = data.read_lines(args.input) if args.input else None
+
+  def write(chunk: list[str], first: int, out: typing.TextIO, progress: bool = False) -> None:
+    results = model.translate(chunk, progress) if args.nbest is None else \
+        model.translate_nbest(chunk, args.nbest, progress)
+    text.write_translations(out, results, first, args.nbest)
   try:
     with open(args.output, 'w', encoding='utf-8') if args.output else \
         contextlib.nullcontext(sys.stdout) as out:
       if sentences is not None:  # a whole file, with a progress bar
-        if args.nbest is None:
-          out.write(''.join(t + '\n' for t in model.translate(sentences, progress=True)))
-        else:
-          for start in range(0, len(sentences), chunk := args.batch_size * model.workers):
-            _write(model, sentences[start:start + chunk], start, args.nbest, out)
+        write(sentences, 0, out, progress=True)
         return 0
       # A terminal: answer each line; a pipe: a batch for each of the translator's workers.
       size = 1 if sys.stdin.isatty() else args.batch_size * model.workers
       first = 0
-      for chunk in _chunks(sys.stdin.buffer, 'stdin', size):
-        _write(model, chunk, first, args.nbest, out)
+      for chunk in text.chunks(sys.stdin.buffer, 'stdin', size):
+        write(chunk, first, out)
         first += len(chunk)
-  except OSError as e:  # the output file
+  except OSError as e:
+    if not args.output:  # stdout's: a reader gone (exit_code) or worse
+      raise
     return _fail(f'cannot write to {args.output} ({e.strerror}).')
   return 0  # (input that is not UTF-8 stops at that line: a DataError)
+
+
+def _serve(args: argparse.Namespace) -> int:
+  _setup_logging()
+  model, step = translator(args.model, args)
+  serving.serve(model, args.host, args.port, info={'model': args.model, 'step': step})
+  return 0
 
 
 # --- export, average, params ----------------------------------------------------------------------
@@ -521,6 +509,22 @@ def build_parser() -> argparse.ArgumentParser:
   translate.add_argument('--input', type=path_arg, help='a UTF-8 text file (default: stdin)')
   translate.add_argument('--output', type=path_arg, help='where to write (default: stdout)')
   translate.add_argument('--nbest', type=positive_int, help='the N best translations with scores')
+  translate.add_argument('--server', help='translate with a running `jaxformer serve` at this '
+                         'address (e.g. http://127.0.0.1:8228) instead of --model: the model and '
+                         'its decoding flags are the server\'s, and nothing is loaded or compiled')
+
+  serve = command(
+      'serve', _serve, 'keep a model loaded and compiled, answering translations over HTTP',
+      'Loads the model, compiles its shortest search, and answers POST /translate with JSON '
+      '{"src": [sentences], "nbest": N (optional)} until Ctrl-C: `jaxformer translate --server '
+      'URL` (or any HTTP client) then pays neither imports nor compiling. For this machine '
+      'only by default: the server has no authentication.')
+  _add_model_path(serve)
+  _add_model_flags(serve)
+  serve.add_argument('--host', default='127.0.0.1',
+                     help='the address to listen on (0.0.0.0: every network, unauthenticated)')
+  serve.add_argument('--port', type=port_number, default=serving.DEFAULT_PORT,
+                     help='the port (0: a free one, logged at start)')
 
   export = command(
       'export', _export, 'a self-contained folder (config.json, spm.model, params.safetensors) '
@@ -559,29 +563,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = build_parser()
   argv = sys.argv[1:] if argv is None else argv
+  if serving.is_client(argv):
+    return serving.client_main(argv[1:])
+  parser = build_parser()
   args = parser.parse_args(argv)
   if args.command is None:
     parser.print_help()
     return 0
-  if args.command in ('eval', 'translate') and args.model is None:
+  if args.command in ('eval', 'translate', 'serve') and args.model is None:
     _subcommands(parser)[args.command].error('the following arguments are required: --model')
   for line in older_spellings(parser, argv):
     print(line, file=sys.stderr)
-  try:
+  def run() -> int:
     use_compilation_cache(args)
     with monitor.Interrupts():
       return args.run(args)
-  except JaxformerError as e:  # bad input, settings, data or checkpoints: every command's one line
-    return _fail(e)
-  except KeyboardInterrupt:  # before the training loop's own SIGINT handler, or while decoding
-    print('\ninterrupted', file=sys.stderr)  # on its own line: a progress bar may be cut short
-    return 130
-  except BrokenPipeError:  # the reader went away, e.g. `jaxformer translate < f | head -3`
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit either
-    return 1
-
+  return exit_code(run)
 
 if __name__ == '__main__':
   sys.exit(main())

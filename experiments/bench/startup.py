@@ -1,7 +1,9 @@
 """The startup section: what a user waits for, as whole processes. `jaxformer translate` on one
 sentence and on the demo's 1,000 test sentences, with the compilation cache empty (a first run),
-filled (every later run) and off (--no-compilation-cache, as before the cache), beside a
-CTranslate2 process (import, load, translate) on the same weights; `import jaxformer`; and the
+filled (every later run) and off (--no-compilation-cache, as before the cache), and as a client
+of a running `jaxformer serve` (`--server`; the server's own start timed apart, and one request
+of each case made before the rounds), beside a CTranslate2 process (import, load, translate) on
+the same weights; `import jaxformer`; and the
 time from `jaxformer train` on an existing workdir to its first resumed step, cached and not,
 for a small model and for base dimensions (on a GPU: base dimensions at the paper's 25,600
 target tokens a step).
@@ -15,6 +17,7 @@ cache folder of its own case (JAXFORMER_CACHE_DIR) or none, never the user's, an
 cache settings are taken out of its environment.
 """
 
+import contextlib
 import os
 import pathlib
 import re
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 from bench.common import ROOT
 
@@ -73,21 +77,47 @@ def _translations(tmp: pathlib.Path, model: pathlib.Path, ct2: pathlib.Path | No
   cases = {'one_sentence': ONE_SENTENCE, 'sentences_1000': '\n'.join(thousand) + '\n'}
   times: dict[str, list[float]] = {}
   translate = _jaxformer('translate', '--model', str(model))
-  for round_ in range(rounds):
-    for case, text in cases.items():
-      cache = tmp / f'cache-{case}-{round_}'  # empty
-      ways = {'first_run': (translate, _env(cache)), 'cached': (translate, _env(cache)),
-              'no_cache': (translate + ['--no-compilation-cache'], _env())}
-      if ct2:
-        ways['ctranslate2'] = ([sys.executable, '-c', _CT2_PROCESS, str(ct2)], _env())
-      for way, (argv, env) in ways.items():
-        times.setdefault(f'{case}_{way}_s', []).append(_timed(argv, stdin=text, env=env))
+  with _server(model, tmp / 'cache-server') as (url, ready_s):
+    client = [sys.executable, '-m', 'jaxformer', 'translate', '--server', url]
+    for text in cases.values():  # the server compiles each case's searches once, here
+      _timed(client, stdin=text)
+    for round_ in range(rounds):
+      for case, text in cases.items():
+        cache = tmp / f'cache-{case}-{round_}'  # empty
+        ways = {'first_run': (translate, _env(cache)), 'cached': (translate, _env(cache)),
+                'no_cache': (translate + ['--no-compilation-cache'], _env()),
+                'server': (client, _env())}
+        if ct2:
+          ways['ctranslate2'] = ([sys.executable, '-c', _CT2_PROCESS, str(ct2)], _env())
+        for way, (argv, env) in ways.items():
+          times.setdefault(f'{case}_{way}_s', []).append(_timed(argv, stdin=text, env=env))
   results = {k: round(statistics.median(v), 2) for k, v in times.items()}
+  results['server_ready_s'] = round(ready_s, 2)
   for case in cases if ct2 else ():
-    for way in ('first_run', 'cached', 'no_cache'):
+    for way in ('first_run', 'cached', 'no_cache', 'server'):
       results[f'{case}_{way}_vs_ctranslate2'] = round(
           results[f'{case}_{way}_s'] / results[f'{case}_ctranslate2_s'], 2)
   return results
+
+
+@contextlib.contextmanager
+def _server(model: pathlib.Path, cache: pathlib.Path) -> Iterator[tuple[str, float]]:
+  """`jaxformer serve` of `model` on a free port, its cache folder empty: (its address, seconds
+  from its start to the log line that says it answers)."""
+  start = time.perf_counter()
+  process = subprocess.Popen(_jaxformer('serve', '--model', str(model), '--port', '0'),
+                             stderr=subprocess.PIPE, text=True, env=_env(cache), cwd=ROOT)
+  try:
+    log = ''
+    while not (found := re.search(r' at (http://\S+) \(POST', log)):
+      line = process.stderr.readline()
+      if not line:
+        raise RuntimeError(f'jaxformer serve ended: {log[-2000:]}')
+      log += line
+    yield found.group(1), time.perf_counter() - start
+  finally:
+    process.terminate()
+    process.wait()
 
 
 def _imports(rounds: int) -> dict:

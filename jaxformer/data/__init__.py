@@ -7,9 +7,9 @@ from jaxformer.data.cache import TokenizedCorpus, tokenize_corpus
 from jaxformer.data.packing import (PackedBatches, pack_rows, padding_efficiency, row_lengths,
                                     rows_per_device)
 from jaxformer.data.sources import (DataError, PairSource, ParallelText, TextFiles, TfdsSplit,
-                                    decode_line, load_tfds, load_wmt14, read_lines,
-                                    read_parallel_text, wmt14)
+                                    load_tfds, load_wmt14, read_parallel_text, wmt14)
 from jaxformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from jaxformer.text import decode_line, read_lines
 
 __all__ = ['DataError', 'EOS_ID', 'PAD_ID', 'PackedBatches', 'PairSource', 'ParallelText',
            'TextFiles', 'TfdsSplit', 'TokenizedCorpus', 'Tokenizer', 'UNK_ID', 'decode_line',

@@ -1,0 +1,134 @@
+"""UTF-8 text a line at a time: files (plain or .gz) and streams read with file:line errors, and
+translations written a line each or in Moses n-best form.
+
+The one text reader of every command and corpus (jaxformer.data.sources reads its files here).
+It imports nothing beyond the standard library, so that `jaxformer translate --server` (a client
+of `jaxformer serve`) reads its input as every other command does without importing jax.
+"""
+
+import codecs
+import gzip
+import itertools
+import os
+import pathlib
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TextIO
+
+from jaxformer.errors import DataError
+
+
+def decode_line(raw: bytes, where: str) -> str:
+  """A line's UTF-8 text without its line end (LF or CR LF); DataError naming `where`
+  (e.g. file:line) for bytes that are not UTF-8."""
+  try:
+    return raw.removesuffix(b'\n').removesuffix(b'\r').decode('utf-8')
+  except UnicodeDecodeError as e:
+    raise DataError(f'{where}: not valid UTF-8 (byte {e.start}: {e.reason}); re-encode it as '
+                    'UTF-8.') from None
+
+
+_BLOCK = 1 << 22  # bytes read at a time
+
+
+def _open(path: pathlib.Path):
+  return gzip.open(path, 'rb') if path.suffix == '.gz' else open(path, 'rb')  # noqa: SIM115
+
+
+def check_readable(path: pathlib.Path, *, passes: int = 1) -> None:
+  """DataError saying what `path` is when it is not a file this reader can read `passes` times:
+  a missing path, an empty name, a folder, a device or socket, or (for more than one pass) a
+  FIFO, whose lines can be read only once."""
+  if str(path) == '.':  # pathlib's name for '' too
+    raise DataError("an empty path (or '.', the current folder) was given where a file belongs.")
+  if not path.exists():
+    raise DataError(f'{path}: no such file.')
+  if path.is_dir():
+    raise DataError(f'{path}: is a folder, not a file.')
+  if path.is_fifo() and passes > 1:
+    raise DataError(f'{path}: is a FIFO (a pipe), which can be read only once, and this file is '
+                    f'read {passes} times: write it to a regular file first.')
+  if not (path.is_file() or path.is_fifo()):
+    raise DataError(f'{path}: is not a regular file (a device or a socket).')
+  if not os.access(path, os.R_OK):
+    raise DataError(f'{path}: permission denied.')
+
+
+def raw_blocks(path: pathlib.Path) -> Iterator[bytes]:
+  """The file's bytes in blocks that end at a line end (the last block: at the file's end)."""
+  check_readable(path)
+  rest = b''
+  try:
+    with _open(path) as f:
+      while block := f.read(_BLOCK):
+        block = rest + block
+        cut = block.rfind(b'\n') + 1
+        rest = block[cut:]
+        if cut:
+          yield block[:cut]
+  except (OSError, EOFError, zlib.error) as e:  # zlib's: a damaged .gz
+    raise DataError(f'{path}: cannot read ({e}).') from None
+  if rest:
+    yield rest
+
+
+def line_blocks(path: pathlib.Path) -> Iterator[list[str]]:
+  """The file's lines, a block at a time, without line ends. Only '\\n' ends a line ('\\r\\n' is
+  normalised); a UTF-8 byte-order mark at the start of the file is dropped (an editor's mark,
+  not text: kept, it would be part of the first word of a source, or of a reference that BLEU
+  then fails to match); tabs and other characters are text. DataError (with file:line) for an
+  empty file and for bytes that are not UTF-8."""
+  lines_before = 0
+  for block in raw_blocks(path):
+    if not lines_before:
+      block = block.removeprefix(codecs.BOM_UTF8)
+    try:
+      text = block.decode('utf-8')
+    except UnicodeDecodeError as e:  # find the line, and say where
+      line = lines_before + block.count(b'\n', 0, e.start)
+      decode_line(block.split(b'\n')[line - lines_before], f'{path}:{line + 1}')
+      raise  # not reached: decode_line raised
+    lines = text.replace('\r\n', '\n').split('\n')
+    if lines[-1] == '':  # the final newline ends the last line; it does not start a new one
+      lines.pop()
+    lines_before += len(lines)
+    yield lines
+  if not lines_before:
+    raise DataError(f'{path}: the file is empty.')
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+  """The lines of a UTF-8 text file (plain or .gz), without line ends (see line_blocks)."""
+  return list(itertools.chain.from_iterable(line_blocks(pathlib.Path(path))))
+
+
+
+
+def chunks(stream: Iterable[bytes], name: str, size: int) -> Iterator[list[str]]:
+  """The stream's lines, `size` at a time (a UTF-8 byte-order mark before the first dropped, as
+  read_lines does); the lines before one that is not UTF-8 come out before its error."""
+  chunk = []
+  try:
+    for number, raw in enumerate(stream, 1):
+      raw = raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
+      chunk.append(decode_line(raw, f'{name}:{number}'))
+      if len(chunk) == size:
+        yield chunk
+        chunk = []
+  except DataError:
+    if chunk:
+      yield chunk
+    raise
+  if chunk:
+    yield chunk
+
+
+def write_translations(out: TextIO, results: Sequence[Any], first: int, nbest: int | None) -> None:
+  """Translations to `out`, a line each; with nbest, each input's (text, score) options as
+  "INDEX ||| TEXT ||| SCORE" lines (Moses n-best form; INDEX counts input lines from `first`)."""
+  if nbest is None:
+    out.write(''.join(t + '\n' for t in results))
+  else:
+    for index, options in enumerate(results, start=first):
+      out.write(''.join(f'{index} ||| {text} ||| {score:.4f}\n' for text, score in options))
+  out.flush()

@@ -1,0 +1,143 @@
+"""jaxformer.serving: `jaxformer serve` and its client, `jaxformer translate --server`."""
+
+import json
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from jaxformer import cli, serving
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LINES = ['the man sees a dog', '', 'Größe 😀', 'the dog walks with a cat', 'a red cat']
+
+
+@pytest.fixture(scope='module')
+def server(translator):
+  """The tiny translator served on a free port, in a thread of this process."""
+  with serving.Server(translator, ('127.0.0.1', 0), info={'model': 'tiny'}) as running:
+    thread = threading.Thread(target=running.serve_forever, daemon=True)
+    thread.start()
+    yield running
+    running.shutdown()
+  thread.join(timeout=30)
+
+
+def _http(url: str, body: bytes | None = None) -> tuple[int, dict]:
+  """(status, JSON answer) of a GET, or of a POST of `body`."""
+  try:
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+        urllib.request.Request(url, data=body), timeout=120) as response:
+      return response.status, json.load(response)
+  except urllib.error.HTTPError as e:
+    with e:
+      return e.code, json.load(e)
+
+
+def test_the_server_answers_as_its_translator(server, translator):
+  assert serving.translate(server.url, LINES) == translator.translate(LINES)
+  nbest = serving.translate(server.url, LINES, nbest=2)
+  assert [[tuple(o) for o in options] for options in nbest] == translator.translate_nbest(
+      LINES, 2)
+  assert _http(server.url + '/') == (200, {'model': 'tiny', 'beam': 4, 'alpha': 0.6,
+                                           'extra_length': 50, 'batch_size': 4})
+
+
+@pytest.mark.parametrize('body, status, message', [
+    (b'not json', 400, 'bad request: the body is not JSON (Expecting value'),
+    (b'\xff', 400, 'bad request: the body is not JSON ('),
+    (b'{"src": "one string"}', 400, 'bad request: the request needs "src": a list of strings'),
+    (b'["a"]', 400, 'bad request: the request needs "src": a list of strings'),
+    (b'{"src": ["a", 3]}', 400, 'bad request: the request needs "src": a list of strings'),
+    (b'{"src": ["a"], "nbest": true}', 400, 'bad request: "nbest" must be an integer >= 1'),
+    (b'{"src": ["a"], "nbest": 5}', 400,
+     'bad request: n-best needs 1 <= n <= the beam size (4), got 5.'),
+])
+def test_bad_requests_get_a_status_and_one_line(server, body, status, message):
+  code, answer = _http(server.url + '/translate', body)
+  assert code == status and answer['error'].startswith(message), answer
+  assert '\n' not in answer['error']
+
+
+def test_unknown_pages_and_oversized_requests_are_refused(server, monkeypatch):
+  assert _http(server.url + '/nowhere')[0] == 404
+  assert _http(server.url + '/nowhere', b'{}')[0] == 404
+  monkeypatch.setattr(serving, 'MAX_REQUEST_BYTES', 10)
+  code, answer = _http(server.url + '/translate', json.dumps({'src': LINES}).encode())
+  assert code == 413 and 'send the sentences in parts' in answer['error']
+  with pytest.raises(serving.ServerError, match=r'^http://127\.0\.0\.1:\d+: the request has '):
+    serving.translate(server.url, LINES)
+
+
+def test_no_server_and_a_busy_port_are_one_line_errors(server, tmp_path, capsys):
+  (tmp_path / 'in.txt').write_text('the dog\n')
+  assert serving.client_main(['--server', 'http://127.0.0.1:9', '--input',
+                              str(tmp_path / 'in.txt')]) == 1
+  assert capsys.readouterr().err == (
+      'error: no jaxformer server answers at http://127.0.0.1:9 ([Errno 111] Connection '
+      'refused); start one with `jaxformer serve --model DIR`.\n')
+  with pytest.raises(serving.ServerError, match=r'cannot listen on 127\.0\.0\.1:\d+ \(Address '
+                     r'already in use\); choose another --port or --host\.'):
+    serving.Server(server.model, server.server_address)
+
+
+def test_the_client_refuses_the_servers_settings(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    serving.client_main(['--server', 'http://127.0.0.1:9', '--beam', '5', '--model', 'm'])
+  assert exit_info.value.code == 2
+  assert ("the model and its decoding are the server's (set them on `jaxformer serve`): drop "
+          '--beam 5 --model m.') in capsys.readouterr().err
+
+
+def test_the_client_command_imports_no_jax_and_writes_what_the_local_command_writes(
+    server, workdir, tmp_path):
+  """`jaxformer translate --server` (through the installed command's entry point) gives the
+  local command's output byte for byte, lines and n-best, without importing jax."""
+  (tmp_path / 'in.txt').write_text('\n'.join(LINES) + '\n', encoding='utf-8')
+  for extra in ([], ['--nbest', '2']):
+    assert cli.main(['translate', '--model', str(workdir), '--batch-size', '4', '--input',
+                     str(tmp_path / 'in.txt'), '--output', str(tmp_path / 'local.txt'),
+                     *extra]) == 0
+    code = ('import sys; from jaxformer.__main__ import main; status = main(sys.argv[1:]); '
+            "print(sorted(m for m in ('jax', 'numpy', 'flax') if m in sys.modules)); "
+            'sys.exit(status)')
+    result = subprocess.run(
+        [sys.executable, '-c', code, 'translate', '--server', server.url, *extra],
+        input=(tmp_path / 'in.txt').read_bytes(), capture_output=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    out, imported = result.stdout.decode().rsplit('\n', 2)[:2]
+    assert out + '\n' == (tmp_path / 'local.txt').read_text(encoding='utf-8')
+    assert imported == '[]'
+
+
+def test_serve_command_serves_until_ctrl_c(workdir, translator):
+  """`jaxformer serve --port 0` logs its address once it answers; Ctrl-C ends it (130)."""
+  process = subprocess.Popen(
+      [sys.executable, '-m', 'jaxformer', 'serve', '--model', str(workdir), '--batch-size', '4',
+       '--port', '0'], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+  try:
+    log = ''
+    while not (found := re.search(r'at (http://127\.0\.0\.1:\d+) \(POST /translate', log)):
+      line = process.stderr.readline()
+      assert line, f'serve ended: {log[-2000:]}'
+      log += line
+    url = found.group(1)
+    assert serving.translate(url, LINES) == translator.translate(LINES)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 130
+    assert process.stderr.read().strip().endswith('interrupted')
+  finally:
+    process.kill()
+    process.wait()
+
+
+def test_serve_refuses_a_port_out_of_range(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(['serve', '--model', 'm', '--port', '70000'])
+  assert 'must be a port number from 0 to 65535' in capsys.readouterr().err
