@@ -469,6 +469,33 @@ def _add_eval_flags(parser: argparse.ArgumentParser) -> None:
                           help='hypotheses file (default: next to the checkpoint)')
 
 
+def _add_translate_flags(parser: argparse.ArgumentParser) -> None:
+  _add_model_path(parser)
+  _add_model_flags(parser)
+  parser.add_argument('--input', type=path_arg, help='a UTF-8 text file (default: stdin)')
+  parser.add_argument('--output', type=path_arg, help='where to write (default: stdout)')
+  parser.add_argument('--nbest', type=positive_int, help='the N best translations with scores')
+  parser.add_argument('--server', help='translate with a running `jaxformer serve` at this '
+                      'address (e.g. http://127.0.0.1:8228) instead of --model: the model and '
+                      'its decoding flags are the server\'s, and nothing is loaded or compiled')
+
+
+_SERVE_DESCRIPTION = (
+    'Loads the model, compiles its shortest search, and answers POST /translate with JSON '
+    '{"src": [sentences], "nbest": N (optional)} until Ctrl-C: `jaxformer translate --server '
+    'URL` (or any HTTP client) then pays neither imports nor compiling. For this machine only '
+    'by default: the server has no authentication.')
+
+
+def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
+  _add_model_path(parser)
+  _add_model_flags(parser)
+  parser.add_argument('--host', default='127.0.0.1',
+                      help='the address to listen on (0.0.0.0: every network, unauthenticated)')
+  parser.add_argument('--port', type=port_number, default=serving.DEFAULT_PORT,
+                      help='the port (0: a free one, logged at start)')
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='jaxformer', formatter_class=_Formatter,
@@ -504,27 +531,11 @@ def build_parser() -> argparse.ArgumentParser:
       'files and pipes are translated in batches. With --nbest N each input line gives N lines '
       '"INDEX ||| TRANSLATION ||| SCORE" (Moses n-best format: INDEX counts input lines from 0, '
       'SCORE is log-probability / GNMT length penalty, best first; blank lines give none).')
-  _add_model_path(translate)
-  _add_model_flags(translate)
-  translate.add_argument('--input', type=path_arg, help='a UTF-8 text file (default: stdin)')
-  translate.add_argument('--output', type=path_arg, help='where to write (default: stdout)')
-  translate.add_argument('--nbest', type=positive_int, help='the N best translations with scores')
-  translate.add_argument('--server', help='translate with a running `jaxformer serve` at this '
-                         'address (e.g. http://127.0.0.1:8228) instead of --model: the model and '
-                         'its decoding flags are the server\'s, and nothing is loaded or compiled')
+  _add_translate_flags(translate)
 
-  serve = command(
+  _add_serve_flags(command(
       'serve', _serve, 'keep a model loaded and compiled, answering translations over HTTP',
-      'Loads the model, compiles its shortest search, and answers POST /translate with JSON '
-      '{"src": [sentences], "nbest": N (optional)} until Ctrl-C: `jaxformer translate --server '
-      'URL` (or any HTTP client) then pays neither imports nor compiling. For this machine '
-      'only by default: the server has no authentication.')
-  _add_model_path(serve)
-  _add_model_flags(serve)
-  serve.add_argument('--host', default='127.0.0.1',
-                     help='the address to listen on (0.0.0.0: every network, unauthenticated)')
-  serve.add_argument('--port', type=port_number, default=serving.DEFAULT_PORT,
-                     help='the port (0: a free one, logged at start)')
+      _SERVE_DESCRIPTION))
 
   export = command(
       'export', _export, 'a self-contained folder (config.json, spm.model, params.safetensors) '

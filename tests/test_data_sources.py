@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from jaxformer import data
+from jaxformer import text as text_lib
 from jaxformer.data import DataError, sources
 
 
@@ -29,9 +30,8 @@ def test_a_byte_order_mark_is_dropped_from_every_text_the_user_gives(tmp_path):
   assert (text.src, text.tgt) == (['The dog', 'sleeps'], ['Der Hund', '\ufeffschläft'])
   assert list(sources.TextFiles(tmp_path / 'src.txt.gz', tmp_path / 'ref.txt').side(0)) == \
       ['The dog', 'sleeps']
-  from jaxformer import cli  # pylint: disable=g-import-not-at-top  (stdin's reader)
-  lines = ['\ufeffThe dog\n'.encode(), '\ufeffsleeps\n'.encode()]
-  assert list(cli._chunks(iter(lines), 'stdin', 5)) == [['The dog', '\ufeffsleeps']]  # pylint: disable=protected-access
+  lines = ['\ufeffThe dog\n'.encode(), '\ufeffsleeps\n'.encode()]  # stdin's reader
+  assert list(text_lib.chunks(iter(lines), 'stdin', 5)) == [['The dog', '\ufeffsleeps']]
 
 
 def test_read_lines_reads_gzip(tmp_path):

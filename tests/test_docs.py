@@ -3,6 +3,7 @@ settings, or, where it needs a GPU, WMT14 or a long run (marked `<!-- not run: w
 its block), is parsed by the command it names; the README stays a front page."""
 
 import argparse
+import json
 import os
 import pathlib
 import re
@@ -179,6 +180,10 @@ def _parse(command: str) -> None:
                             capture_output=True, text=True, timeout=120)
     flags = [w.split('=')[0] for w in words[2:] if w.startswith('--')]
     assert result.returncode == 0 and all(f in result.stdout for f in flags), result.stdout
+  elif words[0] == 'curl':  # a request to `jaxformer serve`: the body its protocol takes
+    body = json.loads(words[words.index('-d') + 1])
+    assert words[-1].endswith('/translate') and isinstance(body['src'], list), command
+    assert set(body) <= {'src', 'nbest'}, body
   else:
     raise AssertionError(f'no check for {command!r}: run it, or teach _parse to check it')
 
