@@ -7,7 +7,7 @@ running server pays for none of them: it imports only this module and the standa
 The server is for the local machine (127.0.0.1 unless told otherwise) and has no
 authentication; it translates one request at a time, each with its Translator's batches.
 
-The protocol, for any HTTP client:
+The protocol, for any HTTP client::
 
   POST /translate  {"src": ["a sentence", ...], "nbest": N (optional)}
     -> {"translations": ["...", ...]}, or with nbest {"nbest": [[["...", score], ...], ...]}
@@ -62,6 +62,7 @@ class Server(http.server.ThreadingHTTPServer):
 
   @property
   def url(self) -> str:
+    """http://HOST:PORT, the port as bound (port 0 asks for a free one)."""
     host, port = self.server_address[:2]
     return f'http://{host}:{port}'
 
