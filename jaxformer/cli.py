@@ -23,8 +23,9 @@ from typing import Any
 import jax
 
 from jaxformer import (checkpoint, compilation, data, export, files, monitor, parallel,
-                       recipes, scoring, serving, text, trainer)
+                       recipes, scoring, serving, trainer)
 from jaxformer import config as config_lib
+from jaxformer import text as text_lib
 from jaxformer.config import DataConfig, OptimConfig, SettingError, TrainConfig
 from jaxformer.errors import exit_code
 from jaxformer.model import parameter_count
@@ -372,7 +373,7 @@ def _translate(args: argparse.Namespace) -> int:
   def write(chunk: list[str], first: int, out: typing.TextIO, progress: bool = False) -> None:
     results = model.translate(chunk, progress) if args.nbest is None else \
         model.translate_nbest(chunk, args.nbest, progress)
-    text.write_translations(out, results, first, args.nbest)
+    text_lib.write_translations(out, results, first, args.nbest)
   try:
     with open(args.output, 'w', encoding='utf-8') if args.output else \
         contextlib.nullcontext(sys.stdout) as out:
@@ -382,7 +383,7 @@ def _translate(args: argparse.Namespace) -> int:
       # A terminal: answer each line; a pipe: a batch for each of the translator's workers.
       size = 1 if sys.stdin.isatty() else args.batch_size * model.workers
       first = 0
-      for chunk in text.chunks(sys.stdin.buffer, 'stdin', size):
+      for chunk in text_lib.chunks(sys.stdin.buffer, 'stdin', size):
         write(chunk, first, out)
         first += len(chunk)
   except OSError as e:

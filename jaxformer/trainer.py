@@ -198,33 +198,49 @@ def init_or_restore(config: TransformerConfig, train_cfg: TrainConfig,
   """A fresh state (of `init_params` if given, else random) and rng, or the newest compatible
   checkpoint's (the data stream moved to its position). The state computes with
   train_cfg.computed(config) and trains with `optim`, which may differ from the checkpoint's
-  (the change is logged); checkpoints record `config`."""
+  (the change is logged); checkpoints record `config`. A resume reads the state into its
+  shapes (jax.eval_shape) without computing a fresh one: the random init's program is neither
+  compiled nor loaded from the cache, nor run."""
   init_rng, rng = jax.random.split(jax.random.key(train_cfg.seed))
   computed = train_cfg.computed(config)
-  state = create_train_state(computed, init_rng, optim=optim) if init_params is None else \
-      train_state_from_params(computed, init_params, optim=optim)
+
+  def fresh(optim: OptimConfig = optim, params: Any = init_params) -> TrainState:
+    return create_train_state(computed, init_rng, optim=optim) if params is None else \
+        train_state_from_params(computed, params, optim=optim)
+  if not manager.all_steps():
+    return fresh(), rng
+  shapes = _on_default_device(jax.eval_shape(fresh))
 
   def train_template(meta: dict[str, Any]) -> dict[str, Any]:
     """The train item shaped as the checkpoint's optimiser made it (its chain may differ)."""
     saved = checkpoint.meta_optim(meta)
-    return _train_item(state if saved == optim else train_state_from_params(
-        computed, state.params, optim=saved), rng)
+    return _train_item(shapes if saved == optim else _on_default_device(jax.eval_shape(
+        functools.partial(fresh, saved), shapes.params)), rng)
   found = checkpoint.restore_latest(
-      manager, params=state.params, train=train_template, with_data=True,
+      manager, params=shapes.params, train=train_template, with_data=True,
       check=functools.partial(checkpoint.check_compatible, config=config,
                               spm_model=pipeline.tokenizer.model_proto))
   if found is None:
-    return state, rng
+    return fresh(), rng
   step, restored = found
   train_item = restored['train']
   opt_state = train_item['opt_state']
   if changes := optim.changes(checkpoint.meta_optim(restored['meta'])):
     log.info('optimiser settings changed since the checkpoint: %s.', '; '.join(changes))
-    opt_state = optim_lib.carry_state(opt_state, state.opt_state)
-  state = state.replace(params=restored['params'], opt_state=opt_state, step=train_item['step'])
+    opt_state = optim_lib.carry_state(opt_state, fresh(params=restored['params']).opt_state)
+  state = TrainState(params=restored['params'], opt_state=opt_state, step=train_item['step'])
   resume_data(pipeline.train, restored['data']['hosts'], train_cfg)
   log.info('resumed from step %d (%s)', step, manager.directory / str(step))
   return state, jax.random.wrap_key_data(train_item['rng'])
+
+
+def _on_default_device(shapes: TrainState) -> TrainState:
+  """A state's shapes (jax.eval_shape's) as orbax restores them: each array on the default
+  device, as a fresh state's are; the step a plain 0, as a fresh state's is."""
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                        (shapes.params, shapes.opt_state))
+  return TrainState(step=0, params=placed[0], opt_state=placed[1])
 
 
 def _save(manager: Any, step: int, state: TrainState, rng: Array, meta: dict[str, Any],

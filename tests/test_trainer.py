@@ -202,11 +202,19 @@ def test_a_run_that_requires_an_accelerator_refuses_cpu_before_any_work(tmp_path
   trainer.check_backend(_tc(), backend='cpu')  # small runs train on CPU as before
 
 
-def test_resume_continues_exactly(trained, tmp_path):
-  """6 steps straight equal 3 steps, a stop, and 3 more from the checkpoint (data included)."""
+def test_resume_continues_exactly(trained, tmp_path, monkeypatch):
+  """6 steps straight equal 3 steps, a stop, and 3 more from the checkpoint (data included).
+  The resume reads the state into its shapes: no fresh state is computed, only traced."""
   trainer.train(CFG, _tc(num_steps=3, checkpoint_every_steps=3), tmp_path, TEXT)
+  computed, fresh_state = [], trainer.create_train_state
+
+  def watched(*args, **kwargs):
+    state = fresh_state(*args, **kwargs)
+    computed.append(not isinstance(jax.tree.leaves(state.params)[0], jax.core.Tracer))
+    return state
+  monkeypatch.setattr(trainer, 'create_train_state', watched)
   summary = trainer.train(CFG, _tc(num_steps=6), tmp_path, TEXT)
-  assert summary['step'] == 6
+  assert summary['step'] == 6 and computed == [False]
   manager = checkpoint.make_manager(trained / 'checkpoints')
   straight = checkpoint.restore(manager, 6, with_data=True)
   resumed = checkpoint.restore(checkpoint.make_manager(tmp_path / 'checkpoints'), 6,
