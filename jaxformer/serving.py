@@ -153,7 +153,7 @@ def translate(url: str, sentences: list[str], nbest: int | None = None,
   opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
   try:
     with opener.open(request, timeout=timeout) as response:
-      answer = json.load(response)
+      return json.load(response)['nbest' if nbest else 'translations']
   except urllib.error.HTTPError as e:
     with e:
       raise ServerError(f'{url}: {_error_of(e)}') from None
@@ -161,7 +161,8 @@ def translate(url: str, sentences: list[str], nbest: int | None = None,
     reason = getattr(e, 'reason', e)
     raise ServerError(f'no jaxformer server answers at {url} ({reason}); start one with '
                       '`jaxformer serve --model DIR`.') from None
-  return answer['nbest' if nbest else 'translations']
+  except (ValueError, KeyError, TypeError):  # (JSONDecodeError is a ValueError)
+    raise ServerError(f'{url} answered, but not as `jaxformer serve` does: is it one?') from None
 
 
 def _error_of(error: urllib.error.HTTPError) -> str:

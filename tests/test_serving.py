@@ -1,5 +1,6 @@
 """jaxformer.serving: `jaxformer serve` and its client, `jaxformer translate --server`."""
 
+import http.server
 import json
 import pathlib
 import re
@@ -87,6 +88,23 @@ def test_no_server_and_a_busy_port_are_one_line_errors(server, tmp_path, capsys)
     serving.Server(server.model, server.server_address)
 
 
+def test_another_kind_of_server_is_said_to_be_one():
+  class Page(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):  # pylint: disable=invalid-name
+      self.send_response(200)
+      self.end_headers()
+      self.wfile.write(b'<html>a web page</html>')
+
+    def log_message(self, *args):
+      pass
+  with http.server.HTTPServer(('127.0.0.1', 0), Page) as other:
+    threading.Thread(target=other.handle_request, daemon=True).start()
+    url = f'http://127.0.0.1:{other.server_address[1]}'
+    with pytest.raises(serving.ServerError, match=r'answered, but not as `jaxformer serve` '
+                       r'does: is it one\?$'):
+      serving.translate(url, ['a'])
+
+
 def test_the_client_refuses_the_servers_settings(capsys):
   with pytest.raises(SystemExit) as exit_info:
     serving.client_main(['--server', 'http://127.0.0.1:9', '--beam', '5', '--model', 'm'])
@@ -114,6 +132,10 @@ def test_the_client_command_imports_no_jax_and_writes_what_the_local_command_wri
     out, imported = result.stdout.decode().rsplit('\n', 2)[:2]
     assert out + '\n' == (tmp_path / 'local.txt').read_text(encoding='utf-8')
     assert imported == '[]'
+  assert cli.main(['translate', '--server', server.url, '--input', str(tmp_path / 'in.txt'),
+                   '--output', str(tmp_path / 'through-cli.txt')]) == 0  # python -m jaxformer.cli
+  assert (tmp_path / 'through-cli.txt').read_text(encoding='utf-8').splitlines() == \
+      serving.translate(server.url, LINES)
 
 
 def test_serve_command_serves_until_ctrl_c(workdir, translator):
