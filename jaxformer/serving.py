@@ -27,6 +27,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from tqdm import tqdm
+
 from jaxformer import text
 from jaxformer.errors import JaxformerError, exit_code
 
@@ -197,8 +199,8 @@ def client_main(argv: list[str]) -> int:
 
 
 def _translate_with(args: argparse.Namespace) -> int:
-  """As the local command: a file read whole, stdin a chunk at a time (a line from a terminal);
-  the server gets CLIENT_LINES lines a request."""
+  """As the local command: a file read whole, with a progress bar; stdin a chunk at a time (a
+  line from a terminal). The server gets CLIENT_LINES lines a request."""
   if args.input:
     lines = text.read_lines(args.input)
     chunks = (lines[i:i + CLIENT_LINES] for i in range(0, len(lines), CLIENT_LINES))
@@ -206,11 +208,14 @@ def _translate_with(args: argparse.Namespace) -> int:
     chunks = text.chunks(sys.stdin.buffer, 'stdin', 1 if sys.stdin.isatty() else CLIENT_LINES)
   try:
     with open(args.output, 'w', encoding='utf-8') if args.output else \
-        contextlib.nullcontext(sys.stdout) as out:
+        contextlib.nullcontext(sys.stdout) as out, \
+        tqdm(total=len(lines) if args.input else None, desc='translating', unit='sent',
+             disable=not args.input) as bar:
       first = 0
       for chunk in chunks:
         text.write_translations(out, translate(args.server, chunk, args.nbest), first, args.nbest)
         first += len(chunk)
+        bar.update(len(chunk))
   except OSError as e:
     if not args.output:  # stdout's: a reader gone (exit_code) or worse
       raise

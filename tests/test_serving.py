@@ -80,9 +80,10 @@ def test_no_server_and_a_busy_port_are_one_line_errors(server, tmp_path, capsys)
   (tmp_path / 'in.txt').write_text('the dog\n')
   assert serving.client_main(['--server', 'http://127.0.0.1:9', '--input',
                               str(tmp_path / 'in.txt')]) == 1
-  assert capsys.readouterr().err == (
+  err = capsys.readouterr().err  # (after the file's progress bar at 0%)
+  assert err.splitlines()[-1] == (
       'error: no jaxformer server answers at http://127.0.0.1:9 ([Errno 111] Connection '
-      'refused); start one with `jaxformer serve --model DIR`.\n')
+      'refused); start one with `jaxformer serve --model DIR`.') and 'Traceback' not in err
   with pytest.raises(serving.ServerError, match=r'cannot listen on 127\.0\.0\.1:\d+ \(Address '
                      r'already in use\); choose another --port or --host\.'):
     serving.Server(server.model, server.server_address)
@@ -114,7 +115,7 @@ def test_the_client_refuses_the_servers_settings(capsys):
 
 
 def test_the_client_command_imports_no_jax_and_writes_what_the_local_command_writes(
-    server, workdir, tmp_path):
+    server, workdir, tmp_path, capsys):
   """`jaxformer translate --server` (through the installed command's entry point) gives the
   local command's output byte for byte, lines and n-best, without importing jax."""
   (tmp_path / 'in.txt').write_text('\n'.join(LINES) + '\n', encoding='utf-8')
@@ -134,6 +135,7 @@ def test_the_client_command_imports_no_jax_and_writes_what_the_local_command_wri
     assert imported == '[]'
   assert cli.main(['translate', '--server', server.url, '--input', str(tmp_path / 'in.txt'),
                    '--output', str(tmp_path / 'through-cli.txt')]) == 0  # python -m jaxformer.cli
+  assert 'translating: 100%' in capsys.readouterr().err  # a file: a progress bar
   assert (tmp_path / 'through-cli.txt').read_text(encoding='utf-8').splitlines() == \
       serving.translate(server.url, LINES)
 
