@@ -23,6 +23,7 @@ import json
 import logging
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -77,9 +78,11 @@ class Server(http.server.ThreadingHTTPServer):
     if nbest is not None and (type(nbest) is not int or nbest < 1):  # (bool is an int)
       raise ValueError(f'"nbest" must be an integer >= 1, got {nbest!r}.')
     with self.lock:
-      if nbest is None:
-        return {'translations': self.model.translate(src)}
-      return {'nbest': self.model.translate_nbest(src, nbest)}  # ValueError: nbest > beam
+      start = time.perf_counter()
+      answer = {'translations': self.model.translate(src)} if nbest is None else \
+          {'nbest': self.model.translate_nbest(src, nbest)}  # ValueError: nbest > beam
+      log.info('translated %d sentence(s) in %.2f s', len(src), time.perf_counter() - start)
+      return answer
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
