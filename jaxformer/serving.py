@@ -100,7 +100,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     if self.path.split('?')[0] != '/translate':
       self._send(404, {'error': f'no page {self.path}: POST /translate, or GET /.'})
       return
-    length = int(self.headers.get('Content-Length') or 0)
+    length = self.headers.get('Content-Length', '')
+    if not length.isdigit():  # (a body without a length would be read until the client closes)
+      self.close_connection = True
+      self._send(411, {'error': 'the request needs a Content-Length header with its size.'})
+      return
+    length = int(length)
     if length > MAX_REQUEST_BYTES:
       self.close_connection = True  # the body is not read
       self._send(413, {'error': f'the request has {length} bytes, more than '

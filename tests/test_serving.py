@@ -5,6 +5,7 @@ import json
 import pathlib
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -69,6 +70,10 @@ def test_bad_requests_get_a_status_and_one_line(server, body, status, message):
 def test_unknown_pages_and_oversized_requests_are_refused(server, monkeypatch):
   assert _http(server.url + '/nowhere')[0] == 404
   assert _http(server.url + '/nowhere', b'{}')[0] == 404
+  with socket.create_connection(server.server_address[:2], timeout=60) as raw:  # no length
+    raw.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n{}')
+    answer = raw.makefile('rb').read()  # to the end: the server closes the connection
+  assert answer.startswith(b'HTTP/1.1 411 ') and b'needs a Content-Length header' in answer
   monkeypatch.setattr(serving, 'MAX_REQUEST_BYTES', 10)
   code, answer = _http(server.url + '/translate', json.dumps({'src': LINES}).encode())
   assert code == 413 and 'send the sentences in parts' in answer['error']
