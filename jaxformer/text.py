@@ -102,8 +102,6 @@ def read_lines(path: str | os.PathLike) -> list[str]:
   return list(itertools.chain.from_iterable(line_blocks(pathlib.Path(path))))
 
 
-
-
 def chunks(stream: Iterable[bytes], name: str, size: int) -> Iterator[list[str]]:
   """The stream's lines, `size` at a time (a UTF-8 byte-order mark before the first dropped, as
   read_lines does); the lines before one that is not UTF-8 come out before its error."""

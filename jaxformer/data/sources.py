@@ -17,9 +17,9 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from jaxformer.text import line_blocks, raw_blocks, check_readable, read_lines
 from jaxformer.config import WMT14_DIRECTIONS
 from jaxformer.errors import DataError
+from jaxformer.text import check_readable, line_blocks, raw_blocks, read_lines
 
 
 Chunk = tuple[list[str], list[str]]  # aligned source and target sentences
