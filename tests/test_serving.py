@@ -51,6 +51,21 @@ def test_the_server_answers_as_its_translator(server, translator):
                                            'extra_length': 50, 'batch_size': 4})
 
 
+def test_requests_at_once_are_each_answered_whole(server, translator):
+  """Requests taken side by side, translated one at a time: no answer mixes two requests."""
+  asks = [LINES, LINES[::-1], ['a red cat'] * 9, LINES[1:]]
+  answers = [None] * len(asks)
+
+  def ask(i: int) -> None:
+    answers[i] = serving.translate(server.url, asks[i])
+  threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(timeout=120)
+  assert answers == [translator.translate(sentences) for sentences in asks]
+
+
 @pytest.mark.parametrize('body, status, message', [
     (b'not json', 400, 'bad request: the body is not JSON (Expecting value'),
     (b'\xff', 400, 'bad request: the body is not JSON ('),
