@@ -165,6 +165,8 @@ def test_serve_command_serves_until_ctrl_c(workdir, translator):
   process = subprocess.Popen(
       [sys.executable, '-m', 'jaxformer', 'serve', '--model', str(workdir), '--batch-size', '4',
        '--port', '0'], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+  watchdog = threading.Timer(300, process.kill)  # a server that never answers fails, not hangs
+  watchdog.start()
   try:
     log = ''
     while not (found := re.search(r'at (http://127\.0\.0\.1:\d+) \(POST /translate', log)):
@@ -177,6 +179,7 @@ def test_serve_command_serves_until_ctrl_c(workdir, translator):
     assert process.wait(timeout=60) == 130
     assert process.stderr.read().strip().endswith('interrupted')
   finally:
+    watchdog.cancel()
     process.kill()
     process.wait()
 
