@@ -8,7 +8,11 @@ use. The package is imported by every `jaxformer` command, including the client 
 
 import importlib
 import pkgutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what __getattr__ gives, for type checkers and editors
+  from jaxformer.config import OptimConfig, TransformerConfig, base, big, tiny  # noqa: F401
+  from jaxformer.model import Transformer  # noqa: F401
 
 __version__ = '0.1.0'
 
