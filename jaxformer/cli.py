@@ -587,11 +587,13 @@ def main(argv: list[str] | None = None) -> int:
     _subcommands(parser)[args.command].error('the following arguments are required: --model')
   for line in older_spellings(parser, argv):
     print(line, file=sys.stderr)
+
   def run() -> int:
     use_compilation_cache(args)
     with monitor.Interrupts():
       return args.run(args)
   return exit_code(run)
+
 
 if __name__ == '__main__':
   sys.exit(main())
