@@ -7,7 +7,6 @@ train, data, optim).
 """
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import logging
@@ -368,28 +367,17 @@ def _translate(args: argparse.Namespace) -> int:
   if args.nbest and args.nbest > args.beam:
     return _fail(f'--nbest {args.nbest} needs --beam >= {args.nbest}.')
   model = translator(args.model, args)[0]
-  sentences = data.read_lines(args.input) if args.input else None
+  if args.input:  # a whole file, with a progress bar
+    chunks = [data.read_lines(args.input)]
+  else:  # a terminal: each line answered; a pipe: a batch for each of the translator's workers
+    chunks = text_lib.chunks(sys.stdin.buffer, 'stdin',
+                             1 if sys.stdin.isatty() else args.batch_size * model.workers)
 
-  def write(chunk: list[str], first: int, out: typing.TextIO, progress: bool = False) -> None:
-    results = model.translate(chunk, progress) if args.nbest is None else \
+  def translate(chunk: list[str]) -> list[Any]:
+    progress = bool(args.input)
+    return model.translate(chunk, progress) if args.nbest is None else \
         model.translate_nbest(chunk, args.nbest, progress)
-    text_lib.write_translations(out, results, first, args.nbest)
-  try:
-    with open(args.output, 'w', encoding='utf-8') if args.output else \
-        contextlib.nullcontext(sys.stdout) as out:
-      if sentences is not None:  # a whole file, with a progress bar
-        write(sentences, 0, out, progress=True)
-        return 0
-      # A terminal: answer each line; a pipe: a batch for each of the translator's workers.
-      size = 1 if sys.stdin.isatty() else args.batch_size * model.workers
-      first = 0
-      for chunk in text_lib.chunks(sys.stdin.buffer, 'stdin', size):
-        write(chunk, first, out)
-        first += len(chunk)
-  except OSError as e:
-    if not args.output:  # stdout's: a reader gone (exit_code) or worse
-      raise
-    return _fail(f'cannot write to {args.output} ({e.strerror}).')
+  text_lib.write_translations(args.output, chunks, translate, args.nbest)
   return 0  # (input that is not UTF-8 stops at that line: a DataError)
 
 

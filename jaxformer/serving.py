@@ -214,18 +214,11 @@ def _translate_with(args: argparse.Namespace) -> int:
     chunks = (lines[i:i + CLIENT_LINES] for i in range(0, len(lines), CLIENT_LINES))
   else:
     chunks = text.chunks(sys.stdin.buffer, 'stdin', 1 if sys.stdin.isatty() else CLIENT_LINES)
-  try:
-    with open(args.output, 'w', encoding='utf-8') if args.output else \
-        contextlib.nullcontext(sys.stdout) as out, \
-        tqdm(total=len(lines) if args.input else None, desc='translating', unit='sent',
-             disable=not args.input) as bar:
-      first = 0
-      for chunk in chunks:
-        text.write_translations(out, translate(args.server, chunk, args.nbest), first, args.nbest)
-        first += len(chunk)
-        bar.update(len(chunk))
-  except OSError as e:
-    if not args.output:  # stdout's: a reader gone (exit_code) or worse
-      raise
-    raise JaxformerError(f'cannot write to {args.output} ({e.strerror}).') from None
+  with tqdm(total=len(lines) if args.input else None, desc='translating', unit='sent',
+            disable=not args.input) as bar:
+    def ask(chunk: list[str]) -> list[Any]:
+      answer = translate(args.server, chunk, args.nbest)
+      bar.update(len(chunk))
+      return answer
+    text.write_translations(args.output, chunks, ask, args.nbest)
   return 0

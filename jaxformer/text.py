@@ -7,15 +7,17 @@ of `jaxformer serve`) reads its input as every other command does without import
 """
 
 import codecs
+import contextlib
 import gzip
 import itertools
 import os
 import pathlib
+import sys
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
-from jaxformer.errors import DataError
+from jaxformer.errors import DataError, JaxformerError
 
 
 def decode_line(raw: bytes, where: str) -> str:
@@ -121,12 +123,27 @@ def chunks(stream: Iterable[bytes], name: str, size: int) -> Iterator[list[str]]
     yield chunk
 
 
-def write_translations(out: TextIO, results: Sequence[Any], first: int, nbest: int | None) -> None:
-  """Translations to `out`, a line each; with nbest, each input's (text, score) options as
-  "INDEX ||| TEXT ||| SCORE" lines (Moses n-best form; INDEX counts input lines from `first`)."""
-  if nbest is None:
-    out.write(''.join(t + '\n' for t in results))
-  else:
-    for index, options in enumerate(results, start=first):
-      out.write(''.join(f'{index} ||| {text} ||| {score:.4f}\n' for text, score in options))
-  out.flush()
+def write_translations(output: str | None, chunks: Iterable[list[str]],
+                       translate: Callable[[list[str]], Sequence[Any]], nbest: int | None) -> None:
+  """Each chunk's translations (`translate(chunk)`) written to the file `output`, or stdout, as
+  each chunk is done: a line each; with nbest, each input's (text, score) options as
+  "INDEX ||| TEXT ||| SCORE" lines (Moses n-best form; INDEX counts input lines from 0).
+  JaxformerError for a file that cannot be written; stdout's errors (a reader gone) go on to
+  errors.exit_code."""
+  try:
+    with open(output, 'w', encoding='utf-8') if output else \
+        contextlib.nullcontext(sys.stdout) as out:
+      first = 0
+      for chunk in chunks:
+        results = translate(chunk)
+        if nbest is None:
+          out.write(''.join(t + '\n' for t in results))
+        else:
+          for index, options in enumerate(results, start=first):
+            out.write(''.join(f'{index} ||| {text} ||| {score:.4f}\n' for text, score in options))
+        out.flush()
+        first += len(chunk)
+  except OSError as e:
+    if not output:
+      raise
+    raise JaxformerError(f'cannot write to {output} ({e.strerror}).') from None

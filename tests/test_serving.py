@@ -188,3 +188,14 @@ def test_serve_refuses_a_port_out_of_range(capsys):
   with pytest.raises(SystemExit):
     cli.main(['serve', '--model', 'm', '--port', '70000'])
   assert 'must be a port number from 0 to 65535' in capsys.readouterr().err
+
+
+def test_an_output_file_that_cannot_be_written_is_one_line(server, workdir, tmp_path, capsys):
+  """Both ways of translating write through text.write_translations, and say so alike."""
+  (tmp_path / 'in.txt').write_text('the dog\n')
+  missing = tmp_path / 'no-folder' / 'out.txt'
+  for argv in (['--server', server.url], ['--model', str(workdir)]):
+    assert cli.main(['translate', *argv, '--input', str(tmp_path / 'in.txt'), '--output',
+                     str(missing)]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f'error: cannot write to {missing} (No such file or directory).'
