@@ -206,8 +206,9 @@ def check_decoding(params: dict, cfg: config.TransformerConfig = CFG) -> str:
   correct = []
   for beam in (1, 4):
     cached, uncached = (np.asarray(jax.jit(functools.partial(
-        search, params, src, lengths, config=cfg, max_len=LENGTH + 4, beam_size=beam,
-        alpha=0.6))()) for search in (translation.decode_batch, uncached_decoding.decode_batch))
+        search, params, src, lengths, config=cfg, max_len=LENGTH + 4,
+        decoding=config.DecodingConfig(beam_size=beam)))())
+        for search in (translation.decode_batch, uncached_decoding.decode_batch))
     if not np.array_equal(cached, uncached):
       rows = int((cached != uncached).any(-1).sum())
       raise AssertionError(f'beam {beam}: {rows} of {len(src)} sentences differ')

@@ -142,8 +142,9 @@ def _search(args: argparse.Namespace):
   src = np.random.default_rng(0).integers(3, cfg.vocab_size, (args.rows, 21)).astype(np.int32)
   src[:, -1] = 1
   lengths = np.full(args.rows, 64, np.int32)
-  search = jax.jit(functools.partial(translation.decode_batch, config=cfg, max_len=64, alpha=0.6,
-                                     beam_size=1 if args.search == 'greedy' else 4))
+  search = jax.jit(functools.partial(
+      translation.decode_batch, config=cfg, max_len=64,
+      decoding=config.DecodingConfig(beam_size=1 if args.search == 'greedy' else 4)))
   compiled = search.lower(params, src, lengths).compile()
   return compiled, _profile(compiled, lambda: compiled(params, src, lengths), SEARCH_PARTS)
 

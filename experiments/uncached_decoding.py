@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxformer import decode
-from jaxformer.config import TransformerConfig
+from jaxformer.config import DecodingConfig, TransformerConfig
 from jaxformer.model import Transformer
 
 Array = jax.Array
@@ -28,16 +28,19 @@ def tokens_to_logits(model: Transformer, params: Any, src: Array, encoded: Array
   return fn
 
 
-def decode_batch(params: Any, src: Array, max_lengths: Array, *, config: TransformerConfig,
-                 max_len: int, beam_size: int, alpha: float) -> Array:
-  """translation.decode_batch's ids [B, max_len] (greedy when beam_size is 1), uncached: each
-  hypothesis holds its own copy of the source and its prefix, reordered with its beam."""
+def decode_batch(params: Any, src: Array, max_lengths: Array, prefix: Array | None = None, *,
+                 config: TransformerConfig, max_len: int,
+                 decoding: DecodingConfig = DecodingConfig()) -> Array:
+  """translation.decode_batch's ids [B, max_len] (greedy when beam_size is 1; beam search),
+  uncached: each hypothesis holds its own copy of the source and its prefix, reordered with its
+  beam."""
+  beam_size = decoding.beam_size
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
   src, encoded = (jnp.repeat(x, beam_size, axis=0) for x in (src, encoded))  # beams adjacent
   cache = {'tokens': jnp.zeros((src.shape[0], max_len), jnp.int32), 'index': jnp.array(0)}
   step = tokens_to_logits(model, params, src, encoded)
   if beam_size == 1:
-    return decode.greedy_search(step, cache, max_lengths, max_len)
+    return decode.greedy_search(step, cache, max_lengths, max_len, prefix=prefix)
   return decode.beam_search(step, cache, max_lengths, max_len, beam_size=beam_size,
-                            alpha=alpha)[0]
+                            alpha=decoding.alpha, prefix=prefix)[0]

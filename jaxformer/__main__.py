@@ -1,5 +1,6 @@
-"""The `jaxformer` command (and `python -m jaxformer`): `translate --server URL` is answered by
-serving.client_main without importing jax; every other command is jaxformer.cli's."""
+"""The `jaxformer` command (and `python -m jaxformer`, and jaxformer.cli.main): the one place
+that hands `translate --server URL` to serving.client_main, which imports no jax; every other
+command is jaxformer.cli's."""
 
 import sys
 
@@ -11,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
   if serving.is_client(argv):
     return serving.client_main(argv[1:])
   from jaxformer import cli  # pylint: disable=g-import-not-at-top
-  return cli.main(argv)
+  return cli.run(argv)
 
 
 if __name__ == '__main__':

@@ -10,19 +10,20 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import os
 import pathlib
 import sys
 import textwrap
 import typing
-from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from jaxformer import (checkpoint, compilation, data, export, files, monitor, parallel,
-                       recipes, scoring, serving, trainer)
+from jaxformer import __main__ as entry
+from jaxformer import (arguments, checkpoint, compilation, data, export, files, monitor,
+                       parallel, recipes, scoring, serving, trainer)
+from jaxformer.arguments import (add_model_flags, add_model_path, flag, non_negative,  # noqa: F401
+                                 path_arg, port_number, positive_int)
 from jaxformer import config as config_lib
 from jaxformer import text as text_lib
 from jaxformer.config import DataConfig, OptimConfig, SettingError, TrainConfig
@@ -32,65 +33,6 @@ from jaxformer.recipes import auto as auto_recipe
 from jaxformer.translation import Translator
 
 _PRESETS = ('tiny', 'base', 'big')
-
-
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-  """Help with each flag's default (where it has one) and the description's own line breaks."""
-
-  def _get_help_string(self, action: argparse.Action) -> str:
-    help_text = action.help or ''
-    if action.default not in (None, False, [], argparse.SUPPRESS) and action.option_strings:
-      help_text += ' (default: %(default)s)'
-    return help_text
-
-
-def positive_int(text: str) -> int:
-  """An argparse type: an integer >= 1 (argparse reports anything else in one line)."""
-  try:
-    value = int(text)
-  except ValueError:
-    value = 0
-  if value < 1:
-    raise argparse.ArgumentTypeError(f'must be an integer >= 1, got {text!r}')
-  return value
-
-
-def non_negative(kind: type) -> Callable[[str], Any]:
-  """An argparse type: a finite number of `kind` >= 0 (nan and inf are refused)."""
-  def parse(text: str) -> Any:
-    try:
-      value = kind(text)
-    except ValueError:
-      value = -1
-    if not math.isfinite(value) or value < 0:
-      raise argparse.ArgumentTypeError(f'must be a finite number >= 0, got {text!r}')
-    return value
-  return parse
-
-
-def port_number(text: str) -> int:
-  """An argparse type: a TCP port, 0 to 65535 (0: the system picks a free one)."""
-  value = int(text) if text.isdigit() else -1
-  if not 0 <= value <= 65535:
-    raise argparse.ArgumentTypeError(f'must be a port number from 0 to 65535, got {text!r}')
-  return value
-
-
-def path_arg(text: str) -> str:
-  """An argparse type: a path, not an empty string (which would name the current folder)."""
-  if not text.strip():
-    raise argparse.ArgumentTypeError(f'must be a path, got {text!r}')
-  return text
-
-
-def _flag(parser: argparse._ActionsContainer, name: str, **kwargs: Any) -> None:
-  """--name-with-dashes, and --name_with_underscores as a hidden older spelling."""
-  dashed = '--' + name.replace('_', '-')
-  parser.add_argument(dashed, dest=name, **kwargs)
-  if '_' in name:
-    alias = {k: v for k, v in kwargs.items() if k in ('action', 'type', 'choices', 'nargs')}
-    parser.add_argument('--' + name, dest=name, help=argparse.SUPPRESS,
-                        default=kwargs.get('default'), **alias)
 
 
 def _fail(error: Exception | str) -> int:
@@ -108,7 +50,7 @@ def compilation_cache_dir(environ: typing.Mapping[str, str]) -> pathlib.Path:
 
 def add_compilation_cache_flag(parser: argparse.ArgumentParser) -> None:
   """--no-compilation-cache, read by use_compilation_cache (every command and script has it)."""
-  _flag(parser, 'no_compilation_cache', action='store_true',
+  flag(parser, 'no_compilation_cache', action='store_true',
         help='compile everything afresh, keeping nothing (default: compiled programs are kept '
         'in $JAXFORMER_CACHE_DIR/xla, by default ~/.cache/jaxformer/xla, and the next command '
         'loads them)')
@@ -167,17 +109,17 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
                       'model, train, data, optim; a wrong name lists the valid ones)')
   group = parser.add_argument_group(
       'data (shortcuts for --set data.NAME=...)')
-  _flag(group, 'source', choices=('wmt14', 'text', 'embedded'), help="default: the recipe's")
+  flag(group, 'source', choices=('wmt14', 'text', 'embedded'), help="default: the recipe's")
   for name, side in (('source_language', 'source'), ('target_language', 'target')):
-    _flag(group, name, metavar='LANG', help=f'the {side} language (ISO 639: en, de, zh, ...); '
+    flag(group, name, metavar='LANG', help=f'the {side} language (ISO 639: en, de, zh, ...); '
           "wmt14 reads en->de, de->en, en->fr or fr->en (default: the recipe's)")
   for name, help_text in (('train_src', 'training source file (text source)'),
                           ('train_tgt', 'training target file'),
                           ('eval_src', 'validation source file (optional)'),
                           ('eval_tgt', 'validation target file'),
                           ('tfds_data_dir', 'tfds data folder (default: $TFDS_DATA_DIR)')):
-    _flag(group, name, type=path_arg, help=help_text)
-  _flag(group, 'download', action='store_true', default=None,
+    flag(group, name, type=path_arg, help=help_text)
+  flag(group, 'download', action='store_true', default=None,
         help='let tfds download and prepare WMT14 (needs internet; hours)')
   groups = {}
   for section, cls in _SHORTCUTS:
@@ -189,14 +131,14 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
       help_text = (f"{field.metadata['help']} (default: the recipe's; {cls.__name__}'s: "
                    f'{field.default})')
       if bool in (hints[field.name], *typing.get_args(hints[field.name])):
-        _flag(group, field.name, action=argparse.BooleanOptionalAction, default=None,
+        flag(group, field.name, action=argparse.BooleanOptionalAction, default=None,
               help=help_text)
       else:
-        _flag(group, field.name, type=_setting_type(hints[field.name]),
+        flag(group, field.name, type=_setting_type(hints[field.name]),
               metavar=field.metadata['metavar'] or ('NAME' if hints[field.name] is str else 'N'),
               default=None, help=help_text)
   group = groups['train']
-  _flag(group, 'allow_cpu', action='store_true',
+  flag(group, 'allow_cpu', action='store_true',
         help="train the paper's recipes even on a CPU backend (= --no-require-accelerator)")
   group.add_argument('--remat', action='store_true',
                      help='recompute layer activations in the backward pass (= --set '
@@ -204,9 +146,9 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
   group = parser.add_argument_group('multi-host (jax.distributed)')
   group.add_argument('--distributed', action='store_true',
                      help='call jax.distributed.initialize (auto-detects on SLURM, TPU, ...)')
-  _flag(group, 'coordinator_address', help='host:port of process 0')
-  _flag(group, 'num_processes', type=positive_int, help='processes in the cluster')
-  _flag(group, 'process_id', type=int, help="this process's index")
+  flag(group, 'coordinator_address', help='host:port of process 0')
+  flag(group, 'num_processes', type=positive_int, help='processes in the cluster')
+  flag(group, 'process_id', type=int, help="this process's index")
 
 
 def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
@@ -262,16 +204,6 @@ def _train(args: argparse.Namespace) -> int:
 # --- loading a model ------------------------------------------------------------------------------
 
 
-def _add_model_path(parser: argparse.ArgumentParser, *aliases: str) -> None:
-  """--model PATH, the one name of "the model to load" in eval, translate and export; --workdir
-  (and eval's --checkpoint) are older spellings of it, kept out of the help (older_spellings)."""
-  parser.add_argument('--model', dest='model', type=path_arg, metavar='PATH',
-                      help='the model: a training workdir (its newest checkpoint), a checkpoint '
-                      'folder (e.g. WORKDIR/average-last5) or an exported folder')
-  for alias in ('--workdir', *aliases):
-    parser.add_argument(alias, dest='model', type=path_arg, help=argparse.SUPPRESS)
-
-
 # The commands whose model flag is --model, and its older spellings there.
 _MODEL_ALIASES = {'eval': ('--workdir', '--checkpoint'), 'translate': ('--workdir',),
                   'export': ('--workdir',)}
@@ -300,24 +232,11 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
   return parser._subparsers._group_actions[0].choices  # pylint: disable=protected-access
 
 
-def _add_model_flags(parser: argparse.ArgumentParser, *, beam: bool = True) -> None:
-  _flag(parser, 'average_last', type=positive_int,
-        help="average a workdir's last N checkpoints first")
-  if beam:
-    parser.add_argument('--beam', type=positive_int, default=4, help='beam size (1: greedy)')
-    parser.add_argument('--alpha', type=non_negative(float), default=0.6,
-                        help='length penalty exponent')
-    _flag(parser, 'extra_length', type=non_negative(int), default=50,
-          help='max output = input + this')
-    _flag(parser, 'batch_size', type=positive_int, default=32, help='sentences per batch')
-
-
 def translator(path: str, args: argparse.Namespace) -> tuple[Translator, int]:
   """A Translator of a workdir, checkpoint folder or exported folder, and the model's step."""
   params, config, spm_model, step = export.load_model(path, args.average_last)
   tokenizer = data.Tokenizer.from_bytes(spm_model, f'the vocabulary of {path}')
-  return Translator(params, config, tokenizer, beam_size=args.beam, alpha=args.alpha,
-                    extra_length=args.extra_length, batch_size=args.batch_size), step
+  return Translator(params, config, tokenizer, arguments.decoding_of(args)), step
 
 
 # --- eval -----------------------------------------------------------------------------------------
@@ -354,8 +273,7 @@ def _eval(args: argparse.Namespace) -> int:
   result = scoring.scores(hypotheses, text.tgt, args.target_language)
   print('\n'.join(scoring.report(
       result, lang=args.target_language, origin=text.origin, segments=len(text),
-      decoding=f'beam {args.beam}, alpha {args.alpha}, max length input + {args.extra_length}; '
-      f'hypotheses in {output}')))
+      decoding=f'{model.decoding.describe()}; hypotheses in {output}')))
   print(json.dumps({**result, 'segments': len(text), 'hypotheses': str(output)}))
   return 0
 
@@ -364,21 +282,73 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
-  if args.nbest and args.nbest > args.beam:
-    return _fail(f'--nbest {args.nbest} needs --beam >= {args.nbest}.')
   model = translator(args.model, args)[0]
-  if args.input:  # a whole file, with a progress bar
-    chunks = [data.read_lines(args.input)]
-  else:  # a terminal: each line answered; a pipe: a batch for each of the translator's workers
-    chunks = text_lib.chunks(sys.stdin.buffer, 'stdin',
-                             1 if sys.stdin.isatty() else args.batch_size * model.workers)
+  if args.nbest and not model.decoding.sampling and args.nbest > model.decoding.beam_size:
+    return _fail(f'--nbest {args.nbest} needs --beam >= {args.nbest} (or --sampling).')
+  # From a terminal each line is answered; from a pipe, a batch for each of the workers.
+  chunk = 1 if sys.stdin.isatty() else model.decoding.batch_size * model.workers
 
-  def translate(chunk: list[str]) -> list[Any]:
+  def translate(lines: list[str], first: int, prefixes: list[str] | None) -> list[Any]:
     progress = bool(args.input)
-    return model.translate(chunk, progress) if args.nbest is None else \
-        model.translate_nbest(chunk, args.nbest, progress)
-  text_lib.write_translations(args.output, chunks, translate, args.nbest)
+    if args.nbest is None:
+      return model.translate(lines, progress, prefixes=prefixes, first_index=first)
+    return model.translate_nbest(lines, args.nbest, progress, prefixes=prefixes,
+                                 first_index=first)
+  text_lib.translate_lines(args.input, args.output, args.prefix, chunk, translate, args.nbest)
   return 0  # (input that is not UTF-8 stops at that line: a DataError)
+
+
+# --- score ----------------------------------------------------------------------------------------
+
+
+def _score(args: argparse.Namespace) -> int:
+  pairs = data.read_parallel_text(args.src, args.tgt)  # before the model: found out at once
+  if empty := [n for n, line in enumerate(pairs.tgt, 1) if not line.strip()]:
+    raise data.DataError(f'{args.tgt}:{empty[0]}: an empty target line ({len(empty)} in all): '
+                         'there is nothing to score; remove the pair or give its translation.')
+  model = translator(args.model, args)[0]
+  scores = model.score(pairs.src, pairs.tgt, progress=True)
+  if args.format == 'tsv':
+    lines = ['\t'.join([f'{s.log_prob:.6f}', str(s.tokens), f'{s.mean:.6f}'] + (
+        [' '.join(f'{x:.6f}' for x in s.token_log_probs)] if args.token_log_probs else []))
+             for s in scores]
+  else:
+    lines = [json.dumps(s.as_dict(args.token_log_probs)) for s in scores]
+  output = ''.join(line + '\n' for line in lines)
+  if args.output:
+    files.write_atomically(args.output, output.encode(), 'the scores')
+  else:
+    sys.stdout.write(output)
+  if skipped := sum(s.skipped is not None for s in scores):
+    print(f'warning: {skipped} of {len(scores)} pairs were too long for the model and are not '
+          'scored: their lines say so (null in JSON, nan in TSV).', file=sys.stderr)
+  return 0
+
+
+_SCORE_DESCRIPTION = (
+    'For each pair of --src and --tgt (line-aligned), the model\'s log-probability of the target '
+    'given the source (forced decoding): natural log, summed over the target\'s sentencepiece '
+    'pieces and its EOS (tokens = pieces + 1), and its mean per token. One output line per '
+    'input line, in order: JSON lines {"log_prob", "tokens", "mean"} (with '
+    '--token-log-probs, each token\'s too), or --format tsv: LOG_PROB TOKENS MEAN [TOKEN '
+    'LOG-PROBS]. A pair longer than the model\'s max_len is not scored but marked (null in '
+    'JSON with "skipped": why; nan in TSV), never dropped. translate --nbest prints these '
+    'scores divided by ((5 + tokens) / 6)^alpha.\n\n'
+    '  jaxformer score --model W/average-last5 --src test.en --tgt hyps.de > scores.jsonl')
+
+
+def _add_score_flags(parser: argparse.ArgumentParser) -> None:
+  add_model_path(parser)
+  add_model_flags(parser, decoding=False)
+  arguments.add_decoding_flags(parser, ('batch_size',))
+  parser.add_argument('--src', type=path_arg, required=True, help='the sources, a line each')
+  parser.add_argument('--tgt', type=path_arg, required=True,
+                      help='their translations to score, line-aligned')
+  parser.add_argument('--output', type=path_arg, help='where to write (default: stdout)')
+  parser.add_argument('--format', choices=('jsonl', 'tsv'), default='jsonl',
+                      help='JSON lines or tab-separated values')
+  flag(parser, 'token_log_probs', action='store_true',
+       help="also each token's log-probability (its pieces', then EOS's)")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -445,28 +415,17 @@ _TRAIN_DESCRIPTION = (
 
 def _add_eval_flags(parser: argparse.ArgumentParser) -> None:
   """eval's test set: newstest2014 from tfds, or local files, and the target language."""
-  _flag(parser, 'target_language', metavar='LANG', default='de',
+  flag(parser, 'target_language', metavar='LANG', default='de',
         help="the test set's target language (ISO 639: de, es, zh, ...): sacreBLEU's "
         'tokenizer (13a; zh; ja-mecab and ko-mecab with sacrebleu[ja], [ko]) and the Moses rules '
         'of the tokenized BLEU follow it')
-  _flag(parser, 'source_language', metavar='LANG', default='en',
+  flag(parser, 'source_language', metavar='LANG', default='en',
         help='with tfds: which newstest2014 direction (en->de, de->en, en->fr, fr->en)')
-  _flag(parser, 'tfds_data_dir', help='tfds data folder (default: $TFDS_DATA_DIR)')
+  flag(parser, 'tfds_data_dir', help='tfds data folder (default: $TFDS_DATA_DIR)')
   parser.add_argument('--src', type=path_arg, help='a local source file instead of tfds')
   parser.add_argument('--ref', type=path_arg, help='its reference translations, line-aligned')
   parser.add_argument('--output', type=path_arg,
                           help='hypotheses file (default: next to the checkpoint)')
-
-
-def _add_translate_flags(parser: argparse.ArgumentParser) -> None:
-  _add_model_path(parser)
-  _add_model_flags(parser)
-  parser.add_argument('--input', type=path_arg, help='a UTF-8 text file (default: stdin)')
-  parser.add_argument('--output', type=path_arg, help='where to write (default: stdout)')
-  parser.add_argument('--nbest', type=positive_int, help='the N best translations with scores')
-  parser.add_argument('--server', help='translate with a running `jaxformer serve` at this '
-                      'address (e.g. http://127.0.0.1:8228) instead of --model: the model and '
-                      'its decoding flags are the server\'s, and nothing is loaded or compiled')
 
 
 _SERVE_DESCRIPTION = (
@@ -477,8 +436,8 @@ _SERVE_DESCRIPTION = (
 
 
 def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
-  _add_model_path(parser)
-  _add_model_flags(parser)
+  add_model_path(parser)
+  add_model_flags(parser)
   parser.add_argument('--host', default='127.0.0.1',
                       help='the address to listen on (0.0.0.0: every network, unauthenticated)')
   parser.add_argument('--port', type=port_number, default=serving.DEFAULT_PORT,
@@ -487,7 +446,7 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
-      prog='jaxformer', formatter_class=_Formatter,
+      prog='jaxformer', formatter_class=arguments.Formatter,
       description='A faithful JAX/Flax reproduction of "Attention Is All You Need".')
   commands = parser.add_subparsers(dest='command', metavar='COMMAND')
 
@@ -496,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     description = '\n\n'.join(p if p.startswith(' ') else textwrap.fill(p, 88)
                                for p in paragraphs)
     sub = commands.add_parser(name, help=help_text, description=description,
-                              formatter_class=_Formatter)
+                              formatter_class=arguments.Formatter)
     sub.set_defaults(run=run)
     add_compilation_cache_flag(sub)
     return sub
@@ -510,8 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
       'Translates a test set with the paper\'s decoding (beam 4, alpha 0.6, input + 50) and prints '
       'sacreBLEU (the headline, with its signature), the paper\'s tokenized BLEU and chrF; writes '
       'the hypotheses.')
-  _add_model_path(evaluation, '--checkpoint')
-  _add_model_flags(evaluation)
+  add_model_path(evaluation, '--checkpoint')
+  add_model_flags(evaluation)
   _add_eval_flags(evaluation)
 
   translate = command(
@@ -520,7 +479,11 @@ def build_parser() -> argparse.ArgumentParser:
       'files and pipes are translated in batches. With --nbest N each input line gives N lines '
       '"INDEX ||| TRANSLATION ||| SCORE" (Moses n-best format: INDEX counts input lines from 0, '
       'SCORE is log-probability / GNMT length penalty, best first; blank lines give none).')
-  _add_translate_flags(translate)
+  arguments.add_translate_flags(translate)
+
+  _add_score_flags(command(
+      'score', _score, "the model's log-probability of given translations",
+      _SCORE_DESCRIPTION))
 
   _add_serve_flags(command(
       'serve', _serve, 'keep a model loaded and compiled, answering translations over HTTP',
@@ -532,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
       'Writes a model that Translator.from_pretrained(OUT) (and jaxformer eval/translate) load '
       'without orbax or the workdir; with --format ctranslate2, a CTranslate2 model of the same '
       "weights (pip install 'jaxformer[ctranslate2]'), with spm.model beside it.")
-  _add_model_path(export)
+  add_model_path(export)
   export.add_argument('path', nargs='?', type=path_arg,
                       help='the model, as --model (an older spelling)')
   export.add_argument('out', type=path_arg, help='the folder to write')
@@ -542,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
   export.add_argument('--overwrite', action='store_true',
                       help='replace an export of the same format already in OUT (otherwise OUT '
                       'must be new or empty)')
-  _add_model_flags(export, beam=False)
+  add_model_flags(export, decoding=False)
 
   average = command('average', _average, 'average the last N checkpoints of a workdir, or the N '
                     'best by validation metric, into a new checkpoint')
@@ -558,20 +521,24 @@ def build_parser() -> argparse.ArgumentParser:
 
   params = command('params', _params, 'count the parameters of a preset')
   params.add_argument('--preset', choices=_PRESETS, default='base', help='the preset')
-  _flag(params, 'vocab_size', type=positive_int, default=37000, help='shared vocabulary size')
+  flag(params, 'vocab_size', type=positive_int, default=37000, help='shared vocabulary size')
   return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
-  if serving.is_client(argv):
-    return serving.client_main(argv[1:])
+  """The `jaxformer` command (the installed entry point's, jaxformer.__main__.main, the one place
+  that hands `translate --server` to the client)."""
+  return entry.main(argv)
+
+
+def run(argv: list[str]) -> int:
+  """Every command but `translate --server`: parsed, then run through errors.exit_code."""
   parser = build_parser()
   args = parser.parse_args(argv)
   if args.command is None:
     parser.print_help()
     return 0
-  if args.command in ('eval', 'translate', 'serve') and args.model is None:
+  if args.command in ('eval', 'translate', 'serve', 'score') and args.model is None:
     _subcommands(parser)[args.command].error('the following arguments are required: --model')
   for line in older_spellings(parser, argv):
     print(line, file=sys.stderr)

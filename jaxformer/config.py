@@ -7,89 +7,17 @@ This module imports only jax; recipes, the trainer and the command line build on
 """
 
 import dataclasses
-import math
 import re
-import types
-import typing
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jaxformer.errors import JaxformerError
-
-
-class SettingError(JaxformerError, ValueError):
-  """A setting that is unknown, of the wrong type, or refused with the others."""
-
+from jaxformer.settings import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, SEEDS,  # noqa: F401
+                                DecodingConfig, Range, SettingError, check_fields, setting)
 
 DROPOUT_RNGS = ('threefry', 'rbg')
 _DTYPE_FIELDS = ('dtype', 'norm_dtype')  # Execution's dtypes, written by name
-
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-  """The values a numeric setting accepts: low <= x (low < x if low_open), x < high if given."""
-  low: float
-  high: float | None = None
-  low_open: bool = False
-
-  def __contains__(self, x: float) -> bool:
-    return (x > self.low if self.low_open else x >= self.low) and (
-        self.high is None or x < self.high)
-
-  def __str__(self) -> str:
-    low, high = (str(int(x)) if float(x).is_integer() else f'{x:g}'
-                 for x in (self.low, self.high or 0))
-    if self.high is not None:
-      return f'in [{low}, {high})'
-    return f'{">" if self.low_open else ">="} {low}'
-
-
-AT_LEAST_1, AT_LEAST_0, FRACTION = Range(1), Range(0), Range(0, 1)
-POSITIVE = Range(0, low_open=True)
-
-
-def check_fields(settings: Any, section: str, ranges: dict[str, Range]) -> None:
-  """SettingError, naming the setting as --set does (`section`.field), for a value of the wrong
-  type (a recipe file's get_config() may give anything) or, for a number, outside its range in
-  `ranges`."""
-  hints = typing.get_type_hints(type(settings))
-  for field in dataclasses.fields(settings):
-    value, hint = getattr(settings, field.name), hints[field.name]
-    allowed = typing.get_args(hint) if typing.get_origin(hint) is types.UnionType else (hint,)
-    if hint is Any or any(_is_a(value, kind) for kind in allowed):
-      if isinstance(value, float) and not math.isfinite(value):
-        raise SettingError(f'{section}.{field.name} must be a finite number, got {value}.')
-      if field.name in ranges and value is not None and value not in ranges[field.name]:
-        unset = ' (or unset)' if type(None) in allowed else ''
-        raise SettingError(f'{section}.{field.name} must be {ranges[field.name]}{unset}, got '
-                           f'{value}.')
-      continue
-    names = ' or '.join('none' if kind is type(None) else kind.__name__ for kind in allowed)
-    raise SettingError(f'{section}.{field.name} must be {names}, got {type(value).__name__} '
-                       f'{value!r}.')
-
-
-DECODING_RANGES = {'beam_size': AT_LEAST_1, 'alpha': AT_LEAST_0, 'extra_length': AT_LEAST_0,
-                   'batch_size': AT_LEAST_1, 'workers': AT_LEAST_1}
-
-
-def check_decoding(**settings: Any) -> None:
-  """SettingError for a search setting of the Translator (DECODING_RANGES; None: the default)
-  that is not a finite number in its range: a nan alpha would score every beam nan."""
-  for name, value in settings.items():
-    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
-                              or not math.isfinite(value) or value not in DECODING_RANGES[name]):
-      raise SettingError(f'{name} must be a finite number {DECODING_RANGES[name]}, got '
-                         f'{value!r}.')
-
-
-def _is_a(value: Any, kind: type) -> bool:
-  """isinstance, but a bool is no number and an int is a float, as in the type hints' intent."""
-  if kind in (int, float) and isinstance(value, bool):
-    return False
-  return isinstance(value, (int, float) if kind is float else kind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,13 +190,6 @@ BEST_METRICS = {'loss': 'min', 'bleu': 'max'}
 # --- the training run -----------------------------------------------------------------------------
 
 
-def setting(default: Any, help: str, metavar: str | None = None  # pylint: disable=redefined-builtin
-            ) -> Any:
-  """A config field with its help text, and the name its flag's value has in --help if not N
-  (the command line's flags and --help read them)."""
-  return dataclasses.field(default=default, metadata={'help': help, 'metavar': metavar})
-
-
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
   """How the model is trained (§5.3, §5.4): the learning rate, Adam, clipping, weight decay and
@@ -363,7 +284,7 @@ class TrainConfig:
                       AT_LEAST_1),
       **dict.fromkeys(('average_last', 'average_best', 'bleu_sentences', 'sample_translations'),
                       AT_LEAST_0),
-      'seed': Range(0, 2**32), 'checkpoint_every_steps': POSITIVE,
+      'seed': SEEDS, 'checkpoint_every_steps': POSITIVE,
       'checkpoint_every_secs': POSITIVE}
 
   def __post_init__(self):

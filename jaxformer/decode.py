@@ -1,4 +1,5 @@
-"""Greedy and beam search (§6.1) over a `tokens_to_logits` callback; no model code here.
+"""Greedy search, beam search (§6.1) and sampling over a `tokens_to_logits` callback; no model
+code here.
 
 `tokens_to_logits(tokens [N, 1], cache) -> (logits [N, V], cache)` scores the next token after
 `tokens`, the last token of each hypothesis (0 before the first). The cache is any pytree; beam
@@ -11,6 +12,11 @@ Shapes: B sentences, W beams per sentence (N = B * W hypotheses), T output posit
 (T and V as in jaxformer.model; W for the beams, since K is the model's key width per head).
 Lengths count generated tokens, EOS included. Sentence b stops at EOS or after max_lengths[b]
 tokens, whichever comes first; the paper uses max_lengths = source length + 50.
+
+Every search takes an optional forced prefix [B, T] (0 after each sentence's prefix): while
+prefix[b, t] is not 0, sentence b's token t is prefix[b, t], scored by the model as any other
+token, and the search goes on from there (a forced target prefix, as in CTranslate2's
+target_prefix). max_lengths must leave room after it.
 """
 
 from collections.abc import Callable
@@ -20,6 +26,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from jaxformer import _cpu_ops
 from jaxformer._cpu_ops import argmax, top_k  # noqa: F401  (decode.argmax, decode.top_k)
 
 Array = jax.Array
@@ -47,34 +54,106 @@ def length_penalty(length: Array, alpha: float) -> Array:
 
 @flax.struct.dataclass
 class GreedyState:
-  """The loop state of `greedy_search`."""
-  step: Array   # [] tokens generated so far
-  last: Array   # [B] the last token of each sentence
-  out: Array    # [B, T]
-  done: Array   # [B]
+  """The loop state of `greedy_search` and `sample_search`: one path per row."""
+  step: Array      # [] tokens generated so far
+  last: Array      # [B] the last token of each row
+  out: Array       # [B, T]
+  log_prob: Array  # [B] the model's log-probability of out (untempered, unfiltered)
+  done: Array      # [B]
   cache: Cache
 
 
 def greedy_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array,
                   max_len: int, eos_id: int = 1,
-                  grow_cache: Callable[[Cache, int], Cache] | None = None) -> Array:
+                  grow_cache: Callable[[Cache, int], Cache] | None = None,
+                  prefix: Array | None = None) -> Array:
   """The argmax token at every step. Returns [B, max_len] ids, 0 after EOS or the limit.
-  `grow_cache` as in beam_search."""
+  `grow_cache` as in beam_search; `prefix` as in the module's docstring."""
+  return _one_path(tokens_to_logits, cache, max_lengths, max_len, lambda logits, step: argmax(
+      logits), eos_id, grow_cache, prefix, scored=False).out
+
+
+def sample_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array,
+                  max_len: int, keys: Array, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0, eos_id: int = 1,
+                  grow_cache: Callable[[Cache, int], Cache] | None = None,
+                  prefix: Array | None = None) -> tuple[Array, Array]:
+  """Each token drawn from the model's next-token distribution, reshaped by `filter_logits`.
+  Row b's draw at step t uses fold_in(keys[b], t), so a row's sample depends on its key alone,
+  not on the other rows of the batch.
+
+  Returns (ids [B, max_len], 0 after EOS or the limit; log_prob [B], the sum of the drawn
+  tokens' log-probabilities under the model itself, before temperature and filtering).
+  """
+  def choose(logits: Array, step: Array) -> Array:
+    step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
+    filtered = filter_logits(logits, temperature, top_k, top_p)
+    return jax.vmap(jax.random.categorical)(step_keys, filtered).astype(jnp.int32)
+
+  final = _one_path(tokens_to_logits, cache, max_lengths, max_len, choose, eos_id, grow_cache,
+                    prefix, scored=True)
+  return final.out, final.log_prob
+
+
+def sample_keys(seed: Array, sentences: Array, samples: int) -> Array:
+  """Sampling's keys [B * samples] (samples of a sentence adjacent): sample j of sentence i
+  (sentences [B], each one's index in the whole input) draws with
+  fold_in(fold_in(key(seed), i), j), so that a sample does not depend on its batch."""
+  base = jax.random.key(seed)
+  per_sentence = jax.vmap(lambda i: jax.vmap(lambda j: jax.random.fold_in(
+      jax.random.fold_in(base, i), j))(jnp.arange(samples)))(sentences)  # --> [B, samples]
+  return per_sentence.reshape(-1)
+
+
+def filter_logits(logits: Array, temperature: float, top_k: int, top_p: float) -> Array:
+  """logits [N, V] reshaped for sampling, in this order: divided by `temperature`; all but the
+  `top_k` largest at NEG_INF (0: none; ties with the k-th are kept); then all but the fewest
+  largest whose softmax probabilities sum to at least `top_p` at NEG_INF (1: none; the likeliest
+  token is always kept). Padding (id 0) is at NEG_INF from the start."""
+  logits = _no_padding(logits.astype(jnp.float32)) / temperature
+  if top_k and top_k < logits.shape[-1]:
+    kth = _cpu_ops.top_k(logits, top_k)[0][:, -1:]  # (the argument hides the function)
+    logits = jnp.where(logits < kth, NEG_INF, logits)
+  if top_p < 1.0:
+    ordered = jnp.sort(logits, axis=-1)[:, ::-1]  # --> [N, V], largest first
+    probs = jax.nn.softmax(ordered, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # the mass of the tokens likelier than each
+    smallest = jnp.min(jnp.where(before < top_p, ordered, jnp.inf), axis=-1, keepdims=True)
+    logits = jnp.where(logits < smallest, NEG_INF, logits)
+  return logits
+
+
+def _one_path(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array, max_len: int,
+              choose: Callable[[Array, Array], Array], eos_id: int,
+              grow_cache: Callable[[Cache, int], Cache] | None,
+              prefix: Array | None, scored: bool) -> GreedyState:
+  """The search of one path per row: `choose(logits [B, V] without padding, step) -> [B]`
+  picks each token (unless the prefix forces it); with `scored`, the path's log-probability
+  is summed (greedy search spares the log-softmax)."""
   def cond(s: GreedyState) -> Array:
     return (s.step < max_len) & ~jnp.all(s.done)
 
   def body(s: GreedyState) -> GreedyState:
     logits, cache = tokens_to_logits(s.last[:, None], s.cache)  # --> [B, V]
-    token = jnp.where(s.done, 0, argmax(_no_padding(logits)))
+    token = choose(_no_padding(logits), s.step)
+    if prefix is not None:
+      forced = prefix[:, s.step]
+      token = jnp.where(forced > 0, forced, token)
+    token = jnp.where(s.done, 0, token)
+    log_prob = s.log_prob
+    if scored:
+      chosen = jax.nn.log_softmax(logits.astype(jnp.float32))
+      log_prob += jnp.where(s.done, 0.0, jnp.take_along_axis(chosen, token[:, None], 1)[:, 0])
     done = s.done | (token == eos_id) | (s.step + 1 >= max_lengths)
     return GreedyState(step=s.step + 1, last=token, out=s.out.at[:, s.step].set(token),
-                       done=done, cache=cache)
+                       log_prob=log_prob, done=done, cache=cache)
 
   batch = max_lengths.shape[0]
   state = GreedyState(step=jnp.array(0), last=jnp.zeros(batch, jnp.int32),
-                      out=jnp.zeros((batch, max_len), jnp.int32), done=max_lengths <= 0,
+                      out=jnp.zeros((batch, max_len), jnp.int32),
+                      log_prob=jnp.zeros(batch, jnp.float32), done=max_lengths <= 0,
                       cache=cache)
-  return _search_loop(cond, body, state, max_len, grow_cache).out
+  return _search_loop(cond, body, state, max_len, grow_cache)
 
 
 def _search_loop(cond: Callable[[Any], Array], body: Callable[[Any], Any], state: Any,
@@ -134,10 +213,12 @@ def _no_padding(logits: Array) -> Array:
 
 
 @jax.named_scope('continuations')  # (experiments/profile_step.py sums its ops by this name)
-def continuations(alive_log_probs: Array, logits: Array, n: int) -> tuple[Array, Array, Array]:
+def continuations(alive_log_probs: Array, logits: Array, n: int, forced: Array | None = None
+                  ) -> tuple[Array, Array, Array]:
   """The n best one-token continuations of W live beams per sentence, by log-probability:
   (log-probabilities [B, n], beam [B, n], token [B, n]), best first. Given the beams'
-  log-probabilities [B, W] and next-token logits [B * W, V].
+  log-probabilities [B, W] and next-token logits [B * W, V]; where forced [B * W] is not 0,
+  that token is a hypothesis's only continuation (with its log-probability under the model).
 
   The same as jax.lax.top_k over all W * V candidates with padding's log-probability at
   NEG_INF, in two steps: the n best of a sentence are among the n likeliest tokens of each of
@@ -150,8 +231,12 @@ def continuations(alive_log_probs: Array, logits: Array, n: int) -> tuple[Array,
   logits = logits.astype(jnp.float32)
   most = jnp.max(logits, axis=-1, keepdims=True)
   normaliser = jnp.log(jnp.sum(jnp.exp(logits - most), axis=-1, keepdims=True))
-  top, tokens = top_k(_no_padding(logits), per_beam)  # --> [B * W, per_beam]
-  log_probs = jnp.where(tokens == 0, NEG_INF, (top - most) - normaliser)
+  allowed = _no_padding(logits)
+  if forced is not None:
+    allowed = jnp.where((forced[:, None] > 0) & (jnp.arange(logits.shape[-1]) != forced[:, None]),
+                        NEG_INF, allowed)
+  top, tokens = top_k(allowed, per_beam)  # --> [B * W, per_beam]
+  log_probs = jnp.where((tokens == 0) | (top <= NEG_INF), NEG_INF, (top - most) - normaliser)
   candidates = alive_log_probs[:, :, None] + _unflatten(log_probs, k)
   log_probs, indices = jax.lax.top_k(candidates.reshape(batch, k * per_beam), n)
   return (log_probs, indices // per_beam,
@@ -168,8 +253,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
                 max_len: int, *, beam_size: int = 4, alpha: float = 0.6,
                 eos_id: int = 1, num_results: int | None = None,
                 grow_cache: Callable[[Cache, int], Cache] | None = None,
-                reorder_cache: Callable[[Cache, Array], Cache] = reorder_rows
-                ) -> tuple[Array, Array]:
+                reorder_cache: Callable[[Cache, Array], Cache] = reorder_rows,
+                prefix: Array | None = None) -> tuple[Array, Array]:
   """Beam search with GNMT's length penalty, stopping when no live beam can beat the best
   finished one in any sentence.
 
@@ -186,6 +271,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
       then be smaller than max_len).
     reorder_cache: `reorder_cache(cache, parents [B * beam_size]) -> cache` after beams are
       chosen (see the module's docstring).
+    prefix: [B, max_len] forced tokens (see the module's docstring); its log-probability counts
+      in the scores.
 
   Returns:
     (ids [B, max_len], score [B]) of the best hypothesis of each sentence, 0 after EOS; with
@@ -214,11 +301,16 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
     last = jnp.where(s.step > 0, s.alive_seqs[:, :, jnp.maximum(s.step - 1, 0)], 0)  # [B, W]
     logits, cache = tokens_to_logits(_flatten(last)[:, None], s.cache)
     # The 2W best continuations: enough to keep W live ones even if W of them end here.
-    top_log_probs, beam_of, token = continuations(s.alive_log_probs, logits, 2 * k)  # [B, 2W]
+    forced = None if prefix is None else jnp.repeat(prefix[:, s.step], k)  # --> [B * W]
+    top_log_probs, beam_of, token = continuations(s.alive_log_probs, logits, 2 * k,
+                                                  forced)  # --> [B, 2W]
     seqs = _gather(s.alive_seqs, beam_of)  # --> [B, 2W, T]
     seqs = seqs.at[:, :, s.step].set(token)
     length = s.step + 1
-    ends = (token == eos_id) | (length >= max_lengths)[:, None]  # --> [B, 2W]
+    # Candidates of no real hypothesis (the empty beams of the first step, those a prefix
+    # leaves) neither end nor finish.
+    real = top_log_probs > NEG_INF / 2
+    ends = real & ((token == eos_id) | (length >= max_lengths)[:, None])  # --> [B, 2W]
 
     # Live beams: the W best that did not end.
     _, alive_idx, alive_seqs, alive_log_probs = _top_k(

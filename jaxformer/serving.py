@@ -5,18 +5,29 @@ A `jaxformer translate` process pays for importing jax, loading the model and tr
 before its first sentence, even with every program in the compilation cache; a client of a
 running server pays for none of them: it imports only this module and the standard library.
 The server is for the local machine (127.0.0.1 unless told otherwise) and has no
-authentication; it translates one request at a time, each with its Translator's batches.
+authentication; it answers one request at a time, each with its Translator's batches.
 
-The protocol, for any HTTP client::
+The protocol, for any HTTP client (every field but "src" and "tgt" optional)::
 
-  POST /translate  {"src": ["a sentence", ...], "nbest": N (optional)}
+  POST /translate  {"src": ["a sentence", ...], "nbest": N, "prefix": ["a prefix", ...],
+                    "sampling": true, "temperature": T, "top_k": K, "top_p": P, "seed": S,
+                    "first_index": I}
     -> {"translations": ["...", ...]}, or with nbest {"nbest": [[["...", score], ...], ...]}
+  POST /score      {"src": ["a sentence", ...], "tgt": ["its translation", ...],
+                    "token_log_probs": true}
+    -> {"scores": [{"log_prob": L, "tokens": N, "mean": M, "token_log_probs": [...]}, ...]}
   GET /            -> the model and its decoding settings
   errors           -> 4xx or 500 with {"error": "one line"}
+
+The search (beam, alpha, extra length, batch size) is the server's; a request may sample, with
+DecodingConfig's settings and limits, and give prefixes ("" for none), one a sentence.
+"first_index" is the index of src[0] in the client's whole input, from which sampling's keys
+are made: a client that sends its input in parts gets the samples of a local translation.
 """
 
 import argparse
 import contextlib
+import dataclasses
 import http.client
 import http.server
 import json
@@ -30,18 +41,24 @@ from typing import Any
 
 from tqdm import tqdm
 
-from jaxformer import text
+from jaxformer import arguments, text
 from jaxformer.errors import JaxformerError, exit_code
+from jaxformer.settings import DecodingConfig
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8228
 MAX_REQUEST_BYTES = 64 << 20  # a larger request is refused (413): send a file in parts
 CLIENT_LINES = 1024  # lines a request, from a file or pipe (from a terminal: each line)
+MAX_NBEST = 100  # translations a sentence in one answer (samples; the beam bounds n-best)
 
 
 class ServerError(JaxformerError):
   """No server answers at the address, or it refused the request; the message says which."""
+
+
+class RequestError(JaxformerError):
+  """A request the server refuses (400): the message says what is wrong with it."""
 
 
 # --- the server -----------------------------------------------------------------------------------
@@ -60,8 +77,7 @@ class Server(http.server.ThreadingHTTPServer):
       raise ServerError(f'cannot listen on {address[0]}:{address[1]} ({e.strerror}); choose '
                         'another --port or --host.') from None
     self.model, self.lock = model, threading.Lock()
-    self.info = {**(info or {}), 'beam': model.beam_size, 'alpha': model.alpha,
-                 'extra_length': model.extra_length, 'batch_size': model.batch_size}
+    self.info = {**(info or {}), **dataclasses.asdict(model.decoding)}
 
   @property
   def url(self) -> str:
@@ -69,20 +85,48 @@ class Server(http.server.ThreadingHTTPServer):
     host, port = self.server_address[:2]
     return f'http://{host}:{port}'
 
-  def answer(self, request: Any) -> dict[str, Any]:
-    """The response to a decoded POST /translate body; ValueError for a bad one."""
-    src = request.get('src') if isinstance(request, dict) else None
-    if not isinstance(src, list) or not all(isinstance(s, str) for s in src):
-      raise ValueError('the request needs "src": a list of strings (one sentence each).')
-    nbest = request.get('nbest')
-    if nbest is not None and (type(nbest) is not int or nbest < 1):  # (bool is an int)
-      raise ValueError(f'"nbest" must be an integer >= 1, got {nbest!r}.')
+  def answer(self, path: str, request: Any) -> dict[str, Any]:
+    """The response to a decoded POST body of /translate or /score; JaxformerError (400) for
+    a request that cannot be answered."""
+    src = _strings(request, 'src')
+    fields = ('src', 'tgt', 'token_log_probs') if path == '/score' else (
+        'src', 'nbest', 'prefix', 'first_index', *DecodingConfig.PER_REQUEST)
+    if unknown := [name for name in request if name not in fields]:
+      raise RequestError(f'the request sets "{unknown[0]}", which it cannot (its fields: '
+                         f"{', '.join(fields)}; the search is the server's).")
+    if path == '/score':
+      tgt = _strings(request, 'tgt')
+      with_tokens = request.get('token_log_probs', False) is True
+      with self._turn(f'scored {len(src)} pair(s)'):
+        return {'scores': [s.as_dict(with_tokens) for s in self.model.score(src, tgt)]}
+    nbest, first = request.get('nbest'), request.get('first_index', 0)
+    for name, value, low, high in (('nbest', nbest, 1, MAX_NBEST), ('first_index', first, 0,
+                                                                   2**31)):
+      if value is not None and (type(value) is not int or not low <= value <= high):
+        raise RequestError(f'"{name}" must be an integer from {low} to {high}, got {value!r}.')
+    prefixes = _strings(request, 'prefix') if 'prefix' in request else None
+    model = self.model.replace(**{name: request[name] for name in DecodingConfig.PER_REQUEST
+                                  if name in request})  # SettingError: a bad value
+    with self._turn(f'translated {len(src)} sentence(s)'):
+      if nbest is None:
+        return {'translations': model.translate(src, prefixes=prefixes, first_index=first)}
+      return {'nbest': model.translate_nbest(src, nbest, prefixes=prefixes, first_index=first)}
+
+  @contextlib.contextmanager
+  def _turn(self, done: str) -> Any:
+    """The model, one request at a time; a line in the log when a request is answered."""
     with self.lock:
       start = time.perf_counter()
-      answer = {'translations': self.model.translate(src)} if nbest is None else \
-          {'nbest': self.model.translate_nbest(src, nbest)}  # ValueError: nbest > beam
-      log.info('translated %d sentence(s) in %.2f s', len(src), time.perf_counter() - start)
-      return answer
+      yield
+      log.info('%s in %.2f s', done, time.perf_counter() - start)
+
+
+def _strings(request: Any, name: str) -> list[str]:
+  """request[name], a list of strings; RequestError for anything else."""
+  value = request.get(name) if isinstance(request, dict) else None
+  if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+    raise RequestError(f'the request needs "{name}": a list of strings (one sentence each).')
+  return value
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -94,11 +138,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     if self.path.split('?')[0] in ('', '/'):
       self._send(200, self.server.info)
     else:
-      self._send(404, {'error': f'no page {self.path}: POST /translate, or GET /.'})
+      self._send(404, {'error': f'no page {self.path}: POST /translate, POST /score, or GET /.'})
 
   def do_POST(self) -> None:  # pylint: disable=invalid-name
-    if self.path.split('?')[0] != '/translate':
-      self._send(404, {'error': f'no page {self.path}: POST /translate, or GET /.'})
+    path = self.path.split('?')[0]
+    if path not in ('/translate', '/score'):
+      self._send(404, {'error': f'no page {self.path}: POST /translate, POST /score, or GET /.'})
       return
     length = self.headers.get('Content-Length', '')
     if not length.isdigit():  # (a body without a length would be read until the client closes)
@@ -117,8 +162,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       self._send(400, {'error': f'bad request: the body is not JSON ({e}).'})
       return
     try:
-      self._send(200, self.server.answer(request))
-    except ValueError as e:
+      self._send(200, self.server.answer(path, request))
+    except JaxformerError as e:  # (a DataError or SettingError of the model's too)
       self._send(400, {'error': f'bad request: {e}'})
     except Exception as e:  # pylint: disable=broad-exception-caught
       log.exception('request failed')  # the server's log has the traceback; the client a line
@@ -153,17 +198,36 @@ def serve(model: Any, host: str = '127.0.0.1', port: int = DEFAULT_PORT,
 
 
 def translate(url: str, sentences: list[str], nbest: int | None = None,
-              timeout: float | None = None) -> list[Any]:
-  """The server's translations of `sentences` (with nbest: each one's [text, score] lists);
-  ServerError if none answers at `url` or it refuses the request. Proxies are not used: the
-  server is meant to be local."""
-  body = json.dumps({'src': sentences, **({'nbest': nbest} if nbest else {})}).encode()
-  request = urllib.request.Request(url.rstrip('/') + '/translate', data=body,
-                                   headers={'Content-Type': 'application/json'})
+              timeout: float | None = None, *, prefixes: list[str] | None = None,
+              first_index: int = 0, **settings: Any) -> list[Any]:
+  """The server's translations of `sentences` (with nbest: each one's [text, score] lists),
+  with `prefixes` and sampling `settings` (DecodingConfig.PER_REQUEST) as the protocol says;
+  ServerError if none answers at `url` or it refuses the request."""
+  request = {'src': sentences, **({'nbest': nbest} if nbest else {}),
+             **({'prefix': prefixes} if prefixes is not None else {}),
+             **({'first_index': first_index} if first_index else {}), **settings}
+  return _ask(url, '/translate', request, timeout)['nbest' if nbest else 'translations']
+
+
+def score(url: str, sources: list[str], targets: list[str], token_log_probs: bool = False,
+          timeout: float | None = None) -> list[dict[str, Any]]:
+  """The server's scores of the pairs (TargetScore.as_dict's fields); ServerError as translate."""
+  return _ask(url, '/score', {'src': sources, 'tgt': targets,
+                              'token_log_probs': token_log_probs}, timeout)['scores']
+
+
+def _ask(url: str, path: str, request: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+  """The server's JSON answer at url + path to `request`. Proxies are not used: the server is
+  meant to be local."""
+  http_request = urllib.request.Request(url.rstrip('/') + path, data=json.dumps(request).encode(),
+                                        headers={'Content-Type': 'application/json'})
   opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
   try:
-    with opener.open(request, timeout=timeout) as response:
-      return json.load(response)['nbest' if nbest else 'translations']
+    with opener.open(http_request, timeout=timeout) as response:
+      answer = json.load(response)
+      if not isinstance(answer, dict) or not answer.keys() & {'nbest', 'translations', 'scores'}:
+        raise KeyError(path)
+      return answer
   except urllib.error.HTTPError as e:
     with e:
       raise ServerError(f'{url}: {_error_of(e)}') from None
@@ -189,36 +253,36 @@ def is_client(argv: list[str]) -> bool:
 
 
 def client_main(argv: list[str]) -> int:
-  """`jaxformer translate --server URL [--input F] [--output F] [--nbest N]` (argv after
-  'translate'): the local command's input and output, translated by the server."""
+  """`jaxformer translate --server URL ...` (argv after 'translate'): the local command's
+  flags, input and output, translated by the server; the flags that set the server's model
+  or search are refused."""
   parser = argparse.ArgumentParser(
-      prog='jaxformer translate', description='Translate with a running `jaxformer serve`.')
-  parser.add_argument('--server', required=True, help='the server, e.g. http://127.0.0.1:8228')
-  parser.add_argument('--input', help='a UTF-8 text file (default: stdin)')
-  parser.add_argument('--output', help='where to write (default: stdout)')
-  parser.add_argument('--nbest', type=int, help='the N best translations with scores')
-  args, others = parser.parse_known_args(argv)
-  if others:
-    parser.error(f'with --server, the model and its decoding are the server\'s (set them on '
-                 f'`jaxformer serve`): drop {" ".join(others)}.')
-  if args.nbest is not None and args.nbest < 1:
-    parser.error(f'argument --nbest: must be an integer >= 1, got {args.nbest}')
+      prog='jaxformer translate', description='Translate with a running `jaxformer serve`.',
+      formatter_class=arguments.Formatter)
+  arguments.add_translate_flags(parser)
+  args = parser.parse_args(argv)
+  if refused := arguments.server_side_flags(parser, argv):
+    parser.error(f"with --server, the model and its search are the server's (set them on "
+                 f'`jaxformer serve`): drop {" ".join(refused)}.')
   return exit_code(lambda: _translate_with(args))
 
 
 def _translate_with(args: argparse.Namespace) -> int:
   """As the local command: a file read whole, with a progress bar; stdin a chunk at a time (a
   line from a terminal). The server gets CLIENT_LINES lines a request."""
-  if args.input:
-    lines = text.read_lines(args.input)
-    chunks = (lines[i:i + CLIENT_LINES] for i in range(0, len(lines), CLIENT_LINES))
-  else:
-    chunks = text.chunks(sys.stdin.buffer, 'stdin', 1 if sys.stdin.isatty() else CLIENT_LINES)
-  with tqdm(total=len(lines) if args.input else None, desc='translating', unit='sent',
-            disable=not args.input) as bar:
-    def ask(chunk: list[str]) -> list[Any]:
-      answer = translate(args.server, chunk, args.nbest)
-      bar.update(len(chunk))
-      return answer
-    text.write_translations(args.output, chunks, ask, args.nbest)
+  settings = arguments.decoding_settings(args, DecodingConfig.PER_REQUEST)
+  DecodingConfig(**settings)  # refused here, before any request, as the local command does
+  with tqdm(total=None, desc='translating', unit='sent', disable=not args.input) as bar:
+    def ask(lines: list[str], first: int, prefixes: list[str] | None) -> list[Any]:
+      bar.total = bar.total or len(lines)  # (a file: its lines, all in one part)
+      answers = []
+      for start in range(0, len(lines), CLIENT_LINES):
+        part = slice(start, start + CLIENT_LINES)
+        answers += translate(args.server, lines[part], args.nbest,
+                             prefixes=None if prefixes is None else prefixes[part],
+                             first_index=first + start, **settings)
+        bar.update(len(lines[part]))
+      return answers
+    text.translate_lines(args.input, args.output, args.prefix,
+                         1 if sys.stdin.isatty() else CLIENT_LINES, ask, args.nbest)
   return 0

@@ -123,19 +123,52 @@ def chunks(stream: Iterable[bytes], name: str, size: int) -> Iterator[list[str]]
     yield chunk
 
 
+Translate = Callable[[list[str], int, list[str] | None], Sequence[Any]]
+
+
+def translate_lines(input_path: str | None, output: str | None, prefix_path: str | None,
+                    chunk: int, translate: Translate, nbest: int | None) -> None:
+  """`jaxformer translate`'s input and output, with a model here or a server's: the input file
+  read whole, or stdin `chunk` lines at a time; each part's translations, `translate(lines,
+  index of lines[0] in the input, their prefixes or None)`, written as it is done (see
+  write_translations). The prefix file (`prefix_path`) has a line for each input line;
+  DataError when the counts differ (from stdin: found when one runs out)."""
+  prefixes = read_lines(prefix_path) if prefix_path else None
+  if input_path:
+    lines = read_lines(input_path)
+    if prefixes is not None and len(prefixes) != len(lines):
+      raise DataError(f'{prefix_path} has {len(prefixes)} lines and {input_path} '
+                      f'{len(lines)}: give one prefix a line (an empty line for none).')
+    parts: Iterable[list[str]] = [lines]
+  else:
+    parts = chunks(sys.stdin.buffer, 'stdin', chunk)
+
+  def aligned(lines: list[str], first: int) -> Sequence[Any]:
+    part = None if prefixes is None else prefixes[first:first + len(lines)]
+    if part is not None and len(part) < len(lines):
+      raise DataError(f'{prefix_path} has {len(prefixes)} lines, and stdin more: give one '
+                      'prefix a line (an empty line for none).')
+    return translate(lines, first, part)
+  count = write_translations(output, parts, aligned, nbest)
+  if prefixes is not None and len(prefixes) > count:
+    raise DataError(f'{prefix_path} has {len(prefixes)} lines and stdin {count}: give one '
+                    'prefix a line (an empty line for none).')
+
+
 def write_translations(output: str | None, chunks: Iterable[list[str]],
-                       translate: Callable[[list[str]], Sequence[Any]], nbest: int | None) -> None:
-  """Each chunk's translations (`translate(chunk)`) written to the file `output`, or stdout, as
-  each chunk is done: a line each; with nbest, each input's (text, score) options as
-  "INDEX ||| TEXT ||| SCORE" lines (Moses n-best form; INDEX counts input lines from 0).
-  JaxformerError for a file that cannot be written; stdout's errors (a reader gone) go on to
-  errors.exit_code."""
+                       translate: Callable[[list[str], int], Sequence[Any]],
+                       nbest: int | None) -> int:
+  """Each chunk's translations (`translate(chunk, index of its first line)`) written to the
+  file `output`, or stdout, as each chunk is done: a line each; with nbest, each input's
+  (text, score) options as "INDEX ||| TEXT ||| SCORE" lines (Moses n-best form; INDEX counts
+  input lines from 0). Returns the number of input lines. JaxformerError for a file that
+  cannot be written; stdout's errors (a reader gone) go on to errors.exit_code."""
   try:
     with open(output, 'w', encoding='utf-8') if output else \
         contextlib.nullcontext(sys.stdout) as out:
       first = 0
       for chunk in chunks:
-        results = translate(chunk)
+        results = translate(chunk, first)
         if nbest is None:
           out.write(''.join(t + '\n' for t in results))
         else:
@@ -143,6 +176,7 @@ def write_translations(output: str | None, chunks: Iterable[list[str]],
             out.write(''.join(f'{index} ||| {text} ||| {score:.4f}\n' for text, score in options))
         out.flush()
         first += len(chunk)
+      return first
   except OSError as e:
     if not output:
       raise

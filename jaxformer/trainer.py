@@ -314,8 +314,7 @@ def _translate_validation(translator: Translator, params: Any, text: data_lib.Pa
   reference), decoded as in §6.1 by the run's one translator (its searches compiled at the
   first evaluation only)."""
   count = max(train_cfg.bleu_sentences, train_cfg.sample_translations)
-  translator.params = params
-  hypotheses = translator.translate(text.src[:count])
+  hypotheses = translator.replace(params).translate(text.src[:count])
   if step == train_cfg.num_steps and (warning := scoring.undertrained(hypotheses, step)):
     log.warning('validation at step %d: %s', step, warning)  # (earlier, expected)
   if train_cfg.bleu_sentences:

@@ -1,25 +1,29 @@
-"""Translating text with a trained model: the search glue between the Transformer and the
-model-agnostic decode module, and `Translator` (batches, length buckets, n-best, loading from a
-checkpoint or an exported folder). Decoding follows §6.1: beam 4, alpha 0.6, at most the
-source length + 50 tokens.
+"""Translating text with a trained model, and scoring given translations: the search glue
+between the Transformer and the model-agnostic decode module, and `Translator` (batches, length
+buckets, n-best, samples, forced prefixes, scores; loading from a checkpoint or an exported
+folder). Decoding follows §6.1 by default: beam 4, alpha 0.6, at most the source length + 50
+tokens (jaxformer.config.DecodingConfig).
 """
 
 import concurrent.futures
+import dataclasses
 import functools
 import logging
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
 from jaxformer import cache as cache_lib
 from jaxformer import checkpoint, decode, export
-from jaxformer import config as config_lib
-from jaxformer.config import TransformerConfig
+from jaxformer.config import DecodingConfig, SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
+from jaxformer.errors import DataError
 from jaxformer.model import Transformer
 
 Array = jax.Array
@@ -37,36 +41,71 @@ def cached_tokens_to_logits(model: Transformer, params: Any, src: Array
   return fn
 
 
-def decode_batch(params: Any, src: Array, max_lengths: Array, *, config: TransformerConfig,
-           max_len: int, beam_size: int, alpha: float,
-           num_results: int | None = None) -> Array | tuple[Array, Array]:
-  """Encodes src [B, S] once and decodes [B, max_len] ids (greedy when beam_size is 1); with
-  num_results=n, the n best of the beam search and their scores ([B, n, max_len], [B, n]).
-  The beams of a sentence share its encoder keys/values; the cache grows in stages."""
+def decode_batch(params: Any, src: Array, max_lengths: Array, prefix: Array | None = None,
+                 seed: Array | None = None, sentences: Array | None = None, *,
+                 config: TransformerConfig, max_len: int,
+                 decoding: DecodingConfig = DecodingConfig(),
+                 num_results: int | None = None) -> Array | tuple[Array, Array]:
+  """Encodes src [B, S] once and decodes [B, max_len] ids by `decoding`'s search (greedy when
+  its beam_size is 1); with num_results=n, the n best of the beam search and their scores
+  ([B, n, max_len], [B, n]). With sampling, n samples a sentence (one without num_results)
+  and their log-probabilities, drawn with decode.sample_keys(seed, sentences [B], n).
+  `prefix` [B, max_len] forces each output's first tokens (decode's module docstring). The
+  hypotheses of a sentence share its encoder keys/values; the cache grows in stages."""
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
-  cache = model.apply({'params': params}, encoded, decode.stage_lengths(max_len)[0], beam_size,
+  rows = (num_results or 1) if decoding.sampling else decoding.beam_size
+  cache = model.apply({'params': params}, encoded, decode.stage_lengths(max_len)[0], rows,
                       method=Transformer.init_cache)
   step = cached_tokens_to_logits(model, params, src)
-  if beam_size == 1 and num_results is None:
-    return decode.greedy_search(step, cache, max_lengths, max_len, grow_cache=cache_lib.grow)
-  found = decode.beam_search(step, cache, max_lengths, max_len, beam_size=beam_size,
-                             alpha=alpha, num_results=num_results, grow_cache=cache_lib.grow,
-                             reorder_cache=cache_lib.reorder)
+  if decoding.sampling:
+    repeat = functools.partial(jnp.repeat, repeats=rows, axis=0)  # samples adjacent
+    ids, log_probs = decode.sample_search(
+        step, cache, repeat(max_lengths), max_len, decode.sample_keys(seed, sentences, rows),
+        temperature=decoding.temperature, top_k=decoding.top_k, top_p=decoding.top_p,
+        grow_cache=cache_lib.grow, prefix=None if prefix is None else repeat(prefix))
+    if num_results is None:
+      return ids
+    return ids.reshape(-1, rows, max_len), log_probs.reshape(-1, rows)
+  if decoding.beam_size == 1 and num_results is None:
+    return decode.greedy_search(step, cache, max_lengths, max_len, grow_cache=cache_lib.grow,
+                                prefix=prefix)
+  found = decode.beam_search(step, cache, max_lengths, max_len, beam_size=decoding.beam_size,
+                             alpha=decoding.alpha, num_results=num_results,
+                             grow_cache=cache_lib.grow, reorder_cache=cache_lib.reorder,
+                             prefix=prefix)
   return found if num_results else found[0]
 
 
+def target_log_probs(params: Any, src: Array, tgt: Array, *, config: TransformerConfig
+                     ) -> Array:
+  """Forced decoding: the log-probability [B, T] of each target token tgt [B, T] (its pieces,
+  then EOS, then padding 0, whose entries are 0) given the source src [B, S] and the tokens
+  before it, from one teacher-forced pass, as training computes its loss."""
+  tgt_in = jnp.pad(tgt[:, :-1], ((0, 0), (1, 0)))  # decoding starts from token 0
+  logits = Transformer(config).apply({'params': params}, src, tgt_in)  # [B, T, V]
+  chosen = jnp.take_along_axis(jax.nn.log_softmax(logits), tgt[:, :, None], axis=-1)[..., 0]
+  return jnp.where(tgt > 0, chosen, 0.0)
+
+
 def _bucket(length: int) -> int:
-  """Source lengths are padded to powers of two (at least 8): few compiled programs."""
+  """Lengths are padded to powers of two (at least 8): few compiled programs."""
   return max(8, 1 << (length - 1).bit_length())
 
 
-@functools.lru_cache(maxsize=8)
-def _jitted_search(config: TransformerConfig, beam_size: int, alpha: float) -> Any:
+@functools.lru_cache(maxsize=32)  # (a server's requests may ask for several sampling settings)
+def _jitted_search(config: TransformerConfig, decoding: DecodingConfig) -> Any:
   """decode_batch jitted for one model shape and search, made once per process: Translators of
-  equal configs (a run's evaluations, a second run) reuse its compiled programs."""
-  return jax.jit(functools.partial(decode_batch, config=config, beam_size=beam_size,
-                                   alpha=alpha), static_argnames=('max_len', 'num_results'))
+  equal settings (a run's evaluations, a second run) reuse its compiled programs. `decoding`
+  comes without its seed, which the programs take as an input."""
+  return jax.jit(functools.partial(decode_batch, config=config, decoding=decoding),
+                 static_argnames=('max_len', 'num_results'))
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted_scores(config: TransformerConfig) -> Any:
+  """target_log_probs jitted for one model shape, made once per process."""
+  return jax.jit(functools.partial(target_log_probs, config=config))
 
 
 MAX_WORKERS = 8  # each batch in flight holds a decoding cache of its own: memory grows with them
@@ -83,22 +122,46 @@ def default_workers() -> int:
   return min(cores or 1, MAX_WORKERS)
 
 
-class Translator:
-  """Translates text with a model and its sentencepiece vocabulary, by the paper's settings:
-  beam 4, alpha 0.6, at most (source length + 50) tokens. Batches of `batch_size` sentences are
-  searched by `workers` threads side by side (default_workers()); outputs keep the inputs'
-  order whatever the workers."""
+@dataclasses.dataclass(frozen=True)
+class TargetScore:
+  """The model's log-probability of one target given its source (forced decoding): natural
+  log, summed over the target's sentencepiece pieces and its EOS."""
+  log_prob: float          # nan when skipped
+  tokens: int              # pieces + EOS: what log_prob sums over
+  token_log_probs: tuple[float, ...]  # each piece's, then EOS's; () when skipped
+  skipped: str | None = None          # why this pair was not scored (too long for the model)
 
-  def __init__(self, params: Any, config: TransformerConfig, tokenizer: Tokenizer, *,
-               beam_size: int = 4, alpha: float = 0.6, extra_length: int = 50,
-               batch_size: int = 32, workers: int | None = None):
+  @property
+  def mean(self) -> float:
+    """log_prob / tokens: the per-token log-probability (nan when skipped)."""
+    return self.log_prob / self.tokens
+
+  def as_dict(self, token_log_probs: bool = False) -> dict[str, Any]:
+    """JSON-able fields (None for nan), with each token's log-probability if asked."""
+    fields = {'log_prob': None if self.skipped else self.log_prob, 'tokens': self.tokens,
+              'mean': None if self.skipped else self.mean}
+    if token_log_probs:
+      fields['token_log_probs'] = list(self.token_log_probs)
+    return {**fields, **({'skipped': self.skipped} if self.skipped else {})}
+
+
+class Translator:
+  """Translates text with a model and its sentencepiece vocabulary, and scores given
+  translations. `decoding` (a DecodingConfig; by default the paper's beam 4, alpha 0.6, at most
+  input + 50 tokens), with any of its fields given by name changed, says how. Batches of its
+  batch_size sentences are searched by `workers` threads side by side (default_workers());
+  outputs keep the inputs' order whatever the workers."""
+
+  def __init__(self, params: Any, config: TransformerConfig, tokenizer: Tokenizer,
+               decoding: DecodingConfig | None = None, *, workers: int | None = None,
+               **settings: Any):
     self.params, self.config, self.tokenizer = params, config, tokenizer
-    self.beam_size, self.alpha, self.extra_length = beam_size, alpha, extra_length
-    self.batch_size = batch_size
-    config_lib.check_decoding(beam_size=beam_size, alpha=alpha, extra_length=extra_length,
-                              batch_size=batch_size, workers=workers)
+    self.decoding = (decoding or DecodingConfig()).replace(**settings)
+    if workers is not None and (type(workers) is not int or workers < 1):
+      raise SettingError(f'workers must be an integer >= 1, got {workers!r}.')
     self.workers = default_workers() if workers is None else workers
-    self._search = _jitted_search(config, beam_size, alpha)
+    self._search = _jitted_search(config, self.decoding.replace(seed=None))
+    self._scores = _jitted_scores(config)
 
   @classmethod
   def from_checkpoint(cls, path: str, average_last: int | None = None,
@@ -114,38 +177,88 @@ class Translator:
     params, config, spm_model, _ = export.load(path)
     return cls(params, config, Tokenizer.from_bytes(spm_model, f'{path}/spm.model'), **kwargs)
 
-  def translate(self, sentences: Sequence[str], progress: bool = False) -> list[str]:
+  def replace(self, params: Any = None, **settings: Any) -> 'Translator':
+    """This translator over other params (a run's evaluations: one per checkpoint) or with
+    some decoding settings changed (a server's request); the rest as it is."""
+    return Translator(self.params if params is None else params, self.config, self.tokenizer,
+                      self.decoding.replace(**settings), workers=self.workers)
+
+  # --- translating --------------------------------------------------------------------------------
+
+  def translate(self, sentences: Sequence[str], progress: bool = False, *,
+                prefixes: Sequence[str] | None = None, first_index: int = 0) -> list[str]:
     """One output line per input line; blank inputs give empty outputs without decoding.
 
     A source longer than the model's max_len (with its EOS) is cut to that length, with a
-    warning naming the lines (0-based indices); outputs stop at max_len tokens as well.
+    warning naming the lines (0-based indices); outputs stop at max_len tokens as well. With
+    `prefixes` (one a sentence; '' for none), each output starts with its prefix's pieces and
+    is searched from there. `first_index` is sentences[0]'s index in the whole input, from
+    which sampling's keys are made: give it when translating an input in parts.
     """
-    return self.tokenizer.decode(self.translate_ids(sentences, progress))
+    return self.tokenizer.decode(self.translate_ids(sentences, progress, prefixes=prefixes,
+                                                    first_index=first_index))
 
-  def translate_ids(self, sentences: Sequence[str], progress: bool = False) -> list[list[int]]:
+  def translate_ids(self, sentences: Sequence[str], progress: bool = False, *,
+                    prefixes: Sequence[str] | None = None, first_index: int = 0
+                    ) -> list[list[int]]:
     """As translate, but the output pieces' ids (without EOS; [] for a blank input)."""
     out: list[list[int]] = [[] for _ in sentences]
-    for chosen, ids, _ in self._batches(sentences, progress, None):
+    for chosen, ids, _ in self._searches(sentences, progress, None, prefixes, first_index):
       for i, row in zip(chosen, ids):
-        out[i] = [int(t) for t in row[:np.argmax(np.append(row, 0) <= EOS_ID)]]
+        out[i] = _until_eos(row)
     return out
 
-  def translate_nbest(self, sentences: Sequence[str], n: int, progress: bool = False
+  def translate_nbest(self, sentences: Sequence[str], n: int, progress: bool = False, *,
+                      prefixes: Sequence[str] | None = None, first_index: int = 0
                       ) -> list[list[tuple[str, float]]]:
     """The n best translations of each sentence with their scores (log-probability / GNMT
-    length penalty), best first; [] for a blank sentence. Needs n <= beam_size."""
-    if not 1 <= n <= self.beam_size:
-      raise ValueError(f'n-best needs 1 <= n <= the beam size ({self.beam_size}), got {n}.')
+    length penalty, the length counting EOS), best first; [] for a blank sentence. Needs
+    n <= beam_size. With sampling: n samples in the order drawn, each scored by its
+    log-probability (no length penalty), as `score` would score it."""
+    if n < 1 or (not self.decoding.sampling and n > self.decoding.beam_size):
+      raise SettingError(f'n-best needs 1 <= n <= the beam size ({self.decoding.beam_size}), '
+                         f'got {n}.' if n >= 1 else f'n-best needs n >= 1, got {n}.')
     out: list[list[tuple[str, float]]] = [[] for _ in sentences]
-    for chosen, ids, scores in self._batches(sentences, progress, n):
+    for chosen, ids, scores in self._searches(sentences, progress, n, prefixes, first_index):
       texts = self.tokenizer.decode(ids.reshape(-1, ids.shape[-1]))
       for row, i in enumerate(chosen):
         out[i] = list(zip(texts[row * n:(row + 1) * n], map(float, scores[row])))
     return out
 
-  def _batches(self, sentences: Sequence[str], progress: bool, num_results: int | None):
-    """(indices, ids, scores or None) per decoded batch, longest sources first (the longest
-    searches start first, so that workers finish together)."""
+  def _searches(self, sentences: Sequence[str], progress: bool, num_results: int | None,
+                prefixes: Sequence[str] | None, first_index: int
+                ) -> Iterator[tuple[list[int], np.ndarray, np.ndarray | None]]:
+    """(indices, ids, scores or None) per decoded batch."""
+    ids = self._sources(sentences)
+    forced = self._prefixes(prefixes, len(sentences), first_index)
+    todo = [i for i, x in enumerate(ids) if x or forced[i]]
+    cfg, decoding = self.config, self.decoding
+    seed = np.uint32(decoding.seed or 0)
+
+    def search(chosen: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
+      rows = [ids[i] + [EOS_ID] for i in chosen]
+      width = min(_bucket(max(max(len(rows[r]), len(forced[i]) + 1)
+                              for r, i in enumerate(chosen))), cfg.max_len)
+      src = _padded(rows, (decoding.batch_size, width))  # a fixed batch: one compile per width
+      max_len = min(width + decoding.extra_length, cfg.max_len)
+      max_lengths = _padded([[max(len(row), len(forced[i]) + 1) + decoding.extra_length]
+                             for row, i in zip(rows, chosen)], (decoding.batch_size, 1))[:, 0]
+      prefix = None if not any(forced) else _padded([forced[i] for i in chosen],
+                                                    (decoding.batch_size, max_len))
+      sentence_ids = _padded([[first_index + i] for i in chosen], (decoding.batch_size, 1))[:, 0]
+      result = jax.device_get(self._search(self.params, src, np.minimum(max_lengths, max_len),
+                                           prefix, seed, sentence_ids, max_len=max_len,
+                                           num_results=num_results))
+      if num_results is None:
+        return result[:len(rows)], None
+      return result[0][:len(rows)], result[1][:len(rows)]
+
+    for chosen, (found, scores) in self._run(todo, [len(x) for x in ids], search, progress,
+                                             'translating'):
+      yield chosen, found, scores
+
+  def _sources(self, sentences: Sequence[str]) -> list[list[int]]:
+    """The sentences' pieces, each cut to the model's max_len with its EOS (with a warning)."""
     ids = self.tokenizer.encode(sentences)
     limit = self.config.max_len - 1  # pieces, leaving room for EOS
     cut = [i for i, x in enumerate(ids) if len(x) > limit]
@@ -155,33 +268,98 @@ class Translator:
                   ', '.join(map(str, cut[:10])), ', ...' if len(cut) > 10 else '')
       for i in cut:
         ids[i] = ids[i][:limit]
-    todo = sorted((i for i, x in enumerate(ids) if x), key=lambda i: -len(ids[i]))
-    groups = [todo[start:start + self.batch_size] for start in range(0, len(todo),
-                                                                      self.batch_size)]
+    return ids
 
-    def search(chosen: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
-      rows = [ids[i] + [EOS_ID] for i in chosen]
-      width = min(_bucket(max(map(len, rows))), self.config.max_len)
-      src = np.zeros((self.batch_size, width), np.int32)  # a fixed batch: one compile per width
-      for r, row in enumerate(rows):
-        src[r, :len(row)] = row
-      max_lengths = np.zeros(self.batch_size, np.int32)
-      max_lengths[:len(rows)] = [len(row) + self.extra_length for row in rows]
-      max_len = min(width + self.extra_length, self.config.max_len)
-      result = jax.device_get(self._search(self.params, src, np.minimum(max_lengths, max_len),
-                                           max_len=max_len, num_results=num_results))
-      if num_results is None:
-        return result[:len(rows)], None
-      return result[0][:len(rows)], result[1][:len(rows)]
+  def _prefixes(self, prefixes: Sequence[str] | None, count: int, first_index: int
+                ) -> list[list[int]]:
+    """The prefixes' pieces ([] each without prefixes); DataError for a count that is not the
+    sentences' or a prefix that leaves no room for EOS."""
+    if prefixes is None:
+      return [[] for _ in range(count)]
+    if len(prefixes) != count:
+      raise DataError(f'{len(prefixes)} prefixes for {count} sentences: give one a sentence '
+                      "('' for none).")
+    ids = self.tokenizer.encode(prefixes)
+    for i, pieces in enumerate(ids):
+      if len(pieces) >= self.config.max_len:
+        raise DataError(f'the prefix of sentence {first_index + i + 1} has {len(pieces)} '
+                        f"pieces; the model's outputs hold at most {self.config.max_len - 1} "
+                        'and EOS.')
+    return ids
 
+  def _run(self, todo: list[int], lengths: list[int], run: Callable[[list[int]], Any],
+           progress: bool, desc: str) -> Iterator[tuple[list[int], Any]]:
+    """run(batch) over `todo`'s indices in batches of batch_size, longest first (the longest
+    start first, so that workers finish together), by the workers side by side; (batch, its
+    result) in that order."""
+    todo = sorted(todo, key=lambda i: -lengths[i])
+    size = self.decoding.batch_size
+    groups = [todo[start:start + size] for start in range(0, len(todo), size)]
     workers = min(self.workers, len(groups))
     pool = concurrent.futures.ThreadPoolExecutor(workers) if workers > 1 else None
     try:
-      results = pool.map(search, groups) if pool else map(search, groups)
-      with tqdm(total=len(todo), desc='translating', unit='sent', disable=not progress) as bar:
-        for chosen, (found, scores) in zip(groups, results):
-          yield chosen, found, scores
+      results = pool.map(run, groups) if pool else map(run, groups)
+      with tqdm(total=len(todo), desc=desc, unit='sent', disable=not progress) as bar:
+        for chosen, result in zip(groups, results):
+          yield chosen, result
           bar.update(len(chosen))
     finally:  # an error, or a caller that stops early: no batch is started after it
       if pool:
         pool.shutdown(cancel_futures=True)
+
+  # --- scoring -----------------------------------------------------------------------------------
+
+  def score(self, sources: Sequence[str], targets: Sequence[str], progress: bool = False
+            ) -> list[TargetScore]:
+    """The model's log-probability of each target given its source (natural log, summed over
+    the target's pieces and EOS, as `translate_nbest` scores before its length penalty): one
+    TargetScore a pair, in order. A pair whose source or target (with EOS) is longer than the
+    model's max_len is not scored but marked (`skipped` says why), never dropped. DataError for
+    a count that differs or an empty target (a blank source is scored as an empty one)."""
+    if len(sources) != len(targets):
+      raise DataError(f'{len(sources)} sources and {len(targets)} targets: scoring needs one '
+                      'target a source.')
+    src_ids, tgt_ids = self.tokenizer.encode(sources), self.tokenizer.encode(targets)
+    if empty := [i + 1 for i, t in enumerate(tgt_ids) if not t]:
+      raise DataError(f'target {empty[0]} is empty ({len(empty)} empty in all): there is '
+                      'nothing to score; remove or fill it.')
+    limit = self.config.max_len
+    out: list[TargetScore | None] = [None] * len(sources)
+    for i, (src, tgt) in enumerate(zip(src_ids, tgt_ids)):
+      if len(src) >= limit or len(tgt) >= limit:
+        side, pieces = ('source', len(src)) if len(src) >= limit else ('target', len(tgt))
+        out[i] = TargetScore(math.nan, len(tgt) + 1, (), f'the {side} has {pieces} pieces and '
+                             f"EOS, more than the model's {limit} tokens")
+    if skipped := [i for i, s in enumerate(out) if s]:
+      log.warning('%d pair(s) longer than the model\'s %d tokens were not scored (indices '
+                  '%s%s).', len(skipped), limit, ', '.join(map(str, skipped[:10])),
+                  ', ...' if len(skipped) > 10 else '')
+    size = self.decoding.batch_size
+
+    def run(chosen: list[int]) -> np.ndarray:
+      src = [src_ids[i] + [EOS_ID] for i in chosen]
+      tgt = [tgt_ids[i] + [EOS_ID] for i in chosen]
+      width = lambda rows: min(_bucket(max(map(len, rows))), limit)  # noqa: E731
+      return np.asarray(self._scores(self.params, _padded(src, (size, width(src))),
+                                     _padded(tgt, (size, width(tgt)))))
+
+    todo = [i for i, s in enumerate(out) if s is None]
+    lengths = [len(s) + len(t) for s, t in zip(src_ids, tgt_ids)]
+    for chosen, log_probs in self._run(todo, lengths, run, progress, 'scoring'):
+      for row, i in enumerate(chosen):
+        each = log_probs[row, :len(tgt_ids[i]) + 1].astype(float)
+        out[i] = TargetScore(float(each.sum()), len(each), tuple(map(float, each)))
+    return out
+
+
+def _until_eos(row: np.ndarray) -> list[int]:
+  """A searched row's ids before its EOS (or its padding)."""
+  return [int(t) for t in row[:np.argmax(np.append(row, 0) <= EOS_ID)]]
+
+
+def _padded(rows: list[list[int]], shape: tuple[int, int]) -> np.ndarray:
+  """rows in an int32 array of `shape`, padded with 0 (the batch's unused rows too)."""
+  out = np.zeros(shape, np.int32)
+  for r, row in enumerate(rows):
+    out[r, :len(row)] = row
+  return out

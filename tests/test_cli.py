@@ -128,7 +128,8 @@ def test_the_search_refuses_an_alpha_that_is_not_a_finite_number(capsys, command
   assert exit_info.value.code == 2
   assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
       f"argument --alpha: must be a finite number >= 0, got '{value}'")
-  with pytest.raises(config.SettingError, match='alpha must be a finite number >= 0, got nan'):
+  with pytest.raises(config.SettingError,
+                     match=r'^decoding\.alpha must be a finite number, got nan'):
     translation.Translator(None, config.tiny(), None, alpha=float('nan'))
 
 

@@ -47,8 +47,9 @@ def test_the_server_answers_as_its_translator(server, translator):
   nbest = serving.translate(server.url, LINES, nbest=2)
   assert [[tuple(o) for o in options] for options in nbest] == translator.translate_nbest(
       LINES, 2)
-  assert _http(server.url + '/') == (200, {'model': 'tiny', 'beam': 4, 'alpha': 0.6,
-                                           'extra_length': 50, 'batch_size': 4})
+  assert _http(server.url + '/') == (200, {
+      'model': 'tiny', 'beam_size': 4, 'alpha': 0.6, 'extra_length': 50, 'batch_size': 4,
+      'sampling': False, 'temperature': 1.0, 'top_k': 0, 'top_p': 1.0, 'seed': None})
 
 
 def test_requests_at_once_are_each_answered_whole(server, translator):
@@ -66,18 +67,37 @@ def test_requests_at_once_are_each_answered_whole(server, translator):
   assert answers == [translator.translate(sentences) for sentences in asks]
 
 
-@pytest.mark.parametrize('body, status, message', [
-    (b'not json', 400, 'bad request: the body is not JSON (Expecting value'),
-    (b'\xff', 400, 'bad request: the body is not JSON ('),
-    (b'{"src": "one string"}', 400, 'bad request: the request needs "src": a list of strings'),
-    (b'["a"]', 400, 'bad request: the request needs "src": a list of strings'),
-    (b'{"src": ["a", 3]}', 400, 'bad request: the request needs "src": a list of strings'),
-    (b'{"src": ["a"], "nbest": true}', 400, 'bad request: "nbest" must be an integer >= 1'),
-    (b'{"src": ["a"], "nbest": 5}', 400,
+@pytest.mark.parametrize('page, body, status, message', [
+    ('/translate', b'not json', 400, 'bad request: the body is not JSON (Expecting value'),
+    ('/translate', b'\xff', 400, 'bad request: the body is not JSON ('),
+    ('/translate', b'{"src": "one string"}', 400,
+     'bad request: the request needs "src": a list of strings'),
+    ('/translate', b'["a"]', 400, 'bad request: the request needs "src": a list of strings'),
+    ('/translate', b'{"src": ["a", 3]}', 400,
+     'bad request: the request needs "src": a list of strings'),
+    ('/translate', b'{"src": ["a"], "nbest": true}', 400,
+     'bad request: "nbest" must be an integer from 1 to 100, got True.'),
+    ('/translate', b'{"src": ["a"], "nbest": 5}', 400,
      'bad request: n-best needs 1 <= n <= the beam size (4), got 5.'),
+    ('/translate', b'{"src": ["a"], "sampling": true, "temperature": 0}', 400,
+     'bad request: decoding.temperature must be > 0, got 0.'),
+    ('/translate', b'{"src": ["a"], "sampling": true, "top_p": 1.5}', 400,
+     'bad request: decoding.top_p must be in (0, 1], got 1.5.'),
+    ('/translate', b'{"src": ["a"], "top_k": 5}', 400,
+     'bad request: top_k=5: temperature, top_k, top_p and seed are for sampling only'),
+    ('/translate', b'{"src": ["a"], "beam_size": 1}', 400,
+     'bad request: the request sets "beam_size", which it cannot (its fields: src, nbest, '
+     "prefix, first_index, sampling, temperature, top_k, top_p, seed; the search is the "
+     "server's)."),
+    ('/translate', b'{"src": ["a", "b"], "prefix": ["x"]}', 400,
+     "bad request: 1 prefixes for 2 sentences: give one a sentence ('' for none)."),
+    ('/score', b'{"src": ["a"], "tgt": [""]}', 400, 'bad request: target 1 is empty'),
+    ('/score', b'{"src": ["a"], "tgt": ["a", "b"]}', 400,
+     'bad request: 1 sources and 2 targets'),
+    ('/score', b'{"src": ["a"]}', 400, 'bad request: the request needs "tgt": a list of strings'),
 ])
-def test_bad_requests_get_a_status_and_one_line(server, body, status, message):
-  code, answer = _http(server.url + '/translate', body)
+def test_bad_requests_get_a_status_and_one_line(server, page, body, status, message):
+  code, answer = _http(server.url + page, body)
   assert code == status and answer['error'].startswith(message), answer
   assert '\n' not in answer['error']
 
@@ -130,7 +150,7 @@ def test_the_client_refuses_the_servers_settings(capsys):
   with pytest.raises(SystemExit) as exit_info:
     serving.client_main(['--server', 'http://127.0.0.1:9', '--beam', '5', '--model', 'm'])
   assert exit_info.value.code == 2
-  assert ("the model and its decoding are the server's (set them on `jaxformer serve`): drop "
+  assert ("the model and its search are the server's (set them on `jaxformer serve`): drop "
           '--beam 5 --model m.') in capsys.readouterr().err
 
 

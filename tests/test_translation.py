@@ -23,7 +23,7 @@ def test_cached_and_uncached_search_agree(translator, beam_size):
   lengths = jnp.array([40, 23])
   run = lambda search: search(  # noqa: E731
       translator.params, src, lengths, config=translator.config, max_len=40,
-      beam_size=beam_size, alpha=0.6)
+      decoding=config.DecodingConfig(beam_size=beam_size))
   cached = jax.jit(lambda: run(translation.decode_batch))()
   assert (cached[0] != 0).sum() > 16  # the untrained model ran into the second stage
   np.testing.assert_array_equal(cached, jax.jit(lambda: run(uncached_decoding.decode_batch))())
@@ -78,7 +78,7 @@ def test_default_workers_are_the_cores_on_cpu_and_one_on_an_accelerator(monkeypa
   assert translation.default_workers() == translation.MAX_WORKERS == 8
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   assert translation.default_workers() == 1
-  with pytest.raises(ValueError, match='workers must be a finite number >= 1'):
+  with pytest.raises(ValueError, match='workers must be an integer >= 1, got 0'):
     translation.Translator(None, CFG, None, workers=0)
 
 

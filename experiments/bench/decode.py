@@ -70,18 +70,15 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
              for inter, intra in sorted(ways)}
   tok = translator.tokenizer
   pieces = [tok.pieces(ids + [data.EOS_ID]) for ids in tok.encode(sentences)]
-  results = {}
+  results, decoding = {}, translator.decoding
   for name, beam in (('greedy', 1), ('beam4', 4)):
-    ours = Translator(
-        translator.params, translator.config, tok, beam_size=beam, alpha=translator.alpha,
-        extra_length=translator.extra_length, batch_size=translator.batch_size,
-        workers=translator.workers)
+    ours = translator.replace(beam_size=beam)
 
     def theirs(engine, beam=beam):
       found = engine.translate_batch(
-          pieces, max_batch_size=translator.batch_size, beam_size=beam,
-          length_penalty=translator.alpha, min_decoding_length=0,
-          max_decoding_length=min(max(map(len, pieces)) + translator.extra_length,
+          pieces, max_batch_size=decoding.batch_size, beam_size=beam,
+          length_penalty=decoding.alpha, min_decoding_length=0,
+          max_decoding_length=min(max(map(len, pieces)) + decoding.extra_length,
                                   translator.config.max_len),  # jaxformer's limits too
           suppress_sequences=[tok.pieces([data.PAD_ID])])
       return [tok.piece_ids(r.hypotheses[0]) for r in found]
@@ -101,7 +98,7 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
                                             zip(outputs['jaxformer'], outputs[best])])), 4)}
   return {'ctranslate2': ctranslate2.__version__, 'sentences': len(sentences),
           'ctranslate2_ways': sorted(engines), 'jaxformer_workers': translator.workers,
-          'batch_size': translator.batch_size,
+          'batch_size': translator.decoding.batch_size,
           'repeats': repeats, **results}
 
 
@@ -130,8 +127,7 @@ def base_fast_path(data_dir: pathlib.Path, *, batch_size: int = 128,
              'attention': cfg.execution.attention, 'batch_size': batch_size,
              'sentences': len(texts)}
   for name, beam in (('greedy', 1), ('beam4', 4)):
-    translator = Translator(params, cfg, tokenizer, beam_size=beam,
-                                     batch_size=batch_size)
+    translator = Translator(params, cfg, tokenizer, beam_size=beam, batch_size=batch_size)
     start = time.perf_counter()
     translator.translate_ids(texts[:batch_size])
     compile_s = time.perf_counter() - start
@@ -212,8 +208,8 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None,
   for beam in (1, 4):
     for cached in (True, False):
       search = translation.decode_batch if cached else uncached_decoding.decode_batch
-      fn = jax.jit(functools.partial(search, config=cfg, max_len=out_len, beam_size=beam,
-                                     alpha=0.6))
+      fn = jax.jit(functools.partial(search, config=cfg, max_len=out_len,
+                                     decoding=config.DecodingConfig(beam_size=beam)))
       first, median = median_time(lambda: fn(params, src, lengths), runs=2)
       results[f'{"greedy" if beam == 1 else "beam4"}_{"cached" if cached else "uncached"}'] = {
           'target_tokens_per_s': round(batch * out_len / median, 1),
