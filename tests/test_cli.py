@@ -2,6 +2,7 @@
 
 import argparse
 import ast
+import json
 import os
 import pathlib
 import re
@@ -510,3 +511,76 @@ def test_ctrl_c_while_sentencepiece_reads_the_sample_is_an_interrupt(tmp_path):
   assert done.returncode == 130 and 'Traceback' not in done.stderr, done.stderr[-3000:]
   assert lines[-2] == 'interrupted', lines[-3:]  # (then faults.py's count)
   assert not (tmp_path / 'w' / 'spm.model').exists()
+
+
+def test_score_writes_a_line_for_every_pair_in_json_or_tsv(workdir, translator, tmp_path,
+                                                          capsys):
+  src, tgt = tmp_path / 'src.txt', tmp_path / 'tgt.txt'
+  src.write_text('the dog\nthe man sees a dog\n' + 'dog ' * 200 + '\n', encoding='utf-8')
+  tgt.write_text('der hund\nder mann\nhund\n', encoding='utf-8')
+  expected = translator.score(src.read_text().splitlines(), tgt.read_text().splitlines())
+  assert cli.main(['score', '--model', str(workdir), '--src', str(src), '--tgt', str(tgt),
+                   '--token-log-probs']) == 0
+  out, err = capsys.readouterr()
+  records = [json.loads(line) for line in out.splitlines()]
+  assert [r['log_prob'] for r in records[:2]] == pytest.approx([s.log_prob for s in
+                                                                expected[:2]])
+  assert records[0]['token_log_probs'] == pytest.approx(list(expected[0].token_log_probs))
+  assert records[2]['log_prob'] is None and 'source has' in records[2]['skipped']
+  assert 'warning: 1 of 3 pairs were too long' in err
+  assert cli.main(['score', '--model', str(workdir), '--src', str(src), '--tgt', str(tgt),
+                   '--format', 'tsv', '--output', str(tmp_path / 'scores.tsv')]) == 0
+  rows = [line.split('\t') for line in (tmp_path / 'scores.tsv').read_text().splitlines()]
+  assert len(rows) == 3 and rows[2][0] == 'nan' and int(rows[1][1]) == expected[1].tokens
+  assert float(rows[1][2]) == pytest.approx(expected[1].mean, abs=1e-6)
+
+
+@pytest.mark.parametrize('lines, message', [
+    ('der hund\n\n', r'tgt\.txt:2: an empty target line \(1 in all\)'),
+    ('der hund\n', r'src\.txt has 2 lines but .*tgt\.txt has 1'),
+])
+def test_score_refuses_what_it_cannot_score_in_one_line(workdir, tmp_path, capsys, lines,
+                                                       message):
+  (tmp_path / 'src.txt').write_text('the dog\na cat\n')
+  (tmp_path / 'tgt.txt').write_text(lines)
+  assert cli.main(['score', '--model', str(workdir), '--src', str(tmp_path / 'src.txt'),
+                   '--tgt', str(tmp_path / 'tgt.txt')]) == 1
+  assert re.search(f'^error: .*{message}', capsys.readouterr().err.strip())
+
+
+def test_translate_with_prefixes_and_samples(workdir, translator, tmp_path, capsys):
+  (tmp_path / 'in.txt').write_text('the dog\nthe man sees a dog\n')
+  (tmp_path / 'prefix.txt').write_text('der\n\n')
+  base = ['translate', '--model', str(workdir), '--input', str(tmp_path / 'in.txt'),
+          '--extra-length', '4']
+  assert cli.main([*base, '--prefix', str(tmp_path / 'prefix.txt')]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out == translator.replace(extra_length=4).translate(
+      ['the dog', 'the man sees a dog'], prefixes=['der', ''])
+  assert out[0].startswith('der')
+  assert cli.main([*base, '--sampling', '--seed', '3', '--nbest', '3']) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert [line.split(' ||| ')[0] for line in lines] == ['0'] * 3 + ['1'] * 3
+  (tmp_path / 'prefix.txt').write_text('der\n')
+  assert cli.main([*base, '--prefix', str(tmp_path / 'prefix.txt')]) == 1
+  assert capsys.readouterr().err.strip().endswith(
+      'prefix.txt has 1 lines and ' + str(tmp_path / 'in.txt') + ' 2: give one prefix a line '
+      '(an empty line for none).')
+
+
+@pytest.mark.parametrize('flags, message', [
+    (['--sampling', '--temperature', '0'], "argument --temperature: must be a finite number > 0, "
+     "got '0'"),
+    (['--sampling', '--top-p', '0'], "argument --top-p: must be a finite number in (0, 1], got "
+     "'0'"),
+    (['--top-k', '5'], 'error: top_k=5: temperature, top_k, top_p and seed are for sampling only: '
+     'turn it on (--sampling).'),
+    (['--sampling', '--beam', '5'], "error: beam_size=5: beam_size and alpha are beam search's"),
+])
+def test_sampling_settings_refused_in_one_line(workdir, capsys, flags, message):
+  try:
+    code = cli.main(['translate', '--model', str(workdir), *flags])
+  except SystemExit as e:
+    code = e.code
+  assert code in (1, 2)
+  assert message in capsys.readouterr().err.strip().splitlines()[-1]

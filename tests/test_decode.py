@@ -249,3 +249,93 @@ def test_take_rows_promises_nothing_about_the_rows_order():
         yield from gathers(getattr(inner, 'jaxpr', inner)) if inner is not None else ()
   found = list(gathers(jax.make_jaxpr(decode.take_rows)(x, rows).jaxpr))
   assert len(found) == 1 and found[0].params['indices_are_sorted'] is False
+
+
+# --- sampling and forced prefixes --------------------------------------------------------------
+
+# Next-token probabilities over {0 pad, 1 eos, 2..5}, the same after every token.
+FLAT = np.array([0.0, 0.05, 0.5, 0.2, 0.15, 0.1])
+
+
+def _fixed(tokens, cache):
+  """tokens [N, 1] -> the same logits [N, V] for every row (log FLAT)."""
+  logits = jnp.log(jnp.where(FLAT > 0, FLAT, 1e-30)).astype(jnp.float32)
+  return jnp.broadcast_to(logits, (tokens.shape[0], len(FLAT))), cache
+
+
+def _kept(temperature: float, top_k: int, top_p: float) -> np.ndarray:
+  """The distribution filter_logits leaves, as probabilities [V]."""
+  logits = decode.filter_logits(jnp.log(jnp.asarray(FLAT[None] + 1e-30, jnp.float32)),
+                                temperature, top_k, top_p)
+  return np.asarray(jax.nn.softmax(logits)[0])
+
+
+def test_filters_apply_temperature_then_top_k_then_top_p():
+  # top-k first: of the 3 kept (0.5, 0.2, 0.15 renormalised: 0.59, 0.24, 0.18) the first
+  # alone reaches 0.55; top-p first would have kept two (0.5 < 0.55).
+  np.testing.assert_allclose(_kept(1.0, 3, 0.55), [0, 0, 1, 0, 0, 0], atol=1e-6)
+  # temperature first: at 2 the likeliest has 0.34 < 0.45, so two are kept; at 1, one.
+  assert (_kept(2.0, 0, 0.45) > 0).sum() == 2 and (_kept(1.0, 0, 0.45) > 0).sum() == 1
+  flat = np.sqrt(FLAT[2:4]) / np.sqrt(FLAT[2:4]).sum()
+  np.testing.assert_allclose(_kept(2.0, 0, 0.45)[2:4], flat, rtol=1e-5)
+  np.testing.assert_allclose(_kept(1.0, 0, 1.0), FLAT / FLAT.sum(), rtol=1e-5)  # no filter
+  np.testing.assert_allclose(_kept(1.0, 2, 1.0)[2:4], [5 / 7, 2 / 7], rtol=1e-5)
+
+
+@pytest.mark.parametrize('temperature, top_k, top_p', [(1.0, 0, 1.0), (0.7, 0, 1.0),
+                                                       (1.0, 3, 0.8)])
+def test_first_sampled_tokens_follow_the_filtered_softmax(temperature, top_k, top_p):
+  """4,000 first tokens, each row with its own key: every token's frequency within 5 standard
+  errors of its probability (a fixed seed: the test cannot flake)."""
+  n = 4000
+  keys = decode.sample_keys(jnp.uint32(7), jnp.arange(n), 1)
+  ids, _ = jax.jit(lambda: decode.sample_search(
+      _fixed, jnp.int32(0), jnp.full((n,), 1, jnp.int32), 1, keys, temperature=temperature,
+      top_k=top_k, top_p=top_p))()
+  expected = _kept(temperature, top_k, top_p)
+  counts = np.bincount(np.asarray(ids[:, 0]), minlength=len(FLAT)) / n
+  tolerance = 5 * np.sqrt(expected * (1 - expected) / n) + 1e-9
+  assert (np.abs(counts - expected) <= tolerance).all(), (counts, expected)
+  assert counts[0] == 0  # never padding
+
+
+def test_top_k_1_and_a_cold_temperature_sample_greedy_search():
+  log_p = np.log(np.maximum(P + np.array([0, 0, 0.04, -0.04]) * (P[:, 2] == 0.35)[:, None],
+                            1e-30))  # P without its tie after a: (a 0.39, b 0.31)
+  chain = lambda tokens, cache: (jnp.asarray(log_p, jnp.float32)[tokens[:, 0]], cache)  # noqa: E731
+  max_lengths = jnp.array([6, 4, 6], jnp.int32)
+  greedy = decode.greedy_search(chain, jnp.int32(0), max_lengths, 6)
+  keys = decode.sample_keys(jnp.uint32(0), jnp.arange(3), 1)
+  for settings in ({'top_k': 1}, {'temperature': 1e-4}):
+    sampled, log_prob = decode.sample_search(chain, jnp.int32(0), max_lengths, 6, keys,
+                                             **settings)
+    np.testing.assert_array_equal(sampled, greedy)
+  expected = [sum(log_p[a, b] for a, b in zip([0, *row], row) if b) for row in
+              np.asarray(greedy).tolist()]  # the model's own log-probability, untempered
+  np.testing.assert_allclose(log_prob, expected, rtol=1e-5)
+
+
+def test_a_sample_depends_on_its_key_alone():
+  keys = decode.sample_keys(jnp.uint32(3), jnp.arange(40), 2)  # [80]: 40 sentences x 2
+  run = lambda k: decode.sample_search(markov, jnp.int32(0), jnp.full((k.shape[0],), 8), 8,  # noqa: E731
+                                       k)[0]
+  together = np.asarray(run(keys))
+  np.testing.assert_array_equal(np.asarray(run(keys[10:13])), together[10:13])
+  assert len({tuple(row) for row in together}) > 10  # samples differ from one another
+
+
+def test_a_prefix_is_forced_and_the_search_goes_on_from_it():
+  # Greedy takes a (2) first; forced to start with b (3), it goes on as from b: then EOS.
+  prefix = jnp.zeros((2, 6), jnp.int32).at[0, :1].set(3).at[1, :2].set(jnp.array([2, 3]))
+  max_lengths = jnp.array([6, 6])
+  greedy = decode.greedy_search(markov, jnp.int32(0), max_lengths, 6, prefix=prefix)
+  assert np.asarray(greedy).tolist() == [[3, 1, 0, 0, 0, 0], [2, 3, 1, 0, 0, 0]]
+  ids, scores = decode.beam_search(markov, jnp.int32(0), max_lengths, 6, beam_size=3,
+                                   alpha=0.0, prefix=prefix)
+  assert np.asarray(ids).tolist() == [[3, 1, 0, 0, 0, 0], [2, 3, 1, 0, 0, 0]]
+  np.testing.assert_allclose(scores, [LOG_P[0, 3] + LOG_P[3, 1],
+                                      LOG_P[0, 2] + LOG_P[2, 3] + LOG_P[3, 1]], rtol=1e-5)
+  keys = decode.sample_keys(jnp.uint32(0), jnp.arange(2), 1)
+  sampled = np.asarray(decode.sample_search(markov, jnp.int32(0), max_lengths, 6, keys,
+                                            prefix=prefix)[0])
+  assert sampled[0, 0] == 3 and sampled[1, :2].tolist() == [2, 3]

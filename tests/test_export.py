@@ -35,6 +35,24 @@ def test_ctranslate2_decodes_the_same_ids_greedy_and_beam4(demo_sized, tmp_path)
   assert report['beam4']['same_output'] >= 0.99, report
 
 
+def test_ctranslate2_scores_what_jaxformer_scores(workdir, tmp_path):
+  """`Translator.score` (forced decoding) against CTranslate2's score_batch on the export of
+  the same model: every token's log-probability, EOS included, to float32 rounding."""
+  import ctranslate2  # pylint: disable=g-import-not-at-top  (a test dependency)
+  out = tmp_path / 'ct2'
+  assert cli.main(['export', '--model', str(workdir), str(out), '--format', 'ctranslate2']) == 0
+  translator = translation.Translator.from_checkpoint(str(workdir), batch_size=4)
+  sources = ['the man sees a dog', 'a small red house under the garden with a big cat', 'dog']
+  targets = ['der mann sieht einen hund', 'ein kleines rotes haus', 'hund hund hund hund']
+  tok = translator.tokenizer
+  theirs = ctranslate2.Translator(str(out), device='cpu').score_batch(
+      [tok.pieces(ids + [data.EOS_ID]) for ids in tok.encode(sources)],
+      [tok.pieces(ids) for ids in tok.encode(targets)])
+  for ours, their in zip(translator.score(sources, targets), theirs):
+    assert ours.tokens == len(their.log_probs) and their.tokens[-1] == '</s>'
+    np.testing.assert_allclose(ours.token_log_probs, their.log_probs, atol=1e-5)
+
+
 def test_export_refuses_what_ctranslate2_cannot_compute(tmp_path):
   cfg = config.tiny().replace(qk_dim=4, v_dim=8)
   params = train.create_train_state(cfg, jax.random.key(0)).params

@@ -67,6 +67,18 @@ def test_requests_at_once_are_each_answered_whole(server, translator):
   assert answers == [translator.translate(sentences) for sentences in asks]
 
 
+def test_the_server_scores_samples_and_prefixes_as_its_translator(server, translator):
+  targets = ['der hund', 'ein haus', 'x', 'die katze']
+  assert serving.score(server.url, LINES[:4], targets, token_log_probs=True) == [
+      s.as_dict(True) for s in translator.score(LINES[:4], targets)]
+  prefixes = ['der'] + [''] * (len(LINES) - 1)
+  sampler = translator.replace(sampling=True, seed=5, top_k=20)
+  asked = serving.translate(server.url, LINES, 2, prefixes=prefixes, first_index=7,
+                            sampling=True, seed=5, top_k=20)
+  assert [[tuple(o) for o in options] for options in asked] == sampler.translate_nbest(
+      LINES, 2, prefixes=prefixes, first_index=7)
+
+
 @pytest.mark.parametrize('page, body, status, message', [
     ('/translate', b'not json', 400, 'bad request: the body is not JSON (Expecting value'),
     ('/translate', b'\xff', 400, 'bad request: the body is not JSON ('),
@@ -159,7 +171,9 @@ def test_the_client_command_imports_no_jax_and_writes_what_the_local_command_wri
   """`jaxformer translate --server` (through the installed command's entry point) gives the
   local command's output byte for byte, lines and n-best, without importing jax."""
   (tmp_path / 'in.txt').write_text('\n'.join(LINES) + '\n', encoding='utf-8')
-  for extra in ([], ['--nbest', '2']):
+  (tmp_path / 'prefix.txt').write_text('der\n' * len(LINES), encoding='utf-8')
+  sampled = ['--sampling', '--seed', '2', '--nbest', '2', '--prefix', str(tmp_path / 'prefix.txt')]
+  for extra in ([], ['--nbest', '2'], sampled):
     assert cli.main(['translate', '--model', str(workdir), '--batch-size', '4', '--input',
                      str(tmp_path / 'in.txt'), '--output', str(tmp_path / 'local.txt'),
                      *extra]) == 0

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from helpers import CFG, synthetic_text, uncached_decoding
 
-from jaxformer import config, trainer, translation
+from jaxformer import config, losses, trainer, translation
+from jaxformer.model import Transformer
 
 SENTENCES = ['the man sees a dog', 'a small red house under the garden with a big cat',
              'Größe — ünïcode ✓', 'the dog']
@@ -127,3 +128,104 @@ def test_learned_positions_translate_sources_longer_than_the_table(tmp_path):
   row_e = translation.Translator.from_checkpoint(str(tmp_path), batch_size=2)
   outputs = row_e.translate(['the dog', 'a small red house with a big cat ' * 5, 'the man ' * 40])
   assert len(outputs) == 3 and all(len(row_e.tokenizer.encode([o])[0]) <= 64 for o in outputs)
+
+
+# --- sampling, prefixes, scores ------------------------------------------------------------------
+
+MORE = [f'{s} {n}' for n in range(3) for s in SENTENCES]  # 12 sentences
+
+
+def test_the_same_seed_samples_the_same_whatever_the_batches_workers_and_parts(translator):
+  sample = lambda **kw: translation.Translator(  # noqa: E731
+      translator.params, translator.config, translator.tokenizer, sampling=True, seed=11,
+      extra_length=6, **kw)
+  def texts(nbest):  # (their scores agree to float rounding: batches of other widths)
+    return [[text for text, _ in options] for options in nbest]
+  first = sample(batch_size=1, workers=1).translate_nbest(MORE, 2)
+  expected = texts(first)
+  together = sample(batch_size=4, workers=2).translate_nbest(MORE, 2)
+  assert texts(together) == expected
+  np.testing.assert_allclose([s for o in together for _, s in o], [s for o in first for _, s in o],
+                             rtol=1e-5)
+  parts = sample(batch_size=3, workers=1)
+  assert texts(parts.translate_nbest(MORE[:5], 2) + parts.translate_nbest(
+      MORE[5:], 2, first_index=5)) == expected
+  assert [options[0] for options in expected] == sample(batch_size=4).translate(MORE)
+  assert texts(sample(batch_size=4).replace(seed=12).translate_nbest(MORE, 2)) != expected
+  assert len({text for options in expected for text in options}) > 12  # samples vary
+
+
+def _search_ids(model: translation.Translator, sentences: list[str], n: int):
+  """(ids [n, T], scores [n]) of each sentence's n-best, searched alone."""
+  return [next(model._searches([s], False, n, None, 0))[1:] for s in sentences]
+
+
+def test_nbest_scores_are_the_outputs_log_probabilities_over_the_length_penalty(translator):
+  """translate_nbest's score * ((5 + length) / 6)^alpha is the forced decoding of its ids,
+  beam search's and sampling's (whose scores have no penalty)."""
+  for model, penalised in ((translator.replace(extra_length=6), True),
+                           (translator.replace(extra_length=6, sampling=True), False)):
+    for sentence in SENTENCES[:2]:
+      (ids, scores), = [(ids[0], scores[0]) for ids, scores in _search_ids(model, [sentence], 3)]
+      src = translation._padded([translator.tokenizer.encode([sentence])[0] + [1]], (1, 32))
+      forced = np.asarray(translation.target_log_probs(
+          translator.params, np.repeat(src, 3, axis=0), ids, config=translator.config)).sum(-1)
+      length = (ids > 0).sum(-1)
+      penalty = ((5 + length) / 6) ** 0.6 if penalised else 1.0
+      np.testing.assert_allclose(scores * penalty, forced, rtol=2e-6)
+
+
+def test_scores_are_the_training_loss_without_smoothing(translator):
+  sources, targets = SENTENCES[:3], ['der mann sieht einen hund', 'ein haus', 'der hund']
+  scores = translator.score(sources, targets)
+  tok = translator.tokenizer
+  src = translation._padded([x + [1] for x in tok.encode(sources)], (3, 32))
+  tgt = translation._padded([x + [1] for x in tok.encode(targets)], (3, 32))
+  logits = Transformer(translator.config).apply({'params': translator.params}, src,
+                                                np.pad(tgt[:, :-1], ((0, 0), (1, 0))))
+  for row, score in enumerate(scores):
+    loss, weight = losses.smoothed_cross_entropy(logits[row:row + 1], tgt[row:row + 1],
+                                                 (tgt[row:row + 1] > 0).astype(np.float32), 0.0)
+    assert score.tokens == int(weight) == len(tok.encode([targets[row]])[0]) + 1
+    np.testing.assert_allclose(score.log_prob, -float(loss), rtol=1e-5)
+    np.testing.assert_allclose(score.mean, score.log_prob / score.tokens)
+    np.testing.assert_allclose(sum(score.token_log_probs), score.log_prob, rtol=1e-6)
+
+
+def test_scoring_marks_what_it_cannot_score_and_refuses_what_is_empty(translator, caplog):
+  long = ' '.join(['dog'] * 200)  # more pieces than the tiny model's 64 positions
+  scores = translator.score(['the dog', long, 'a cat'], [long, 'der hund', 'eine katze'])
+  assert [s.skipped is None for s in scores] == [False, False, True]
+  assert scores[0].skipped.startswith('the target has') and np.isnan(scores[0].log_prob)
+  assert scores[1].skipped.startswith('the source has')
+  assert scores[0].as_dict()['log_prob'] is None and 'skipped' in scores[0].as_dict()
+  assert '2 pair(s) longer than' in caplog.text
+  with pytest.raises(translation.DataError, match=r'^target 2 is empty'):
+    translator.score(['a', 'b'], ['x', ''])
+  with pytest.raises(translation.DataError, match=r'^2 sources and 1 targets'):
+    translator.score(['a', 'b'], ['x'])
+
+
+def test_a_prefix_starts_the_output_and_the_search_goes_on_from_it(translator):
+  """Greedy search from a prefix is the argmax of the teacher-forced model after it, step by
+  step (an independent loop); beam search's outputs start with the prefix too."""
+  tok, cfg = translator.tokenizer, translator.config
+  greedy = translator.replace(beam_size=1, extra_length=5)
+  prefix = 'der mann'
+  out = greedy.translate_ids([SENTENCES[0]], prefixes=[prefix])[0]
+  forced = tok.encode([prefix])[0]
+  src = translation._padded([tok.encode([SENTENCES[0]])[0] + [1]], (1, 32))
+  ids = list(forced)
+  while len(ids) < len(src[0].nonzero()[0]) + 5 and (not ids or ids[-1] != 1):
+    logits = Transformer(cfg).apply({'params': translator.params}, src,
+                                    np.array([[0, *ids]], np.int32))
+    ids.append(int(np.argmax(np.asarray(logits)[0, -1, 1:])) + 1)
+  assert out == [t for t in ids if t != 1]
+  assert out[:len(forced)] == forced
+  beam = translator.replace(extra_length=5).translate_ids(SENTENCES[:2], prefixes=['', prefix])
+  assert beam[1][:len(forced)] == forced
+  assert beam[0] == translator.replace(extra_length=5).translate_ids(SENTENCES[:1])[0]
+  with pytest.raises(translation.DataError, match=r"^1 prefixes for 2 sentences"):
+    translator.translate(SENTENCES[:2], prefixes=['x'])
+  with pytest.raises(translation.DataError, match=r'^the prefix of sentence 4 has \d+ pieces'):
+    translator.translate(['a'], prefixes=[' '.join(['dog'] * 200)], first_index=3)

@@ -2,8 +2,9 @@
 
   make bench   (or: python experiments/bench --only train --train-case base)
 Sections, one module each of this package (its docstring says what it measures): data, train,
-checkpoint, memory, decode, and, only when asked for, scale (--only scale) and startup (--only
-startup [--demo-model M]);
+checkpoint, memory, decode, and, only when asked for, scale (--only scale), startup (--only
+startup [--demo-model M]) and score (--only score --multi30k-model M: scoring against greedy
+translation, in decode.py);
 common.py holds the timing, matmul-peak, RSS and batch helpers.
 """
 
@@ -38,6 +39,8 @@ SECTIONS = {
     'decode': (decode.run, lambda args: {'data_dir': args.data_dir,
                                          'demo_model': args.demo_model,
                                          'multi30k_model': args.multi30k_model}),
+    'score': (decode.score_run, lambda args: {'data_dir': args.data_dir,
+                                              'multi30k_model': args.multi30k_model}),
     'memory': (memory.run, lambda args: {}),
     'scale': (scale.run, lambda args: {'data_dir': args.data_dir, 'pairs': args.scale_pairs,
                                        'src': args.scale_src, 'tgt': args.scale_tgt,
@@ -98,8 +101,8 @@ def main() -> int:
     except OSError as error:
       parser.error(f'--time-lock: cannot open {args.time_lock}: {error.strerror}')
   # scale: minutes, GBs of disk; startup: minutes, and a trained model
-  sections = args.only or sorted(set(SECTIONS) - {'scale', 'startup'})
-  needs_data = {'data', 'decode', 'scale', 'startup'} & set(sections)
+  sections = args.only or sorted(set(SECTIONS) - {'scale', 'startup', 'score'})
+  needs_data = {'data', 'decode', 'scale', 'startup', 'score'} & set(sections)
   if needs_data and not (args.data_dir / 'multi30k').is_dir():
     print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
     return 2

@@ -193,6 +193,27 @@ def _side_by_side(data_dir: pathlib.Path, trained: dict[str, str]) -> dict:
   return results
 
 
+def score_run(data_dir: pathlib.Path, multi30k_model: str | None = None) -> dict:
+  """Scoring (forced decoding) against greedy translation: test_2016_flickr's 1,000 sources
+  with their references scored, and the same sources translated greedily, by the `multi30k`
+  recipe's model (a workdir or checkpoint), each compiled first, then timed alternately."""
+  if not multi30k_model:
+    raise SystemExit('--only score needs --multi30k-model (make train-multi30k makes one)')
+  text = data.read_parallel_text(data_dir / 'multi30k' / 'test_2016_flickr.en',
+                                 data_dir / 'multi30k' / 'test_2016_flickr.de')
+  translator = Translator.from_checkpoint(multi30k_model)
+  greedy = translator.replace(beam_size=1)
+  fns = {'score': lambda: translator.score(text.src, text.tgt),
+         'greedy': lambda: greedy.translate(text.src)}
+  for fn in fns.values():  # compile every width bucket
+    fn()
+  _, seconds = _alternating(fns, repeats=3)
+  return {'model': multi30k_model, 'pairs': len(text), 'workers': translator.workers,
+          'batch_size': translator.decoding.batch_size,
+          **{f'{name}_s': round(t, 3) for name, t in seconds.items()},
+          'score_over_greedy': round(seconds['score'] / seconds['greedy'], 3)}
+
+
 def run(data_dir: pathlib.Path, demo_model: str | None = None,
         multi30k_model: str | None = None) -> dict:
   if jax.default_backend() == 'gpu':  # the GPU's case: base dims, bf16, batches of 128
