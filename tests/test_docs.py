@@ -180,10 +180,15 @@ def _parse(command: str) -> None:
                             capture_output=True, text=True, timeout=120)
     flags = [w.split('=')[0] for w in words[2:] if w.startswith('--')]
     assert result.returncode == 0 and all(f in result.stdout for f in flags), result.stdout
+  elif words[0] == 'echo':  # an example's input written to a file
+    assert '>' in words, command
   elif words[0] == 'curl':  # a request to `jaxformer serve`: the body its protocol takes
     body = json.loads(words[words.index('-d') + 1])
-    assert words[-1].endswith('/translate') and isinstance(body['src'], list), command
-    assert set(body) <= {'src', 'nbest'}, body
+    page = words[-1].rsplit('/', 1)[-1]
+    assert page in ('translate', 'score') and isinstance(body['src'], list), command
+    fields = ({'src', 'tgt', 'token_log_probs'} if page == 'score' else
+              {'src', 'nbest', 'prefix', 'first_index', *config.DecodingConfig.PER_REQUEST})
+    assert set(body) <= fields, body
   else:
     raise AssertionError(f'no check for {command!r}: run it, or teach _parse to check it')
 
