@@ -224,8 +224,8 @@ def test_fused_attention_agrees_with_einsum_attention(tiny_model, tiny_config):
   for attention in ('einsum', 'fused'):
     cfg = tiny_config.with_execution(attention=attention)
     logits = apply(Transformer(cfg), {'params': params}, **inputs)
-    greedy = translation._jitted_search(cfg, 1, 0.6)(params, inputs['src'][1:], jnp.array([9]),
-                                                     max_len=10)  # as a Translator runs it
+    greedy = translation._jitted_search(cfg, config_lib.DecodingConfig(beam_size=1))(
+        params, inputs['src'][1:], jnp.array([9]), max_len=10)  # as a Translator runs it
     outputs[attention] = (np.asarray(logits)[real], np.asarray(greedy))
   np.testing.assert_allclose(outputs['fused'][0], outputs['einsum'][0], rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(outputs['fused'][1], outputs['einsum'][1])

@@ -134,8 +134,9 @@ def test_each_evaluation_writes_sample_translations_to_tensorboard(trained):
 
 
 def test_a_run_has_one_translator_and_later_evaluations_compile_nothing(tmp_path, monkeypatch):
-  """Validation BLEU and sample translations reuse the run's translator: beam search is
-  compiled at the first evaluation only."""
+  """Validation BLEU and sample translations reuse the run's translator (over each
+  evaluation's params: one search program): beam search is compiled at the first evaluation
+  only."""
   made, compiled = [], []
   translate = translation.Translator.translate
 
@@ -148,7 +149,7 @@ def test_a_run_has_one_translator_and_later_evaluations_compile_nothing(tmp_path
   monkeypatch.setattr(translation.Translator, 'translate', spy)
   trainer.train(CFG, _tc(num_steps=6, eval_every_steps=2, bleu_sentences=6,
                          sample_translations=2), tmp_path, TEXT, synthetic_text(20, seed=9))
-  assert len(made) == 1 and len(compiled) == 3  # evaluations at steps 2, 4 and 6
+  assert len({id(t._search) for t in made}) == 1 and len(compiled) == 3  # steps 2, 4, 6
   assert compiled[0] > 0 and compiled[1:] == [compiled[0]] * 2, compiled
 
 
