@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from jaxformer.settings import DecodingConfig, Range
+from jaxformer.settings import DecodingConfig, Range, ServerLimits, SettingError
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):
@@ -88,12 +88,13 @@ def flag(parser: argparse._ActionsContainer, name: str, **kwargs: Any) -> None:
 # --- decoding ------------------------------------------------------------------------------------
 
 
-def add_decoding_flags(parser: argparse._ActionsContainer, names: tuple[str, ...] | None = None
-                       ) -> None:
-  """A flag for each DecodingConfig field (of `names`, default all; its help and default from
-  the field), None unless given: decoding_of reads them."""
-  hints = typing.get_type_hints(DecodingConfig)
-  for field in dataclasses.fields(DecodingConfig):
+def add_setting_flags(parser: argparse._ActionsContainer, cls: type,
+                      names: tuple[str, ...] | None = None) -> None:
+  """A flag for each field of the settings dataclass `cls` (of `names`, default all; its help
+  and default from the field, its range from cls.RANGES), None unless given: settings_of and
+  decoding_of read them."""
+  hints = typing.get_type_hints(cls)
+  for field in dataclasses.fields(cls):
     if names is not None and field.name not in names:
       continue
     meta = field.metadata
@@ -106,7 +107,19 @@ def add_decoding_flags(parser: argparse._ActionsContainer, names: tuple[str, ...
                 if k is not types.NoneType)
     flag(parser, meta['flag'] or field.name, dest=field.name, default=None,
          metavar=meta['metavar'] or 'N', help=meta['help'] + default,
-         type=in_range(kind, DecodingConfig.RANGES.get(field.name, Range(-math.inf))))
+         type=in_range(kind, cls.RANGES.get(field.name, Range(-math.inf))))
+
+
+def add_decoding_flags(parser: argparse._ActionsContainer, names: tuple[str, ...] | None = None
+                       ) -> None:
+  """The flags of DecodingConfig's fields (add_setting_flags)."""
+  add_setting_flags(parser, DecodingConfig, names)
+
+
+def server_limits_of(args: argparse.Namespace) -> ServerLimits:
+  """The ServerLimits of the flags given (the others: its defaults)."""
+  return ServerLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerLimits)
+                         if getattr(args, f.name, None) is not None})
 
 
 def decoding_settings(args: argparse.Namespace, names: tuple[str, ...] | None = None
@@ -160,10 +173,36 @@ def add_translate_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--prefix', type=path_arg, metavar='FILE',
                       help='target prefixes, a line for each input line (an empty line: none): '
                       'each output starts with its prefix, searched from there')
-  parser.add_argument('--server', help='translate with a running `jaxformer serve` at this '
-                      'address (e.g. http://127.0.0.1:8228) instead of --model: the model and '
-                      "its search (beam, alpha, extra length, batch size) are the server's; "
-                      'sampling, prefixes and --nbest are sent with each request')
+  group = parser.add_argument_group('with a server (jaxformer serve)')
+  group.add_argument('--server', help='translate with a running `jaxformer serve` at this '
+                     'address (e.g. http://127.0.0.1:8228) instead of --model: the model and '
+                     "its search (beam, alpha, extra length, batch size) are the server's; "
+                     'sampling, prefixes and --nbest are sent with each request')
+  group.add_argument('--timeout', type=in_range(float, Range(0, low_open=True)),
+                     metavar='SECONDS', help='--server: seconds a request may take before the '
+                     'client gives up (default: 600)')
+  flag(group, 'api_key_file', type=path_arg, metavar='FILE',
+       help="--server: a file holding the server's API key (default: $JAXFORMER_API_KEY, if "
+       'set)')
+
+
+# Flags only the client of a server reads.
+CLIENT_SIDE = ('timeout', 'api_key_file')
+
+
+def api_key(path: str | None, environ: typing.Mapping[str, str]) -> str | None:
+  """An API key from a file (its first line) or else $JAXFORMER_API_KEY: never from the
+  command line, where other users of the machine can read it. None if neither is given."""
+  if path is None:
+    return environ.get('JAXFORMER_API_KEY') or None
+  try:
+    with open(path, encoding='utf-8') as f:
+      key = f.readline().strip()
+  except (OSError, UnicodeDecodeError) as e:
+    raise SettingError(f'--api-key-file {path}: cannot read it ({e}).') from None
+  if not key:
+    raise SettingError(f'--api-key-file {path}: the file holds no key on its first line.')
+  return key
 
 
 def server_side_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:

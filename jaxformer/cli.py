@@ -8,10 +8,12 @@ train, data, optim).
 
 import argparse
 import dataclasses
+import ipaddress
 import json
 import logging
 import os
 import pathlib
+import signal
 import sys
 import textwrap
 import typing
@@ -27,6 +29,7 @@ from jaxformer.arguments import (add_model_flags, add_model_path, flag, non_nega
 from jaxformer import config as config_lib
 from jaxformer import text as text_lib
 from jaxformer.config import DataConfig, OptimConfig, SettingError, TrainConfig
+from jaxformer.settings import ServerLimits
 from jaxformer.errors import exit_code
 from jaxformer.model import parameter_count
 from jaxformer.recipes import auto as auto_recipe
@@ -282,6 +285,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _translate(args: argparse.Namespace) -> int:
+  if given := [name for name in arguments.CLIENT_SIDE if getattr(args, name) is not None]:
+    return _fail(f'--{given[0].replace("_", "-")} is for translating with --server.')
   model = translator(args.model, args)[0]
   if args.nbest and not model.decoding.sampling and args.nbest > model.decoding.beam_size:
     return _fail(f'--nbest {args.nbest} needs --beam >= {args.nbest} (or --sampling).')
@@ -353,9 +358,28 @@ def _add_score_flags(parser: argparse.ArgumentParser) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
   _setup_logging()
+  limits = arguments.server_limits_of(args)
+  key = arguments.api_key(args.api_key_file, os.environ)
+  if key is None and not _is_loopback(args.host) and not args.allow_no_key:
+    raise SettingError(f'--host {args.host} without an API key: anyone who reaches the port '
+                       'could use the server. Set JAXFORMER_API_KEY (or --api-key-file), or '
+                       'give --allow-no-key to serve it open.')
   model, step = translator(args.model, args)
-  serving.serve(model, args.host, args.port, info={'model': args.model, 'step': step})
+  previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # stops as Ctrl-C does
+  try:
+    serving.serve(model, args.host, args.port, info={'model': args.model, 'step': step},
+                  limits=limits, api_key=key)
+  finally:
+    signal.signal(signal.SIGTERM, previous)
   return 0
+
+
+def _is_loopback(host: str) -> bool:
+  """Whether `host` is this machine only (127.0.0.0/8, ::1, localhost)."""
+  try:
+    return host == 'localhost' or ipaddress.ip_address(host).is_loopback
+  except ValueError:  # a name: only the machine's own
+    return False
 
 
 # --- export, average, params ----------------------------------------------------------------------
@@ -429,19 +453,33 @@ def _add_eval_flags(parser: argparse.ArgumentParser) -> None:
 
 
 _SERVE_DESCRIPTION = (
-    'Loads the model, compiles its shortest search, and answers POST /translate with JSON '
-    '{"src": [sentences], "nbest": N (optional)} until Ctrl-C: `jaxformer translate --server '
-    'URL` (or any HTTP client) then pays neither imports nor compiling. For this machine only '
-    'by default: the server has no authentication.')
+    'Loads the model, compiles its shortest search, and answers POST /translate and POST '
+    '/score with JSON (the evaluation guide has the protocol) until Ctrl-C or SIGTERM, which '
+    'let the requests in flight finish (--drain-timeout): `jaxformer translate --server URL` '
+    '(or any HTTP client) then pays neither imports nor compiling. Requests that arrive while a '
+    'search runs are searched together next. GET /health answers 200 once the model is ready. '
+    'Every wait, size and pool is bounded (the flags below), each limit answered with a status '
+    'and a one-line JSON error. Listens on 127.0.0.1 by default; with an API key '
+    '($JAXFORMER_API_KEY or --api-key-file) every request but /health needs "Authorization: '
+    'Bearer KEY", and another address needs a key or --allow-no-key.')
 
 
 def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
   add_model_path(parser)
   add_model_flags(parser)
-  parser.add_argument('--host', default='127.0.0.1',
-                      help='the address to listen on (0.0.0.0: every network, unauthenticated)')
-  parser.add_argument('--port', type=port_number, default=serving.DEFAULT_PORT,
-                      help='the port (0: a free one, logged at start)')
+  group = parser.add_argument_group('address and access')
+  group.add_argument('--host', default='127.0.0.1',
+                     help='the address to listen on (0.0.0.0: every network; needs a key or '
+                     '--allow-no-key)')
+  group.add_argument('--port', type=port_number, default=serving.DEFAULT_PORT,
+                     help='the port (0: a free one, logged at start)')
+  flag(group, 'api_key_file', type=path_arg, metavar='FILE',
+       help='a file whose first line is the API key every request must send (default: '
+       '$JAXFORMER_API_KEY, if set; none: no key)')
+  flag(group, 'allow_no_key', action='store_true',
+       help='serve an address other than loopback without a key: anyone who reaches the port '
+       'can use the server')
+  arguments.add_setting_flags(parser.add_argument_group('limits'), ServerLimits)
 
 
 def build_parser() -> argparse.ArgumentParser:

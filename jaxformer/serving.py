@@ -26,15 +26,20 @@ are made: a client that sends its input in parts gets the samples of a local tra
 """
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
+import hmac
 import http.client
 import http.server
 import json
 import logging
+import os
+import queue
 import sys
 import threading
 import time
+import typing
 import urllib.error
 import urllib.request
 from typing import Any
@@ -43,7 +48,7 @@ from tqdm import tqdm
 
 from jaxformer import arguments, text
 from jaxformer.errors import JaxformerError, exit_code
-from jaxformer.settings import DecodingConfig
+from jaxformer.settings import DecodingConfig, ServerLimits
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +71,25 @@ class RequestError(JaxformerError):
 
 class Server(http.server.ThreadingHTTPServer):
   """Serves `model` (a Translator) at `address`; `info` (the model's name, step, ...) is
-  answered to GET /. Requests are taken side by side and translated one at a time."""
+  answered to GET /. Each connection has a thread of its own, up to limits.max_connections;
+  their requests wait (at most limits.max_wait) for one model, which a Batcher gives them
+  together. With `api_key`, every request but GET /health needs `Authorization: Bearer KEY`."""
   daemon_threads = True
+  request_queue_size = 1024  # the listen backlog: a burst of clients waits to be accepted
 
   def __init__(self, model: Any, address: tuple[str, int] = ('127.0.0.1', DEFAULT_PORT),
-               info: dict[str, Any] | None = None):
+               info: dict[str, Any] | None = None, limits: ServerLimits = ServerLimits(),
+               api_key: str | None = None):
     try:
       super().__init__(address, _Handler)
     except OSError as e:
       raise ServerError(f'cannot listen on {address[0]}:{address[1]} ({e.strerror}); choose '
                         'another --port or --host.') from None
-    self.model, self.lock = model, threading.Lock()
+    self.model, self.limits, self.api_key = model, limits, api_key
     self.info = {**(info or {}), **dataclasses.asdict(model.decoding)}
+    self.batcher = Batcher(model, limits.max_batch)
+    self.connections = threading.BoundedSemaphore(limits.max_connections)
+    self.state = 'warming up'  # then 'ready', then 'stopping'
 
   @property
   def url(self) -> str:
@@ -85,65 +97,225 @@ class Server(http.server.ThreadingHTTPServer):
     host, port = self.server_address[:2]
     return f'http://{host}:{port}'
 
+  def process_request(self, request: Any, client_address: Any) -> None:
+    """A thread for the connection, or past max_connections an immediate 503."""
+    if self.connections.acquire(blocking=False):
+      super().process_request(request, client_address)
+      return
+    body = json.dumps({'error': f'the server is busy ({self.limits.max_connections} '
+                                'connections): retry shortly.'}).encode()
+    with contextlib.suppress(OSError):
+      request.settimeout(1)
+      request.sendall(b'HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: '
+                      b'application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s'
+                      % (len(body), body))
+    self.shutdown_request(request)
+
+  def process_request_thread(self, request: Any, client_address: Any) -> None:
+    try:
+      super().process_request_thread(request, client_address)
+    finally:
+      self.connections.release()
+
+  def handle_error(self, request: Any, client_address: Any) -> None:
+    """A connection that failed: one line in the log (a client gone), never a traceback."""
+    error = sys.exc_info()[1]
+    log.info('%s: connection closed (%s)', client_address[0],
+             f'{type(error).__name__}: {error}' if error else 'unknown')
+
+  def server_close(self) -> None:
+    super().server_close()
+    if hasattr(self, 'batcher'):  # (not when the address could not be bound)
+      self.batcher.close()
+
+  def in_flight(self) -> int:
+    """Connections being served now."""
+    return self.limits.max_connections - self.connections._value  # pylint: disable=protected-access
+
   def answer(self, path: str, request: Any) -> dict[str, Any]:
     """The response to a decoded POST body of /translate or /score; JaxformerError (400) for
-    a request that cannot be answered."""
-    src = _strings(request, 'src')
+    a request that cannot be answered, Busy (503) past max_wait."""
     fields = ('src', 'tgt', 'token_log_probs') if path == '/score' else (
         'src', 'nbest', 'prefix', 'first_index', *DecodingConfig.PER_REQUEST)
+    if not isinstance(request, dict):
+      raise RequestError('the request must be a JSON object: {"src": [sentences], ...}.')
     if unknown := [name for name in request if name not in fields]:
       raise RequestError(f'the request sets "{unknown[0]}", which it cannot (its fields: '
                          f"{', '.join(fields)}; the search is the server's).")
+    src = self._sentences(request, 'src')
     if path == '/score':
-      tgt = _strings(request, 'tgt')
+      tgt = self._sentences(request, 'tgt')
       with_tokens = request.get('token_log_probs', False) is True
-      with self._turn(f'scored {len(src)} pair(s)'):
-        return {'scores': [s.as_dict(with_tokens) for s in self.model.score(src, tgt)]}
+      scores = self._wait(self.batcher.submit(('score',), (src, tgt)))
+      return {'scores': [s.as_dict(with_tokens) for s in scores]}
     nbest, first = request.get('nbest'), request.get('first_index', 0)
-    for name, value, low, high in (('nbest', nbest, 1, MAX_NBEST), ('first_index', first, 0,
-                                                                   2**31)):
+    for name, value, low, high in (('nbest', nbest, 1, MAX_NBEST),
+                                   ('first_index', first, 0, 2**31)):
       if value is not None and (type(value) is not int or not low <= value <= high):
         raise RequestError(f'"{name}" must be an integer from {low} to {high}, got {value!r}.')
-    prefixes = _strings(request, 'prefix') if 'prefix' in request else None
-    model = self.model.replace(**{name: request[name] for name in DecodingConfig.PER_REQUEST
-                                  if name in request})  # SettingError: a bad value
-    with self._turn(f'translated {len(src)} sentence(s)'):
-      if nbest is None:
-        return {'translations': model.translate(src, prefixes=prefixes, first_index=first)}
-      return {'nbest': model.translate_nbest(src, nbest, prefixes=prefixes, first_index=first)}
+    prefixes = self._sentences(request, 'prefix') if 'prefix' in request else None
+    if prefixes is not None and len(prefixes) != len(src):
+      raise RequestError(f'{len(prefixes)} prefixes for {len(src)} sentences: give one a '
+                         "sentence ('' for none).")
+    settings = {name: request[name] for name in DecodingConfig.PER_REQUEST if name in request}
+    decoding = self.model.decoding.replace(**settings)  # SettingError: a bad value
+    # A sampling request is searched alone: its keys follow its own first_index.
+    key = ('translate', decoding, nbest, first, object()) if decoding.sampling else (
+        'translate', decoding, nbest, 0, None)
+    found = self._wait(self.batcher.submit(key, (src, prefixes)))
+    return {'translations': found} if nbest is None else {'nbest': found}
 
-  @contextlib.contextmanager
-  def _turn(self, done: str) -> Any:
-    """The model, one request at a time; a line in the log when a request is answered."""
-    with self.lock:
-      start = time.perf_counter()
-      yield
-      log.info('%s in %.2f s', done, time.perf_counter() - start)
+  def _sentences(self, request: dict[str, Any], name: str) -> list[str]:
+    """request[name], a list of at most max_sentences strings of valid text, each at most
+    max_chars long; RequestError (400, or TooLarge: 413) for anything else."""
+    value = request.get(name)
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+      raise RequestError(f'the request needs "{name}": a list of strings (one sentence each).')
+    if len(value) > self.limits.max_sentences:
+      raise TooLarge(f'"{name}" has {len(value)} sentences, more than the server takes at once '
+                     f'({self.limits.max_sentences}): send them in parts.')
+    for i, sentence in enumerate(value):
+      if len(sentence) > self.limits.max_chars:
+        raise TooLarge(f'{name}[{i}] has {len(sentence)} characters, more than the server '
+                       f'takes ({self.limits.max_chars}).')
+      try:
+        sentence.encode('utf-8')
+      except UnicodeEncodeError as e:  # a lone surrogate, sent as a JSON escape
+        raise RequestError(f'{name}[{i}] is not valid text at character {e.start} '
+                           f'({e.reason}).') from None
+    return value
+
+  def _wait(self, future: concurrent.futures.Future) -> Any:
+    """The future's result, waited for at most max_wait while it has not started."""
+    try:
+      return future.result(timeout=self.limits.max_wait)
+    except concurrent.futures.TimeoutError:
+      if future.cancel():
+        raise Busy(f'the model was busy for {self.limits.max_wait:g} s: retry '
+                   'shortly.') from None
+      return future.result()  # under way: its answer comes
 
 
-def _strings(request: Any, name: str) -> list[str]:
-  """request[name], a list of strings; RequestError for anything else."""
-  value = request.get(name) if isinstance(request, dict) else None
-  if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-    raise RequestError(f'the request needs "{name}": a list of strings (one sentence each).')
-  return value
+class Busy(JaxformerError):
+  """The model did not become free in time (503)."""
+
+
+class TooLarge(RequestError):
+  """A request over a size limit (413)."""
+
+
+class _Job(typing.NamedTuple):
+  key: tuple[Any, ...]   # jobs of one key are searched together
+  inputs: tuple[Any, ...]
+  future: concurrent.futures.Future
+
+
+class Batcher:
+  """Requests given to one model together: a thread takes every request that queued while the
+  last search ran (up to max_batch sentences), and searches those with the same key (the same
+  kind and settings) as one input, which the Translator sorts into length buckets. Each request
+  gets what it would alone: a sentence's search does not depend on its batch
+  (tests/test_serving.py)."""
+
+  def __init__(self, model: Any, max_batch: int):
+    self.model, self.max_batch = model, max_batch
+    self._queue: queue.Queue = queue.Queue()
+    self._thread = threading.Thread(target=self._run, name='batcher', daemon=True)
+    self._thread.start()
+
+  def close(self) -> None:
+    """Ends the thread once the requests queued before are answered."""
+    self._queue.put(None)
+    self._thread.join()
+
+  def submit(self, key: tuple[Any, ...], inputs: tuple[Any, ...]) -> concurrent.futures.Future:
+    """A future of the request's answer; `inputs` are (sources, targets) for the key
+    ('score',), else (sentences, prefixes or None)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    self._queue.put(_Job(key, inputs, future))
+    return future
+
+  def _run(self) -> None:
+    while (job := self._queue.get()) is not None:
+      jobs, sentences = [job], len(job.inputs[0])
+      while sentences < self.max_batch and self._queue.qsize():
+        if (job := self._queue.get()) is None:
+          self._queue.put(None)  # (seen at the top, after these)
+          break
+        jobs.append(job)
+        sentences += len(job.inputs[0])
+      groups: dict[tuple[Any, ...], list[_Job]] = {}
+      for job in jobs:
+        if job.future.set_running_or_notify_cancel():  # (not one that stopped waiting)
+          groups.setdefault(job.key, []).append(job)
+      for group in groups.values():
+        self._answer(group)
+
+  def _answer(self, group: list[_Job]) -> None:
+    """One search for the group's requests; each alone when together they fail as a request
+    (one bad prefix: its error, the others' answers)."""
+    def joined(side: int) -> list[str]:
+      return sum((list(job.inputs[side] or [''] * len(job.inputs[0])) for job in group), [])
+    kind, *settings = group[0].key
+    try:
+      if kind == 'score':
+        found = self.model.score(joined(0), joined(1))
+      else:
+        decoding, nbest, first, _ = settings
+        model = self.model.replace(**dataclasses.asdict(decoding))
+        prefixes = None if all(job.inputs[1] is None for job in group) else joined(1)
+        found = model.translate(joined(0), prefixes=prefixes, first_index=first) \
+            if nbest is None else model.translate_nbest(joined(0), nbest, prefixes=prefixes,
+                                                        first_index=first)
+    except JaxformerError as e:
+      if len(group) > 1:
+        for job in group:
+          self._answer([job])
+      else:
+        group[0].future.set_exception(e)
+      return
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      for job in group:
+        job.future.set_exception(e)
+      return
+    start = 0
+    for job in group:
+      job.future.set_result(found[start:start + len(job.inputs[0])])
+      start += len(job.inputs[0])
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-  """One request: JSON in, JSON out, every error a status and a one-line message."""
+  """One connection's requests: JSON in, JSON out, every error a status and a one-line JSON
+  message (those of http.server's own checks too), and a line in the log for each."""
   server: Server
   protocol_version = 'HTTP/1.1'
+  PAGES = 'POST /translate, POST /score, GET /health, or GET /'
+
+  def setup(self) -> None:
+    self.timeout = self.server.limits.idle_timeout  # (StreamRequestHandler sets it on the socket)
+    super().setup()
 
   def do_GET(self) -> None:  # pylint: disable=invalid-name
-    if self.path.split('?')[0] in ('', '/'):
+    path = self.path.split('?')[0]
+    if path == '/health':
+      ready = self.server.state == 'ready'
+      self._send(200 if ready else 503, {'status': self.server.state})
+    elif not self._allowed():
+      return
+    elif path in ('', '/'):
       self._send(200, self.server.info)
     else:
-      self._send(404, {'error': f'no page {self.path}: POST /translate, POST /score, or GET /.'})
+      self._send(404, {'error': f'no page GET {self.path}: {self.PAGES}.'})
 
   def do_POST(self) -> None:  # pylint: disable=invalid-name
     path = self.path.split('?')[0]
+    if not self._allowed():
+      return
     if path not in ('/translate', '/score'):
-      self._send(404, {'error': f'no page {self.path}: POST /translate, POST /score, or GET /.'})
+      self._send(404, {'error': f'no page POST {self.path}: {self.PAGES}.'})
+      return
+    if self.server.state != 'ready':
+      self._send(503, {'error': f'the server is {self.server.state}: retry shortly.'})
       return
     length = self.headers.get('Content-Length', '')
     if not length.isdigit():  # (a body without a length would be read until the client closes)
@@ -156,71 +328,133 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       self._send(413, {'error': f'the request has {length} bytes, more than '
                                 f'{MAX_REQUEST_BYTES}: send the sentences in parts.'})
       return
+    body = self.rfile.read(length)  # (OSError, a timeout: handle_error's one line)
     try:
-      request = json.loads(self.rfile.read(length))
+      request = json.loads(body)
     except ValueError as e:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
       self._send(400, {'error': f'bad request: the body is not JSON ({e}).'})
       return
     try:
       self._send(200, self.server.answer(path, request))
+    except Busy as e:
+      self._send(503, {'error': str(e)}, retry_after=1)
+    except TooLarge as e:
+      self._send(413, {'error': str(e)})
     except JaxformerError as e:  # (a DataError or SettingError of the model's too)
       self._send(400, {'error': f'bad request: {e}'})
     except Exception as e:  # pylint: disable=broad-exception-caught
       log.exception('request failed')  # the server's log has the traceback; the client a line
       self._send(500, {'error': f'the server failed: {type(e).__name__}: {e}'})
 
-  def _send(self, status: int, body: dict[str, Any]) -> None:
+  def _allowed(self) -> bool:
+    """Whether the request carries the server's key (if it has one; compared in constant
+    time); else False, a 401 sent."""
+    key = self.server.api_key
+    given = self.headers.get('Authorization', '')
+    if key is None or hmac.compare_digest(given.encode(), f'Bearer {key}'.encode()):
+      return True
+    self._send(401, {'error': 'the server needs its API key: send "Authorization: Bearer KEY" '
+                              '(translate --server reads $JAXFORMER_API_KEY).'}, authenticate=True)
+    return False
+
+  def send_error(self, code: int, message: str | None = None, explain: str | None = None
+                 ) -> None:
+    """http.server's own refusals (an unknown method, a bad request line, headers too long)
+    as the protocol's JSON error."""
+    self.close_connection = True
+    reason = message or self.responses.get(code, ('',))[0]
+    if code == 501:
+      code, reason = 405, f'no method {self.command}: {self.PAGES}'
+    self._send(code, {'error': f'{reason}.'})
+
+  def _send(self, status: int, body: dict[str, Any], retry_after: int | None = None,
+            authenticate: bool = False) -> None:
     data = json.dumps(body, ensure_ascii=False).encode()
     self.send_response(status)
     self.send_header('Content-Type', 'application/json; charset=utf-8')
     self.send_header('Content-Length', str(len(data)))
+    if retry_after is not None:
+      self.send_header('Retry-After', str(retry_after))
+    if authenticate:
+      self.send_header('WWW-Authenticate', 'Bearer')
+    if self.close_connection:
+      self.send_header('Connection', 'close')
     self.end_headers()
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client went away
       self.wfile.write(data)
 
+  def log_request(self, code: Any = '-', size: Any = '-') -> None:  # pylint: disable=unused-argument
+    """The access log: a line per request, with its status and time."""
+    log.info('%s %s %s %s %.3f s', self.client_address[0], self.command, self.path, code,
+             time.perf_counter() - getattr(self, '_start', time.perf_counter()))
+
+  def parse_request(self) -> bool:
+    self._start = time.perf_counter()  # pylint: disable=attribute-defined-outside-init
+    return super().parse_request()
+
   def log_message(self, format: str, *args: Any) -> None:  # pylint: disable=redefined-builtin
-    log.debug('%s %s', self.address_string(), format % args)
+    log.info('%s %s', self.client_address[0], format % args)  # (a timeout, a bad request line)
 
 
 def serve(model: Any, host: str = '127.0.0.1', port: int = DEFAULT_PORT,
-          info: dict[str, Any] | None = None) -> None:
-  """Serves `model` until interrupted, after compiling its shortest search (one sentence) so
-  that the first request does not wait for it; port 0 takes a free port. The address is logged
-  once the server answers."""
-  with Server(model, (host, port), info) as server:
-    model.translate(['Ready.'])
-    log.info('serving %s at %s (POST /translate; Ctrl-C stops)',
-             (info or {}).get('model', 'the model'), server.url)
-    server.serve_forever()
+          info: dict[str, Any] | None = None, limits: ServerLimits = ServerLimits(),
+          api_key: str | None = None) -> None:
+  """Serves `model` until interrupted (KeyboardInterrupt: Ctrl-C, or SIGTERM where the caller
+  turns it into one). GET /health answers 503 until the shortest search (one sentence) is
+  compiled, so that the first request does not wait for it, then 200; the address is logged
+  once it does. On the way out, new requests are refused (503) and those in flight get
+  limits.drain_timeout seconds to finish."""
+  with Server(model, (host, port), info, limits, api_key) as server:
+    threading.Thread(target=server.serve_forever, name='server', daemon=True).start()
+    try:
+      model.translate(['Ready.'])
+      server.state = 'ready'
+      log.info('serving %s at %s (POST /translate, POST /score, GET /health; Ctrl-C stops)',
+               (info or {}).get('model', 'the model'), server.url)
+      threading.Event().wait()
+    finally:
+      server.state = 'stopping'
+      deadline = time.monotonic() + limits.drain_timeout
+      while server.in_flight() and time.monotonic() < deadline:
+        time.sleep(0.05)
+      log.info('stopped (%d request(s) still in flight)', server.in_flight())
+      server.shutdown()
 
 
 # --- the client -----------------------------------------------------------------------------------
 
 
+CLIENT_TIMEOUT = 600.0  # seconds a request may take, by default, before the client gives up
+
+
 def translate(url: str, sentences: list[str], nbest: int | None = None,
-              timeout: float | None = None, *, prefixes: list[str] | None = None,
-              first_index: int = 0, **settings: Any) -> list[Any]:
+              timeout: float = CLIENT_TIMEOUT, *, prefixes: list[str] | None = None,
+              first_index: int = 0, api_key: str | None = None, **settings: Any) -> list[Any]:
   """The server's translations of `sentences` (with nbest: each one's [text, score] lists),
   with `prefixes` and sampling `settings` (DecodingConfig.PER_REQUEST) as the protocol says;
-  ServerError if none answers at `url` or it refuses the request."""
+  ServerError if none answers at `url` within `timeout` seconds or it refuses the request."""
   request = {'src': sentences, **({'nbest': nbest} if nbest else {}),
              **({'prefix': prefixes} if prefixes is not None else {}),
              **({'first_index': first_index} if first_index else {}), **settings}
-  return _ask(url, '/translate', request, timeout)['nbest' if nbest else 'translations']
+  answer = _ask(url, '/translate', request, timeout, api_key)
+  return answer['nbest' if nbest else 'translations']
 
 
 def score(url: str, sources: list[str], targets: list[str], token_log_probs: bool = False,
-          timeout: float | None = None) -> list[dict[str, Any]]:
+          timeout: float = CLIENT_TIMEOUT, api_key: str | None = None) -> list[dict[str, Any]]:
   """The server's scores of the pairs (TargetScore.as_dict's fields); ServerError as translate."""
   return _ask(url, '/score', {'src': sources, 'tgt': targets,
-                              'token_log_probs': token_log_probs}, timeout)['scores']
+                              'token_log_probs': token_log_probs}, timeout, api_key)['scores']
 
 
-def _ask(url: str, path: str, request: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+def _ask(url: str, path: str, request: dict[str, Any], timeout: float, api_key: str | None
+         ) -> dict[str, Any]:
   """The server's JSON answer at url + path to `request`. Proxies are not used: the server is
   meant to be local."""
+  headers = {'Content-Type': 'application/json',
+             **({'Authorization': f'Bearer {api_key}'} if api_key else {})}
   http_request = urllib.request.Request(url.rstrip('/') + path, data=json.dumps(request).encode(),
-                                        headers={'Content-Type': 'application/json'})
+                                        headers=headers)
   opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
   try:
     with opener.open(http_request, timeout=timeout) as response:
@@ -231,8 +465,12 @@ def _ask(url: str, path: str, request: dict[str, Any], timeout: float | None) ->
   except urllib.error.HTTPError as e:
     with e:
       raise ServerError(f'{url}: {_error_of(e)}') from None
+  except TimeoutError:
+    raise ServerError(f'{url} did not answer within {timeout:g} s (--timeout).') from None
   except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
     reason = getattr(e, 'reason', e)
+    if isinstance(reason, TimeoutError):
+      raise ServerError(f'{url} did not answer within {timeout:g} s (--timeout).') from None
     raise ServerError(f'no jaxformer server answers at {url} ({reason}); start one with '
                       '`jaxformer serve --model DIR`.') from None
   except (ValueError, KeyError, TypeError):  # (JSONDecodeError is a ValueError)
@@ -272,6 +510,7 @@ def _translate_with(args: argparse.Namespace) -> int:
   line from a terminal). The server gets CLIENT_LINES lines a request."""
   settings = arguments.decoding_settings(args, DecodingConfig.PER_REQUEST)
   DecodingConfig(**settings)  # refused here, before any request, as the local command does
+  api_key = arguments.api_key(args.api_key_file, os.environ)
   with tqdm(total=None, desc='translating', unit='sent', disable=not args.input) as bar:
     def ask(lines: list[str], first: int, prefixes: list[str] | None) -> list[Any]:
       bar.total = bar.total or len(lines)  # (a file: its lines, all in one part)
@@ -280,7 +519,8 @@ def _translate_with(args: argparse.Namespace) -> int:
         part = slice(start, start + CLIENT_LINES)
         answers += translate(args.server, lines[part], args.nbest,
                              prefixes=None if prefixes is None else prefixes[part],
-                             first_index=first + start, **settings)
+                             first_index=first + start, timeout=args.timeout or CLIENT_TIMEOUT,
+                             api_key=api_key, **settings)
         bar.update(len(lines[part]))
       return answers
     text.translate_lines(args.input, args.output, args.prefix,

@@ -138,3 +138,28 @@ class DecodingConfig:
   def replace(self, **changes: Any) -> 'DecodingConfig':
     """A copy with some fields changed (checked as a new one)."""
     return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+  """What `jaxformer serve` bounds: every wait has a timeout, every input a size, every pool a
+  maximum, and each limit answers with a status and a one-line JSON error."""
+  max_connections: int = setting(128, 'connections served at once; one more is answered 503 '
+                                 '(with Retry-After) at once')
+  idle_timeout: float = setting(60.0, 'seconds a connection may stay silent (idle between '
+                                'requests, or sending one) before the server closes it',
+                                metavar='SECONDS')
+  max_wait: float = setting(120.0, 'seconds a request may wait for the model before it is '
+                            'answered 503', metavar='SECONDS')
+  max_sentences: int = setting(4096, 'sentences a request (413 above)')
+  max_chars: int = setting(10_000, 'characters a sentence (413 above)')
+  max_batch: int = setting(1024, 'sentences of several requests searched together')
+  drain_timeout: float = setting(30.0, 'seconds Ctrl-C or SIGTERM waits for the requests in '
+                                 'flight before the server stops', metavar='SECONDS')
+
+  RANGES = {'max_connections': AT_LEAST_1, 'idle_timeout': POSITIVE, 'max_wait': POSITIVE,
+            'max_sentences': AT_LEAST_1, 'max_chars': AT_LEAST_1, 'max_batch': AT_LEAST_1,
+            'drain_timeout': AT_LEAST_0}
+
+  def __post_init__(self):
+    check_fields(self, 'server', self.RANGES)

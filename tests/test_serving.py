@@ -24,6 +24,7 @@ LINES = ['the man sees a dog', '', 'Größe 😀', 'the dog walks with a cat', '
 def server(translator):
   """The tiny translator served on a free port, in a thread of this process."""
   with serving.Server(translator, ('127.0.0.1', 0), info={'model': 'tiny'}) as running:
+    running.state = 'ready'  # (serve() says so once it has compiled a search)
     thread = threading.Thread(target=running.serve_forever, daemon=True)
     thread.start()
     yield running
@@ -84,7 +85,7 @@ def test_the_server_scores_samples_and_prefixes_as_its_translator(server, transl
     ('/translate', b'\xff', 400, 'bad request: the body is not JSON ('),
     ('/translate', b'{"src": "one string"}', 400,
      'bad request: the request needs "src": a list of strings'),
-    ('/translate', b'["a"]', 400, 'bad request: the request needs "src": a list of strings'),
+    ('/translate', b'["a"]', 400, 'bad request: the request must be a JSON object'),
     ('/translate', b'{"src": ["a", 3]}', 400,
      'bad request: the request needs "src": a list of strings'),
     ('/translate', b'{"src": ["a"], "nbest": true}', 400,
