@@ -262,7 +262,8 @@ class Batcher:
         found = self.model.score(joined(0), joined(1))
       else:
         decoding, nbest, first, _ = settings
-        model = self.model.replace(**dataclasses.asdict(decoding))
+        model = self.model if decoding == self.model.decoding else self.model.replace(
+            **dataclasses.asdict(decoding))
         prefixes = None if all(job.inputs[1] is None for job in group) else joined(1)
         found = model.translate(joined(0), prefixes=prefixes, first_index=first) \
             if nbest is None else model.translate_nbest(joined(0), nbest, prefixes=prefixes,

@@ -1,20 +1,25 @@
 """jaxformer.serving: `jaxformer serve` and its client, `jaxformer translate --server`."""
 
+import contextlib
 import http.server
 import json
+import logging
 import pathlib
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 from jaxformer import cli, serving
+from jaxformer.settings import ServerLimits
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LINES = ['the man sees a dog', '', 'Größe 😀', 'the dog walks with a cat', 'a red cat']
@@ -195,8 +200,10 @@ def test_the_client_command_imports_no_jax_and_writes_what_the_local_command_wri
       serving.translate(server.url, LINES)
 
 
-def test_serve_command_serves_until_ctrl_c(workdir, translator):
-  """`jaxformer serve --port 0` logs its address once it answers; Ctrl-C ends it (130)."""
+@pytest.mark.parametrize('stop', [signal.SIGINT, signal.SIGTERM])
+def test_serve_command_serves_until_ctrl_c_or_sigterm(workdir, translator, stop):
+  """`jaxformer serve --port 0` logs its address once it answers (and /health says ready);
+  Ctrl-C or SIGTERM ends it (130), with a line for each request and one for the stop."""
   process = subprocess.Popen(
       [sys.executable, '-m', 'jaxformer', 'serve', '--model', str(workdir), '--batch-size', '4',
        '--port', '0'], stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -209,10 +216,14 @@ def test_serve_command_serves_until_ctrl_c(workdir, translator):
       assert line, f'serve ended: {log[-2000:]}'
       log += line
     url = found.group(1)
+    assert _http(url + '/health') == (200, {'status': 'ready'})
     assert serving.translate(url, LINES) == translator.translate(LINES)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(stop)
     assert process.wait(timeout=60) == 130
-    assert process.stderr.read().strip().endswith('interrupted')
+    rest = process.stderr.read()
+    assert re.search(r'127\.0\.0\.1 POST /translate 200 \d+\.\d+ s', rest), rest
+    assert 'stopped (0 request(s) still in flight)' in rest
+    assert rest.strip().endswith('interrupted')
   finally:
     watchdog.cancel()
     process.kill()
@@ -234,3 +245,210 @@ def test_an_output_file_that_cannot_be_written_is_one_line(server, workdir, tmp_
                      str(missing)]) == 1
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == f'error: cannot write to {missing} (No such file or directory).'
+
+
+# --- bounds, batching and access (each class of issue 70, on real sockets) ------------------------
+
+
+@contextlib.contextmanager
+def _serving(model, **limits):
+  """`model` served on a free port with these limits, ready, in a thread of this process."""
+  with serving.Server(model, ('127.0.0.1', 0), limits=ServerLimits(**limits)) as running:
+    running.state = 'ready'
+    thread = threading.Thread(target=running.serve_forever, daemon=True)
+    thread.start()
+    try:
+      yield running
+    finally:
+      running.shutdown()
+  thread.join(timeout=30)
+
+
+class _Gate:
+  """A Translator whose searches wait until `open` is set, counting them."""
+
+  def __init__(self, model):
+    self.model, self.open, self.searches = model, threading.Event(), []
+    self.decoding = model.decoding
+
+  def replace(self, **settings):
+    gate = _Gate(self.model.replace(**settings))
+    gate.open, gate.searches = self.open, self.searches
+    return gate
+
+  def translate(self, sentences, *args, **kwargs):
+    assert self.open.wait(60)
+    self.searches.append(len(sentences))
+    return self.model.translate(sentences, *args, **kwargs)
+
+
+def _raw(server, data: bytes, timeout: float = 10) -> bytes:
+  """What the server sends back to `data` written on a fresh connection, until it closes."""
+  with socket.create_connection(server.server_address[:2], timeout=timeout) as raw:
+    raw.sendall(data)
+    return raw.makefile('rb').read()
+
+
+def test_idle_connections_are_closed_and_past_the_cap_answered_503(translator):
+  with _serving(translator, idle_timeout=0.5, max_connections=2) as server:
+    idle = [socket.create_connection(server.server_address[:2], timeout=10) for _ in range(2)]
+    time.sleep(0.1)  # (both accepted: the cap is reached)
+    refused = _raw(server, b'GET /health HTTP/1.1\r\nHost: x\r\n\r\n')
+    assert refused.startswith(b'HTTP/1.1 503 ') and b'Retry-After: 1' in refused
+    assert b'the server is busy (2 connections)' in refused
+    for connection in idle:  # closed by the server within its idle timeout: read gives b''
+      assert connection.recv(100) == b''
+      connection.close()
+    assert _http(server.url + '/health') == (200, {'status': 'ready'})  # slots free again
+
+
+def test_many_clients_at_once_are_all_answered_as_alone(translator):
+  sentences = [f'{LINES[i % 5]} {i}' for i in range(48)]
+  expected = translator.translate(sentences)
+  answers: list = [None] * len(sentences)
+  with _serving(translator) as server:
+    def ask(i: int) -> None:
+      answers[i] = serving.translate(server.url, [sentences[i]], timeout=120)[0]
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(sentences))]
+    for thread in threads:
+      thread.start()
+    for thread in threads:
+      thread.join(timeout=120)
+  assert answers == expected
+
+
+def test_requests_that_wait_together_are_searched_together(translator):
+  gate = _Gate(translator)
+  asks = [[LINES[0]], [LINES[3], LINES[4]], [LINES[2]], [LINES[0], 'x']]
+  answers: list = [None] * len(asks)
+  with _serving(gate) as server:
+    def ask(i: int) -> None:
+      answers[i] = serving.translate(server.url, asks[i], timeout=120)
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+    threads[0].start()
+    while not server.batcher._queue.empty() or server.in_flight() < 1:  # the first is taken
+      time.sleep(0.01)
+    for thread in threads[1:]:
+      thread.start()
+    while server.batcher._queue.qsize() < 3:  # the others wait behind it
+      time.sleep(0.01)
+    gate.open.set()
+    for thread in threads:
+      thread.join(timeout=120)
+  assert gate.searches == [1, 5]  # the first alone, then the three waiting as one search
+  assert answers == [translator.translate(a) for a in asks]
+
+
+def test_a_request_waits_for_the_model_at_most_max_wait(translator):
+  gate = _Gate(translator)
+  with _serving(gate, max_wait=0.3) as server:
+    first = threading.Thread(target=serving.translate, args=(server.url, ['a']),
+                             kwargs={'timeout': 60})
+    first.start()
+    while server.batcher._queue.qsize() or not server.in_flight():
+      time.sleep(0.01)
+    request = urllib.request.Request(server.url + '/translate', data=b'{"src": ["b"]}')
+    with pytest.raises(urllib.error.HTTPError) as error:
+      urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=30)
+    assert error.value.code == 503 and error.value.headers['Retry-After'] == '1'
+    assert json.load(error.value)['error'].startswith('the model was busy for 0.3 s')
+    gate.open.set()
+    first.join(timeout=60)
+  assert gate.searches == [1]  # the refused request was never searched
+
+
+@pytest.mark.parametrize('method', ['PUT', 'DELETE', 'PATCH', 'BREW'])
+def test_every_method_gets_the_protocols_json_error(server, method):
+  answer = _raw(server, f'{method} /translate HTTP/1.1\r\nHost: x\r\n\r\n'.encode())
+  head, body = answer.split(b'\r\n\r\n', 1)
+  assert head.startswith(b'HTTP/1.1 405 ') and b'application/json' in head
+  assert json.loads(body)['error'] == (f'no method {method}: POST /translate, POST /score, GET '
+                                       '/health, or GET /.')
+
+
+def test_text_that_is_not_unicode_and_sizes_over_the_caps_are_refused(translator):
+  with _serving(translator, max_sentences=3, max_chars=20) as server:
+    code, answer = _http(server.url + '/translate', b'{"src": ["ok", "bad \\ud800 text"]}')
+    assert (code, answer['error']) == (400, 'bad request: src[1] is not valid text at '
+                                            'character 4 (surrogates not allowed).')
+    assert _http(server.url + '/translate', json.dumps({'src': ['a'] * 4}).encode()) == (
+        413, {'error': '"src" has 4 sentences, more than the server takes at once (3): send '
+                       'them in parts.'})
+    assert _http(server.url + '/score', json.dumps({'src': ['a'], 'tgt': ['b' * 21]}).encode(
+        )) == (413, {'error': 'tgt[0] has 21 characters, more than the server takes (20).'})
+
+
+def test_a_failure_inside_the_model_is_a_500_not_the_clients_fault(translator, monkeypatch):
+  with _serving(translator) as server:
+    monkeypatch.setattr(type(translator), 'translate',
+                        lambda *a, **k: (_ for _ in ()).throw(ValueError('inside')))
+    assert _http(server.url + '/translate', b'{"src": ["a"]}') == (
+        500, {'error': 'the server failed: ValueError: inside'})
+
+
+def test_a_client_gone_mid_body_is_one_line_in_the_log(server, caplog):
+  caplog.set_level(logging.INFO, logger='jaxformer.serving')
+  with socket.create_connection(server.server_address[:2], timeout=10) as raw:
+    raw.sendall(b'POST /translate HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"src"')
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack('ii', 1, 0))  # a reset
+  deadline = time.monotonic() + 30
+  while 'connection closed' not in caplog.text and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert 'connection closed (ConnectionResetError' in caplog.text
+  assert 'Traceback' not in caplog.text
+
+
+def test_a_silent_server_is_a_timeout_for_the_client():
+  with socket.socket() as silent:  # accepts connections (the backlog) and never answers
+    silent.bind(('127.0.0.1', 0))
+    silent.listen()
+    url = f'http://127.0.0.1:{silent.getsockname()[1]}'
+    start = time.monotonic()
+    with pytest.raises(serving.ServerError, match=r'did not answer within 0\.5 s \(--timeout\)'):
+      serving.translate(url, ['a'], timeout=0.5)
+    assert time.monotonic() - start < 30
+
+
+def test_a_key_guards_every_page_but_health(translator, tmp_path, monkeypatch, capsys):
+  with serving.Server(translator, ('127.0.0.1', 0), api_key='s3cret') as server:
+    server.state = 'ready'
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+      assert _http(server.url + '/health') == (200, {'status': 'ready'})
+      code, answer = _http(server.url + '/translate', b'{"src": ["a"]}')
+      assert code == 401 and answer['error'].startswith('the server needs its API key')
+      with pytest.raises(serving.ServerError, match='needs its API key'):
+        serving.translate(server.url, ['a'], api_key='wrong')
+      assert serving.translate(server.url, ['a b'], api_key='s3cret') == translator.translate(
+          ['a b'])
+      (tmp_path / 'in.txt').write_text('a b\n')
+      (tmp_path / 'key').write_text('s3cret\n')
+      for how in (['--api-key-file', str(tmp_path / 'key')], []):
+        monkeypatch.setenv('JAXFORMER_API_KEY', 's3cret' if not how else 'wrong')
+        assert serving.client_main(['--server', server.url, '--input', str(tmp_path / 'in.txt'),
+                                    *how]) == 0
+        assert capsys.readouterr().out == translator.translate(['a b'])[0] + '\n'
+    finally:
+      server.shutdown()
+
+
+def test_serve_refuses_another_address_without_a_key(capsys, monkeypatch):
+  monkeypatch.delenv('JAXFORMER_API_KEY', raising=False)
+  assert cli.main(['serve', '--model', 'nowhere', '--host', '0.0.0.0']) == 1
+  assert capsys.readouterr().err.strip() == (
+      'error: --host 0.0.0.0 without an API key: anyone who reaches the port could use the '
+      'server. Set JAXFORMER_API_KEY (or --api-key-file), or give --allow-no-key to serve it '
+      'open.')
+
+
+def test_health_says_warming_up_until_the_model_is_ready(translator):
+  with serving.Server(translator, ('127.0.0.1', 0)) as server:
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+      assert _http(server.url + '/health') == (503, {'status': 'warming up'})
+      assert _http(server.url + '/translate', b'{"src": ["a"]}') == (
+          503, {'error': 'the server is warming up: retry shortly.'})
+      server.state = 'ready'
+      assert _http(server.url + '/health') == (200, {'status': 'ready'})
+    finally:
+      server.shutdown()

@@ -3,8 +3,8 @@
   make bench   (or: python experiments/bench --only train --train-case base)
 Sections, one module each of this package (its docstring says what it measures): data, train,
 checkpoint, memory, decode, and, only when asked for, scale (--only scale), startup (--only
-startup [--demo-model M]) and score (--only score --multi30k-model M: scoring against greedy
-translation, in decode.py);
+startup [--demo-model M]), score (--only score --multi30k-model M: scoring against greedy
+translation, in decode.py) and serve (--only serve --demo-model M: the server under load);
 common.py holds the timing, matmul-peak, RSS and batch helpers.
 """
 
@@ -24,7 +24,7 @@ sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # experiments/: 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import checkpoint, data, decode, memory, scale, startup, train  # noqa: E402
+from bench import checkpoint, data, decode, memory, scale, serve, startup, train  # noqa: E402
 from bench.common import ROOT, turn  # noqa: E402
 from jaxformer.cli import positive_int  # noqa: E402
 
@@ -41,6 +41,7 @@ SECTIONS = {
                                          'multi30k_model': args.multi30k_model}),
     'score': (decode.score_run, lambda args: {'data_dir': args.data_dir,
                                               'multi30k_model': args.multi30k_model}),
+    'serve': (serve.run, lambda args: {'demo_model': args.demo_model}),
     'memory': (memory.run, lambda args: {}),
     'scale': (scale.run, lambda args: {'data_dir': args.data_dir, 'pairs': args.scale_pairs,
                                        'src': args.scale_src, 'tgt': args.scale_tgt,
@@ -101,7 +102,7 @@ def main() -> int:
     except OSError as error:
       parser.error(f'--time-lock: cannot open {args.time_lock}: {error.strerror}')
   # scale: minutes, GBs of disk; startup: minutes, and a trained model
-  sections = args.only or sorted(set(SECTIONS) - {'scale', 'startup', 'score'})
+  sections = args.only or sorted(set(SECTIONS) - {'scale', 'startup', 'score', 'serve'})
   needs_data = {'data', 'decode', 'scale', 'startup', 'score'} & set(sections)
   if needs_data and not (args.data_dir / 'multi30k').is_dir():
     print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
