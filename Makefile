@@ -24,12 +24,14 @@ OTHER_BUILD := $(filter-out $(STAMP),$(wildcard $(VENV)/.installed-*))
 # kept. docs/BENCHMARKS.md has the measurements.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: help install jax-extra lint docs test test-fast demo train-base train-big train-multi30k eval bench \
+.PHONY: help install jax-extra lint docs test test-fast check-core-install demo train-base train-big train-multi30k eval bench \
   gpu-check clean
 
 help:
 	@echo "make test        set up $(VENV) (if needed) and run the whole test suite"
 	@echo "make test-fast   the tests not marked slow"
+	@echo "make check-core-install  the core install (no TensorFlow) in a fresh venv of its own:"
+	@echo "                 it installs, imports, trains the demo's short run and translates"
 	@echo "make lint        ruff with the house rules (pyproject.toml): no finding allowed"
 	@echo "make docs        the documentation site (Sphinx, warnings as errors) in docs/_build/html"
 	@echo "make demo        offline end-to-end demo on the embedded corpus (WORKDIR=, DEMO_STEPS=)"
@@ -51,7 +53,7 @@ $(STAMP): pyproject.toml
 	$(if $(OTHER_BUILD),rm -rf $(VENV))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,docs,$(JAX_EXTRA)]'
+	$(PY) -m pip install --quiet -e '.[test,docs,wmt,$(JAX_EXTRA)]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -74,6 +76,23 @@ lint: $(STAMP)
 # reference, a public name without a docstring) is an error.
 docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -E -a -W --keep-going -q -b html docs docs/_build/html
+
+# The core install, as `pip install jaxformer` gives it: no TensorFlow (WMT14's extra, wmt, is
+# not installed), in a fresh venv; CI runs it after the suite (.ci/run).
+CORE_VENV ?= .venv-core
+check-core-install:
+	rm -rf $(CORE_VENV)
+	$(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CORE_VENV)/bin/python -m pip install --quiet '.[cpu]'
+	@if $(CORE_VENV)/bin/python -c 'import tensorflow' 2>/dev/null; then \
+	  echo "the core install has TensorFlow"; exit 1; fi
+	$(CORE_VENV)/bin/python -c 'import jaxformer.cli'
+	dir=$$(mktemp -d) && cd $$dir && \
+	  $(abspath $(CORE_VENV))/bin/python $(abspath experiments/demo.py) --workdir w \
+	    --num-steps 6 --train-pairs 3000 --test-pairs 12 && \
+	  echo "the red dog sleeps" | $(abspath $(CORE_VENV))/bin/jaxformer translate --model w && \
+	  rm -rf $$dir
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m 'not slow'
@@ -126,4 +145,4 @@ gpu-check: $(STAMP)
 	$(PY) experiments/gpu_check.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info docs/_build
+	rm -rf $(VENV) $(CORE_VENV) .pytest_cache build *.egg-info docs/_build

@@ -196,7 +196,10 @@ def _train(args: argparse.Namespace) -> int:
                          'give --coordinator-address, --num-processes and --process-id, or run '
                          'under a launcher jax detects (SLURM, Cloud TPU, ...).') from None
   files.check_workdir(args.workdir)  # before the recipe's work, which may be minutes
-  summary = trainer.train_recipe(recipe_of(args), args.workdir)
+  recipe = recipe_of(args)
+  if recipe.data.source == 'wmt14':
+    data.sources.require_tfds()  # (the core install has no TensorFlow)
+  summary = trainer.train_recipe(recipe, args.workdir)
   print(json.dumps(summary, indent=2))
   if summary.get('signal') == 'SIGINT':  # saved; SIGTERM (a preemption) ends with 0
     print('interrupted', file=sys.stderr)
@@ -258,6 +261,8 @@ def _test_set(args: argparse.Namespace) -> tuple[data.ParallelText, str]:
 def _eval(args: argparse.Namespace) -> int:
   logging.getLogger('absl').setLevel(logging.WARNING)
   scoring.check_language(args.target_language)  # before the model is loaded and run
+  if not (args.src or args.ref):
+    data.sources.require_tfds()  # newstest2014 from tfds (the core install has no TensorFlow)
   path = args.model
   model, step = translator(path, args)
   text, name = _test_set(args)

@@ -13,7 +13,7 @@ import itertools
 import os
 import pathlib
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 from tqdm import tqdm
 
@@ -155,6 +155,20 @@ def prepare_command(name: str, data_dir: str | None) -> str:
           f'tfds.builder({name!r}{where}).download_and_prepare()"')
 
 
+WMT_EXTRA = "pip install 'jaxformer[wmt]'"  # (make install brings it)
+
+
+def require_tfds() -> Any:
+  """tensorflow_datasets, imported here (slow, and only WMT14 needs it); DataError naming the
+  install command when this install lacks it (the core install has no TensorFlow)."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise DataError(f'WMT14 is read through tensorflow-datasets, which this install lacks: '
+                    f'{WMT_EXTRA} (the make targets install it).') from None
+  return tfds
+
+
 class TfdsSplit(PairSource):
   """A split of a prepared tfds translation dataset, streamed, with the source and target
   fields picked by name (tfds's supervised keys for wmt14_translate are (de|fr, en): pass
@@ -166,8 +180,7 @@ class TfdsSplit(PairSource):
 
   def __init__(self, name: str, split: str, *, src_key: str, tgt_key: str,
                data_dir: str | None = None, download: bool = False):
-    import tensorflow_datasets as tfds  # imported here: slow, and only this source needs it
-
+    tfds = require_tfds()
     try:
       self._builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
@@ -201,8 +214,7 @@ class TfdsSplit(PairSource):
     return hashlib.sha256(key.encode()).hexdigest()[:20]
 
   def chunks(self, size: int) -> Iterator[Chunk]:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-
+    tfds = require_tfds()
     dataset = self._builder.as_dataset(split=self.split, shuffle_files=False).batch(size)
     with tqdm(desc=f'reading {self.origin}', total=self._length, unit='pairs') as bar:
       for batch in tfds.as_numpy(dataset):
