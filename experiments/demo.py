@@ -13,7 +13,7 @@ import pathlib
 import sys
 import time
 
-from jaxformer import cli, monitor, plots, recipes, scoring, trainer
+from jaxformer import cli, compilation, monitor, plots, recipes, scoring, trainer
 from jaxformer.data import embedded
 from jaxformer.errors import JaxformerError
 from jaxformer.translation import Translator
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
   logging.getLogger('absl').setLevel(logging.WARNING)
   cli.use_compilation_cache(args)
   try:
-    with monitor.Interrupts():
+    with monitor.Interrupts(), compilation.one_line_cache_errors():
       run(pathlib.Path(args.workdir), num_steps=args.num_steps, train_pairs=args.train_pairs,
           test_pairs=args.test_pairs)
   except (JaxformerError, ValueError) as e:

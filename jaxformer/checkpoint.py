@@ -13,18 +13,15 @@ item) when the run keeps its best checkpoints. An averaged checkpoint (`average-
 or `average-best<N>/<step>/`) holds params and meta, and loads like any other.
 """
 
-from __future__ import annotations  # orbax's types in signatures, unevaluated: see _lazy
+from __future__ import annotations  # orbax's types in signatures, unevaluated: see _Orbax
 
 import base64
 import contextlib
 import dataclasses
 import hashlib
-import importlib.util
 import logging
 import pathlib
 import shutil
-import sys
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,20 +37,17 @@ log = logging.getLogger(__name__)
 PyTree = Any
 
 
-def _lazy(name: str) -> types.ModuleType:
-  """Module `name`, executed at its first attribute access (importlib's LazyLoader): orbax and
+class _Orbax:
+  """orbax.checkpoint, imported (the usual way) at the first attribute read: orbax and
   tensorstore take a noticeable part of a command's start, and translating an exported model,
   which `jaxformer translate` imports this module for, needs neither."""
-  if name in sys.modules:
-    return sys.modules[name]
-  spec = importlib.util.find_spec(name)
-  spec.loader = importlib.util.LazyLoader(spec.loader)
-  module = sys.modules[name] = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+
+  def __getattr__(self, name: str) -> Any:
+    import orbax.checkpoint  # pylint: disable=g-import-not-at-top
+    return getattr(orbax.checkpoint, name)
 
 
-ocp = _lazy('orbax.checkpoint')
+ocp = _Orbax()
 
 
 class CheckpointError(JaxformerError, ValueError):

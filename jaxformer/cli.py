@@ -588,7 +588,7 @@ def run(argv: list[str]) -> int:
 
   def run() -> int:
     use_compilation_cache(args)
-    with monitor.Interrupts():
+    with monitor.Interrupts(), compilation.one_line_cache_errors():
       return args.run(args)
   return exit_code(run)
 

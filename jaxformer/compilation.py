@@ -11,19 +11,22 @@ programs need:
   jax take a file lock around each read and write, which is what lets processes running at once
   share one folder (without it, a reader may see a half-written entry);
 - a folder that cannot be written is one warning line, and the process compiles as it would
-  without the cache; so is a disk that fills later (jax's own warning, one per program, is
-  replaced by one line for the process).
+  without the cache. So is a disk that fills later, within `one_line_cache_errors` (jax's own
+  warning, one per program, is replaced by one line), which the commands run in.
 
 The `jaxformer` command and the experiments scripts call it with a per-user folder
-(`cli.compilation_cache_dir`); the library itself reads no environment.
+(`cli.compilation_cache_dir`); the library itself reads no environment and changes nothing
+of the process's beyond jax's cache settings.
 """
 
+import contextlib
 import logging
 import os
 import pathlib
 import re
 import tempfile
 import warnings
+from collections.abc import Iterator
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
@@ -55,9 +58,19 @@ def enable_cache(path: str | os.PathLike, *, max_bytes: int = MAX_BYTES) -> bool
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', -1)
   jax.config.update('jax_compilation_cache_max_size', max_bytes)
-  if not isinstance(warnings.showwarning, _OneLineCacheErrors):
-    warnings.showwarning = _OneLineCacheErrors(warnings.showwarning)
   return True
+
+
+@contextlib.contextmanager
+def one_line_cache_errors() -> Iterator[None]:
+  """Within: jax's warning for a cache entry it cannot read or write is said once, in one line
+  (the process's warnings.showwarning wraps the previous one, which comes back on exit)."""
+  previous = warnings.showwarning
+  warnings.showwarning = _OneLineCacheErrors(previous)
+  try:
+    yield
+  finally:
+    warnings.showwarning = previous
 
 
 class _OneLineCacheErrors:

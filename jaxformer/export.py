@@ -87,7 +87,7 @@ def load(path: str | pathlib.Path) -> tuple[Any, TransformerConfig, bytes, int]:
   """(params, config, sentencepiece model bytes, step) of an exported folder; CheckpointError
   naming the problem for a folder that is not one, or a damaged file."""
   path = pathlib.Path(path)
-  if (found := files.describe(path)) not in (files.EXPORT, files.EMPTY, 'a folder'):
+  if (found := files.describe(path)) not in (files.EXPORT, files.EMPTY, files.FOLDER):
     raise checkpoint.CheckpointError(files.misplaced(path, found, 'an exported model'))
   if missing := [name for name in FILES if not (path / name).is_file()]:
     raise checkpoint.CheckpointError(

@@ -11,6 +11,7 @@ error) and reported the same way.
 """
 
 import contextlib
+import enum
 import errno
 import fcntl
 import logging
@@ -29,22 +30,36 @@ _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _FULL_TEXTS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
 
 
-WORKDIR, CHECKPOINTS, EXPORT, CTRANSLATE2 = ('a training workdir', 'a checkpoint folder',
-                                            'an exported model', 'a CTranslate2 model')
-MISSING, EMPTY = 'missing', 'an empty folder'
+class Kind(enum.StrEnum):
+  """What a path holds (`describe`); each value is how messages say it."""
+  MISSING = 'missing'
+  FILE = 'a file'
+  FIFO = 'a FIFO (a pipe)'
+  DEVICE = 'a device or a socket'
+  EXPORT = 'an exported model'
+  CTRANSLATE2 = 'a CTranslate2 model'
+  WORKDIR = 'a training workdir'
+  CHECKPOINTS = 'a checkpoint folder'
+  EMPTY = 'an empty folder'
+  FOLDER = 'a folder'
 
 
-def describe(path: str | os.PathLike) -> str:
-  """What `path` is, in words: MISSING, 'a file', 'a FIFO (a pipe)', 'a device or a socket',
-  EXPORT (a config.json of jaxformer's; `export.load` says what else it lacks), CTRANSLATE2,
-  WORKDIR (checkpoints/, or the vocabulary a run writes first), CHECKPOINTS (numbered step
-  folders, e.g. WORKDIR/average-last5), EMPTY, or 'a folder' (anything else)."""
+# (the names other modules use)
+MISSING, EMPTY, FOLDER = Kind.MISSING, Kind.EMPTY, Kind.FOLDER
+WORKDIR, CHECKPOINTS, EXPORT, CTRANSLATE2 = (Kind.WORKDIR, Kind.CHECKPOINTS, Kind.EXPORT,
+                                            Kind.CTRANSLATE2)
+
+
+def describe(path: str | os.PathLike) -> Kind:
+  """What `path` is: MISSING, FILE, FIFO, DEVICE, EXPORT (a config.json of jaxformer's;
+  `export.load` says what else it lacks), CTRANSLATE2, WORKDIR (checkpoints/, or the vocabulary
+  a run writes first), CHECKPOINTS (numbered step folders, e.g. WORKDIR/average-last5), EMPTY,
+  or FOLDER (anything else)."""
   path = pathlib.Path(path)
   if not path.exists():
-    return MISSING
+    return Kind.MISSING
   if not path.is_dir():
-    return ('a file' if path.is_file() else 'a FIFO (a pipe)' if path.is_fifo() else
-            'a device or a socket')
+    return Kind.FILE if path.is_file() else Kind.FIFO if path.is_fifo() else Kind.DEVICE
   if (path / 'config.json').is_file():
     return CTRANSLATE2 if (path / 'model.bin').is_file() else EXPORT
   if (path / 'checkpoints').is_dir() or (path / 'spm.model').is_file():
@@ -52,7 +67,7 @@ def describe(path: str | os.PathLike) -> str:
   children = list(path.iterdir())
   if any(child.name.isdigit() and child.is_dir() for child in children):
     return CHECKPOINTS
-  return 'a folder' if children else EMPTY
+  return Kind.FOLDER if children else Kind.EMPTY
 
 
 class WorkdirError(JaxformerError, ValueError):
@@ -64,7 +79,7 @@ def check_workdir(workdir: str | os.PathLike) -> None:
   (an export, a checkpoint folder), which a run's checkpoints would turn into something no
   command reads as either."""
   found = describe(workdir)
-  if found not in (MISSING, EMPTY, WORKDIR, 'a folder'):
+  if found not in (MISSING, EMPTY, WORKDIR, FOLDER):
     raise WorkdirError(misplaced(workdir, found, 'a training workdir'))
 
 
