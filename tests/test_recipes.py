@@ -176,10 +176,10 @@ def test_the_rule_for_a_corpus_size_on_cpu(pairs, vocab, dropout, steps, warmup,
   tokens = 533.8 steps of 8192, to the nearest 50: 550; warmup 22% = 121, but at least 400; a
   checkpoint every 550 / 18 = 30.6, up to 40 steps; vocabulary 8000 * sqrt(4/29) = 2971: 3000.
   At 200k pairs: 15.2 epochs, 5582 steps: 5600, warmup 22% = 1232, up to 1240."""
-  chosen, reasons = auto.choose(_corpus(pairs), 'cpu')
-  model, train = chosen['model'], chosen['train']
+  chosen = auto.choose(_corpus(pairs), 'cpu')
+  model, train, reasons = chosen.model, chosen.train, chosen.reasons
   assert (model.vocab_size, model.dropout_rate, train['num_steps'],
-          chosen['optim']['warmup_steps'], train['checkpoint_every_steps'],
+          chosen.optim.warmup_steps, train['checkpoint_every_steps'],
           train['eval_every_steps']) == (vocab, dropout, steps, warmup, every, 2 * every)
   assert (model.num_layers, model.d_model, model.d_ff, model.num_heads) == (4, 128, 256, 4)
   assert (model.max_len, train['row_len'], train['average_last']) == (64, 64, 5)
@@ -188,27 +188,27 @@ def test_the_rule_for_a_corpus_size_on_cpu(pairs, vocab, dropout, steps, warmup,
 
 def test_at_wmt14s_size_the_rule_is_the_papers_base_recipe():
   for backend in ('cpu', 'gpu'):
-    chosen, reasons = auto.choose(_corpus(4_500_000, mean=27.0, longest=120), backend)
+    chosen = auto.choose(_corpus(4_500_000, mean=27.0, longest=120), backend)
     base = recipes.load('base')
-    assert chosen['model'] == base.model == config_lib.base(37_000)
-    assert chosen['optim'] == {} and recipes.Recipe(
-        chosen['model'], config_lib.TrainConfig(**chosen['train']), base.data).train == \
+    assert chosen.model == base.model == config_lib.base(37_000)
+    assert chosen.optim == config_lib.OptimConfig() and recipes.Recipe(
+        chosen.model, config_lib.TrainConfig(**chosen.train), base.data).train == \
         dataclasses.replace(base.train, require_accelerator=False)
-    assert "the paper's base recipe" in reasons[0]
+    assert "the paper's base recipe" in chosen.reasons[0]
 
 
 def test_on_a_gpu_the_model_is_wider_and_trains_twice_the_epochs():
-  cpu, _ = auto.choose(_corpus(29_000), 'cpu')
-  gpu, _ = auto.choose(_corpus(29_000), 'gpu')
-  assert (gpu['model'].d_model, gpu['model'].d_ff, gpu['model'].dropout_rate) == (256, 1024, 0.3)
-  assert gpu['train']['num_steps'] == pytest.approx(2 * cpu['train']['num_steps'], abs=50)
-  assert gpu['train']['eval_every_steps'] == gpu['train']['checkpoint_every_steps']
+  cpu = auto.choose(_corpus(29_000), 'cpu')
+  gpu = auto.choose(_corpus(29_000), 'gpu')
+  assert (gpu.model.d_model, gpu.model.d_ff, gpu.model.dropout_rate) == (256, 1024, 0.3)
+  assert gpu.train['num_steps'] == pytest.approx(2 * cpu.train['num_steps'], abs=50)
+  assert gpu.train['eval_every_steps'] == gpu.train['checkpoint_every_steps']
 
 
 def test_the_vocabulary_is_at_most_what_sentencepiece_can_make():
-  chosen, reasons = auto.choose(_corpus(4_000, largest=1800), 'cpu')
-  assert chosen['model'].vocab_size == 1800
-  assert reasons[0].startswith('vocabulary   1,800 pieces: the most sentencepiece can make')
+  chosen = auto.choose(_corpus(4_000, largest=1800), 'cpu')
+  assert chosen.model.vocab_size == 1800
+  assert chosen.reasons[0].startswith('vocabulary   1,800 pieces: the most sentencepiece can make')
 
 
 def test_size_measures_the_files_and_lets_settings_win(tmp_path, shared_data):
@@ -238,11 +238,11 @@ def test_a_resumed_run_keeps_its_recorded_recipe_and_does_not_measure_again(tmp_
                                                                            monkeypatch):
   """With checkpoints to resume, the record is the recipe (a newer jaxformer's rules, or a
   corpus measured again, cannot change what the checkpoints were trained with); --set wins."""
-  chosen, reasons = auto.choose(_corpus(4_000), 'cpu')
+  chosen = auto.choose(_corpus(4_000), 'cpu')
+  reasons = chosen.reasons
   data_cfg = recipes.override(recipes.AUTO, ['data.train_src=a', 'data.train_tgt=b']).data
-  first = auto.Sizing(recipes.Recipe(chosen['model'], config.TrainConfig(**chosen['train']),
-                                     data_cfg, config.OptimConfig(**chosen['optim'])),
-                      ('head', *reasons, 'tail'))
+  first = auto.Sizing(recipes.Recipe(chosen.model, config.TrainConfig(**chosen.train),
+                                     data_cfg, chosen.optim), 'head', reasons, 'tail')
   auto.record(tmp_path, first)
   assert auto.recorded(tmp_path, recipes.AUTO, []) is None  # no checkpoint yet: sized afresh
   (tmp_path / 'checkpoints' / '40').mkdir(parents=True)
@@ -256,7 +256,11 @@ def test_a_resumed_run_keeps_its_recorded_recipe_and_does_not_measure_again(tmp_
   assert again.reasons[1:-1] == tuple(reasons) and again.reasons[0].startswith('resuming: ')
   assert again.reasons[-1] == 'then your settings, which win: train.num_steps=900'
   auto.record(tmp_path, again)  # and the next resume reads it as well
-  assert auto.recorded(tmp_path, recipes.AUTO, []).reasons[1:-1] == tuple(reasons)
+  assert auto.recorded(tmp_path, recipes.AUTO, []).rules == tuple(reasons)
+  record = json.loads((tmp_path / 'recipe.json').read_text())
+  del record['rules']  # a record written before the rules had a field of their own
+  (tmp_path / 'recipe.json').write_text(json.dumps(record))
+  assert auto.recorded(tmp_path, recipes.AUTO, []).rules == tuple(reasons)
   (tmp_path / 'recipe.json').write_text('{"model": ')
   with pytest.raises(config_lib.SettingError, match='damaged recipe record'):
     auto.recorded(tmp_path, recipes.AUTO, [])
@@ -264,16 +268,18 @@ def test_a_resumed_run_keeps_its_recorded_recipe_and_does_not_measure_again(tmp_
 
 def test_a_fine_tuning_run_keeps_its_parents_model_at_a_lower_learning_rate():
   parent = recipes.load('multi30k').model
-  chosen, reasons = auto.choose(_corpus(2_000, mean=24.0, longest=70), 'cpu', parent)
+  chosen = auto.choose(_corpus(2_000, mean=24.0, longest=70), 'cpu', parent)
+  reasons = chosen.reasons
   # max_len covers the new sentences (sinusoidal positions have no table to outgrow)
-  assert chosen['model'] == parent.replace(max_len=72)
-  assert chosen['optim'] == {'lr_scale': auto.FINE_TUNE_LR_SCALE, 'warmup_steps': 400}
-  assert chosen['train']['row_len'] == 96 and chosen['train']['num_steps'] == 600  # 587
+  assert chosen.model == parent.replace(max_len=72)
+  assert chosen.optim == config_lib.OptimConfig(lr_scale=auto.FINE_TUNE_LR_SCALE,
+                                                warmup_steps=400)
+  assert chosen.train['row_len'] == 96 and chosen.train['num_steps'] == 600  # 587
   learned = parent.replace(learned_positions=True)
-  assert auto.choose(_corpus(2_000, mean=24.0, longest=70), 'cpu', learned)[0]['model'] == learned
+  assert auto.choose(_corpus(2_000, mean=24.0, longest=70), 'cpu', learned).model == learned
   assert reasons[0].startswith("model        the parent's (N=4, d_model 128, 8,000 pieces")
   assert not any(r.startswith('vocabulary') for r in reasons)
-  assert auto.choose(_corpus(4_500_000), 'cpu', parent)[0]['model'] == parent  # never base
+  assert auto.choose(_corpus(4_500_000), 'cpu', parent).model == parent  # never base
 
 
 def test_on_multi30k_the_rule_is_the_multi30k_recipe(shared_data):
@@ -291,7 +297,7 @@ def test_on_multi30k_the_rule_is_the_multi30k_recipe(shared_data):
 
 
 def test_long_sentences_raise_max_len_and_the_rows():
-  chosen, reasons = auto.choose(_corpus(50_000, mean=30.0, longest=131), 'cpu')
-  assert (chosen['model'].max_len, chosen['train']['row_len']) == (136, 160)
-  assert reasons[3].startswith('lengths      max_len 136, rows of 160: 99.9% of the sentences '
+  chosen = auto.choose(_corpus(50_000, mean=30.0, longest=131), 'cpu')
+  assert (chosen.model.max_len, chosen.train['row_len']) == (136, 160)
+  assert chosen.reasons[3].startswith('lengths      max_len 136, rows of 160: 99.9% of the sentences '
                                'have at most 131 pieces')

@@ -18,6 +18,7 @@ import math
 import pathlib
 import tempfile
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from jaxformer import config as config_lib
 from jaxformer import files
 from jaxformer.config import OptimConfig, TransformerConfig
 from jaxformer.data import sources, tokenizer as tokenizer_lib
+from jaxformer.recipes import Recipe, override
 
 PAPER_PAIRS = 1_000_000  # from here on: the paper's base recipe (Table 3 "base", §5)
 REFERENCE_PAIRS = 29_000  # Multi30k's training set: the multi30k recipe's point
@@ -47,10 +49,27 @@ class Corpus:
 
 
 @dataclasses.dataclass(frozen=True)
-class Sizing:
-  """The recipe the rules chose, and why (one line per choice)."""
-  recipe: 'Recipe'  # noqa: F821  (recipes.Recipe; imported where it is used)
+class Choice:
+  """What the rules chose for a corpus, and the reason for each choice (a line each)."""
+  model: TransformerConfig
+  train: dict[str, Any]  # the TrainConfig fields the rules set (the recipe's others stay)
+  optim: OptimConfig
   reasons: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizing:
+  """The recipe the rules chose, and why: what was sized (or that a record was resumed), a
+  line per choice of the rules, and the user's settings over them."""
+  recipe: Recipe
+  head: str
+  rules: tuple[str, ...]
+  yours: str
+
+  @property
+  def reasons(self) -> tuple[str, ...]:
+    """Every line, as the command prints them."""
+    return (self.head, *self.rules, self.yours)
 
 
 def rule_vocab_size(pairs: int) -> int:
@@ -93,21 +112,18 @@ def _round_up(x: float, step: int) -> int:
   return int(step * math.ceil(x / step))
 
 
-def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
-           ) -> tuple[dict, list[str]]:
-  """The recipe's settings ({'model': TransformerConfig, 'train': {...}, 'optim': {...}}) for
-  `corpus` on `backend` ('cpu' or 'gpu'), and the reason for each choice. A fine-tuning run
-  (`parent`: the model it starts from) keeps the parent's model and trains at FINE_TUNE_LR_SCALE
-  of the learning rate."""
+def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None) -> Choice:
+  """The recipe's settings for `corpus` on `backend` ('cpu' or 'gpu'), and the reason for each
+  choice. A fine-tuning run (`parent`: the model it starts from) keeps the parent's model and
+  trains at FINE_TUNE_LR_SCALE of the learning rate."""
   pairs = corpus.pairs
   if pairs >= PAPER_PAIRS and parent is None:  # the paper's base recipe (recipes/base.py)
-    return ({'model': config_lib.base(37_000),
-             'train': {'num_steps': 100_000, 'tokens_per_batch': 25_000, 'average_last': 5,
-                       'checkpoint_every_secs': 600.0},
-             'optim': {}},
-            [f'{pairs:,} pairs: at least {PAPER_PAIRS:,}, the paper\'s base recipe (§5, Table 3): '
-             'N=6, d_model 512, 37k pieces, 100k steps of 25k tokens, checkpoints every 10 '
-             'minutes, the last 5 averaged'])
+    return Choice(config_lib.base(37_000),
+                  {'num_steps': 100_000, 'tokens_per_batch': 25_000, 'average_last': 5,
+                   'checkpoint_every_secs': 600.0}, OptimConfig(),
+                  (f'{pairs:,} pairs: at least {PAPER_PAIRS:,}, the paper\'s base recipe (§5, '
+                   'Table 3): N=6, d_model 512, 37k pieces, 100k steps of 25k tokens, '
+                   'checkpoints every 10 minutes, the last 5 averaged',))
   model, reasons = _model(corpus, backend) if parent is None else (parent, [
       f'model        the parent\'s (N={parent.num_layers}, d_model {parent.d_model}, '
       f'{parent.vocab_size:,} pieces, dropout {parent.dropout_rate}): fine-tuning keeps it'])
@@ -151,7 +167,7 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
            'checkpoint_every_steps': every, 'checkpoint_every_secs': None, 'keep_checkpoints': 5,
            'average_last': 5, 'eval_every_steps': evaluate,
            'log_every_steps': max(10, every // 2)}
-  return {'model': model.replace(max_len=max_len), 'train': train, 'optim': optim}, reasons
+  return Choice(model.replace(max_len=max_len), train, OptimConfig(**optim), tuple(reasons))
 
 
 def _model(corpus: Corpus, backend: str) -> tuple[TransformerConfig, list[str]]:
@@ -177,24 +193,23 @@ def _model(corpus: Corpus, backend: str) -> tuple[TransformerConfig, list[str]]:
   return TransformerConfig(vocab_size=vocab, dropout_rate=dropout, **dims), reasons
 
 
-def size(recipe: 'Recipe', assignments: Sequence[str], *, backend: str,  # noqa: F821
+def size(recipe: Recipe, assignments: Sequence[str], *, backend: str,
          parent: tuple[TransformerConfig, tokenizer_lib.Tokenizer] | None = None) -> Sizing:
   """`recipe` (its data section: a text source) with the model, training and optimisation
   settings chosen for its training corpus, then `assignments` (--set) applied over them; for a
   fine-tuning run, `parent` is the model's config and vocabulary."""
-  from jaxformer import recipes  # pylint: disable=g-import-not-at-top  (the package imports us)
   if recipe.data.source != 'text' or not recipe.data.train_src:
     raise config_lib.SettingError('the automatic recipe sizes itself from your corpus: give '
                                   '--train-src and --train-tgt (or a --config).')
   pairs = sources.TextFiles(recipe.data.train_src, recipe.data.train_tgt)
   corpus = measure(pairs, rule_vocab_size(len(pairs)), seed=recipe.train.seed,
                    tokenizer=parent and parent[1])
-  chosen, reasons = choose(corpus, backend, parent and parent[0])
-  train = dataclasses.replace(recipe.train, **chosen['train'])
-  sized = recipes.Recipe(chosen['model'], train, recipe.data, OptimConfig(**chosen['optim']))
+  chosen = choose(corpus, backend, parent and parent[0])
+  train = dataclasses.replace(recipe.train, **chosen.train)
+  sized = Recipe(chosen.model, train, recipe.data, chosen.optim)
   head = (f'the automatic recipe for {corpus.pairs:,} pairs ({corpus.mean_pieces:.1f} pieces a '
           f'sentence, 99.9% within {corpus.long_pieces}) on {backend}:')
-  return Sizing(recipes.override(sized, assignments), (head, *reasons, _last_reason(assignments)))
+  return Sizing(override(sized, assignments), head, chosen.reasons, _last_reason(assignments))
 
 
 def _last_reason(assignments: Sequence[str]) -> str:
@@ -205,13 +220,12 @@ def _last_reason(assignments: Sequence[str]) -> str:
           'explains the rules')
 
 
-def recorded(workdir: str | pathlib.Path, recipe: 'Recipe', assignments: Sequence[str]  # noqa: F821
+def recorded(workdir: str | pathlib.Path, recipe: Recipe, assignments: Sequence[str]
              ) -> Sizing | None:
   """The recipe `record` wrote in `workdir`, when the workdir has checkpoints to resume, with
   `recipe`'s data section and `assignments` (--set) applied over it: a resumed run keeps the
   choices its checkpoints were trained with (the corpus is not measured again, and a newer
   jaxformer's rules do not change them). None for a fresh workdir or one without a record."""
-  from jaxformer import recipes  # pylint: disable=g-import-not-at-top  (the package imports us)
   workdir = pathlib.Path(workdir)
   path = workdir / 'recipe.json'
   if not path.is_file() or not files.has_checkpoints(workdir):
@@ -220,15 +234,15 @@ def recorded(workdir: str | pathlib.Path, recipe: 'Recipe', assignments: Sequenc
     fields = json.loads(path.read_text())
     known = {f.name for f in dataclasses.fields(config_lib.TrainConfig)}
     train = config_lib.TrainConfig(**{k: v for k, v in fields['train'].items() if k in known})
-    sized = recipes.Recipe(config_lib.config_from_dict(fields['model']), train, recipe.data,
-                           config_lib.optim_from_dict(fields['optim']))
-    reasons = tuple(fields['reasons'])
+    sized = Recipe(config_lib.config_from_dict(fields['model']), train, recipe.data,
+                   config_lib.optim_from_dict(fields['optim']))
+    # (a record from before 'rules' has them between its first and last reasons)
+    rules = tuple(fields['rules'] if 'rules' in fields else fields['reasons'][1:-1])
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise config_lib.SettingError(f'{path}: damaged recipe record ({type(e).__name__}: {e}); '
                                   'give the settings with --config, or remove it.') from None
   head = f'resuming: the automatic recipe recorded in {path} (the corpus is not measured again)'
-  return Sizing(recipes.override(sized, assignments),
-                (head, *reasons[1:-1], _last_reason(assignments)))
+  return Sizing(override(sized, assignments), head, rules, _last_reason(assignments))
 
 
 def record(workdir: str | pathlib.Path, sizing: Sizing) -> pathlib.Path:
@@ -241,7 +255,7 @@ def record(workdir: str | pathlib.Path, sizing: Sizing) -> pathlib.Path:
   except OSError as e:
     raise files.cannot_write(path, 'the recipe', e) from None
   files.write_atomically(path, (json.dumps({
-      'recipe': 'auto', 'reasons': list(sizing.reasons),
+      'recipe': 'auto', 'reasons': list(sizing.reasons), 'rules': list(sizing.rules),
       'model': config_lib.config_to_dict(recipe.model),
       'train': dataclasses.asdict(recipe.train), 'optim': dataclasses.asdict(recipe.optim),
       'data': dataclasses.asdict(recipe.data)}, indent=1) + '\n').encode(), 'the recipe')
