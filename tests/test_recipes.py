@@ -299,5 +299,5 @@ def test_on_multi30k_the_rule_is_the_multi30k_recipe(shared_data):
 def test_long_sentences_raise_max_len_and_the_rows():
   chosen = auto.choose(_corpus(50_000, mean=30.0, longest=131), 'cpu')
   assert (chosen.model.max_len, chosen.train['row_len']) == (136, 160)
-  assert chosen.reasons[3].startswith('lengths      max_len 136, rows of 160: 99.9% of the sentences '
-                               'have at most 131 pieces')
+  assert chosen.reasons[3].startswith('lengths      max_len 136, rows of 160: 99.9% of the '
+                                      'sentences have at most 131 pieces')
