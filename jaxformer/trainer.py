@@ -442,21 +442,33 @@ def _checkpoint_manager(workdir: pathlib.Path, train_cfg: TrainConfig, validated
 class Run:
   """One training run in progress: the replicated state, the save clock, the data position, the
   run's translator, early stopping and the summary, with the loop's actions as methods (`log`,
-  `evaluate`, `save`, `stop`). train_and_evaluate makes one, steps it and finishes it."""
+  `evaluate`, `save`, `stop`) and its state changed only by them and `train_step`.
+  train_and_evaluate starts one (`Run.start`: restored or initialised), steps it and finishes
+  it. The constructor only takes what it is given: it computes, compiles and logs nothing."""
+
+  @classmethod
+  def start(cls, config: TransformerConfig, train_cfg: TrainConfig, workdir: pathlib.Path,
+            pipeline: pipeline_lib.Pipeline, optim: OptimConfig, init_params: Any = None
+            ) -> 'Run':
+    """The run of `workdir`: its newest checkpoint restored, else a fresh state (from
+    `init_params` if given); the run described in the log."""
+    manager = _checkpoint_manager(workdir, train_cfg, pipeline.validation is not None)
+    state, rng = init_or_restore(config, train_cfg, pipeline, manager, optim, init_params)
+    run = cls(config, train_cfg, workdir, pipeline, optim, manager, state, rng)
+    log.info('training on %s', describe_run(run.facts))
+    return run
 
   def __init__(self, config: TransformerConfig, train_cfg: TrainConfig, workdir: pathlib.Path,
-               pipeline: pipeline_lib.Pipeline, optim: OptimConfig, init_params: Any = None):
+               pipeline: pipeline_lib.Pipeline, optim: OptimConfig, manager: Any,
+               state: TrainState, rng: Array):
     self.config, self.train_cfg, self.workdir, self.pipeline = config, train_cfg, workdir, pipeline
-    self.manager = _checkpoint_manager(workdir, train_cfg, pipeline.validation is not None)
-    state, self.rng = init_or_restore(config, train_cfg, pipeline, self.manager, optim,
-                                      init_params)
+    self.manager, self.rng = manager, rng
     self.start_step = int(state.step)
     self.meta = checkpoint.make_meta(config, pipeline.tokenizer.model_proto, optim)
     computed = train_cfg.computed(config)  # what the steps compute with (the fast path's)
     self.facts = execution_facts(computed, train_cfg, src_len=pipeline.src_len,
                                  tgt_len=pipeline.tgt_len, rows=pipeline.rows)
     self.hparams = _hparams(config, train_cfg, optim, self.facts)
-    log.info('training on %s', describe_run(self.facts))
     self.p_state, self.p_rng = parallel.replicate(state), parallel.replicate(self.rng)
     self.p_train_step, self.p_eval_step = _pmapped_steps(
         computed, optim, train_cfg.accum_steps, train_cfg.skip_nonfinite)
@@ -475,9 +487,11 @@ class Run:
                             evaluate=self.evaluate if self.pipeline.validation is not None
                             else None)
 
-  def train_step(self, step: int, batch: Any) -> None:
-    """Queues step `step` on `batch`; reads the previous step's metrics (the device has this
-    one) into the progress bar."""
+  def train_step(self, step: int, batch: Any, position: dict[str, Any]) -> None:
+    """Queues step `step` on `batch`, the data stream being at `position` after it (what a
+    save records); reads the previous step's metrics (the device has this one) into the
+    progress bar."""
+    self.data_state = position
     self.p_state, metrics = self.p_train_step(self.p_state, batch, self.p_rng)
     self.sink.progress.update(self.reader.read())
     self.reader.push(step, metrics)
@@ -554,15 +568,14 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
   """Trains `config` with `optim` (default: the paper's) on the pipeline's batches, resuming
   from the workdir, else from `init_params` if given. Returns a summary: final step, metrics,
   the checkpoints, and 'preempted' (with its 'signal') or 'stopped_early' (out of patience)."""
-  run = Run(config, train_cfg, pathlib.Path(workdir), pipeline, optim or OptimConfig(),
-            init_params)
+  run = Run.start(config, train_cfg, pathlib.Path(workdir), pipeline, optim or OptimConfig(),
+                  init_params)
   actions, device_batches = run.actions(), pipeline.device_batches()
   try:
     with run.sink, monitor.PreemptionGuard() as guard:
       run.sink.start(run.start_step, run.facts, describe_run(run.facts), run.hparams)
       for step in range(run.start_step + 1, train_cfg.num_steps + 1):
-        batch, run.data_state = next(device_batches)
-        run.train_step(step, batch)
+        run.train_step(step, *next(device_batches))
         preempted, timed_save = _agree(guard, run.last_save, train_cfg) if host_sync_due(
             step, train_cfg, jax.process_count()) else (False, False)
         now = due(actions, step, train_cfg.num_steps, save_signal=preempted or timed_save)

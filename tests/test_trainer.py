@@ -61,13 +61,12 @@ def test_each_action_of_a_run_works_alone(tmp_path):
   tc = _tc(num_steps=3, patience=1)
   validation = synthetic_text(40, seed=1)
   pipeline = data.pipeline.build(tmp_path, CFG, tc, TEXT, validation)
-  run = trainer.Run(CFG, tc, tmp_path, pipeline, config.OptimConfig())
+  run = trainer.Run.start(CFG, tc, tmp_path, pipeline, config.OptimConfig())
   assert [a.name for a in run.actions()] == ['log', 'eval', 'save']
   batches = pipeline.device_batches()
   with run.sink:
     for step in (1, 2):
-      batch, run.data_state = next(batches)
-      run.train_step(step, batch)
+      run.train_step(step, *next(batches))
     run.sink.progress.update(run.reader.read())
     run.log(2)
     assert set(run.summary['train']) >= {'loss', 'lr', 'tokens_per_s'}
