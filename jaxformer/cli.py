@@ -89,10 +89,10 @@ def _setting_type(hint: Any):
 
 
 # The sections whose every field is also a flag of `jaxformer train` (--num-steps for --set
-# train.num_steps=...): the data section has its own few.
-_SHORTCUTS = (('train', TrainConfig), ('optim', OptimConfig))
-_SECTION_TITLES = {'train': 'training', 'optim': 'optimisation: the learning rate, Adam, clipping, '
-                   'label smoothing'}
+# train.num_steps=...), made from the fields' help.
+_SHORTCUTS = (('data', DataConfig), ('train', TrainConfig), ('optim', OptimConfig))
+_SECTION_TITLES = {'data': 'data', 'train': 'training',
+                   'optim': 'optimisation: the learning rate, Adam, clipping, label smoothing'}
 
 
 def _add_train_flags(parser: argparse.ArgumentParser) -> None:
@@ -110,20 +110,6 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
                       help='change any setting, e.g. --set model.dropout_rate=0.2 --set '
                       'train.num_steps=5000 --set model.vocab_size=8000 (repeatable; SECTION: '
                       'model, train, data, optim; a wrong name lists the valid ones)')
-  group = parser.add_argument_group(
-      'data (shortcuts for --set data.NAME=...)')
-  flag(group, 'source', choices=('wmt14', 'text', 'embedded'), help="default: the recipe's")
-  for name, side in (('source_language', 'source'), ('target_language', 'target')):
-    flag(group, name, metavar='LANG', help=f'the {side} language (ISO 639: en, de, zh, ...); '
-          "wmt14 reads en->de, de->en, en->fr or fr->en (default: the recipe's)")
-  for name, help_text in (('train_src', 'training source file (text source)'),
-                          ('train_tgt', 'training target file'),
-                          ('eval_src', 'validation source file (optional)'),
-                          ('eval_tgt', 'validation target file'),
-                          ('tfds_data_dir', 'tfds data folder (default: $TFDS_DATA_DIR)')):
-    flag(group, name, type=path_arg, help=help_text)
-  flag(group, 'download', action='store_true', default=None,
-        help='let tfds download and prepare WMT14 (needs internet; hours)')
   groups = {}
   for section, cls in _SHORTCUTS:
     group = groups[section] = parser.add_argument_group(
@@ -162,7 +148,7 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
     raise SettingError('--variant makes a Table 3 row of the base recipe: give --config base.')
   recipe = recipes.AUTO if auto else recipes.load(args.config, args.variant)
   shortcuts = [f'{section}.{field.name}={getattr(args, field.name)}'
-               for section, cls in (('data', DataConfig), *_SHORTCUTS)
+               for section, cls in _SHORTCUTS
                for field in dataclasses.fields(cls) if getattr(args, field.name, None) is not None]
   shortcuts += ['train.require_accelerator=false'] * args.allow_cpu
   shortcuts += ['model.execution.remat=true'] * args.remat

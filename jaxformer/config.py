@@ -318,18 +318,24 @@ WMT14_DIRECTIONS = (('en', 'de'), ('de', 'en'), ('en', 'fr'), ('fr', 'en'))
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   """Where the training and validation pairs come from (data.pipeline.sources reads them)."""
-  source: str = 'text'                  # 'wmt14' (tfds), 'text' (files) or 'embedded' (generated)
-  source_language: str = 'en'           # the pair, as ISO 639 codes; wmt14 reads en->de,
-  target_language: str = 'de'           # de->en, en->fr or fr->en
-  tfds_data_dir: str | None = None      # wmt14: tfds data folder (None: $TFDS_DATA_DIR)
-  download: bool = False                # wmt14: let tfds download and prepare it (hours, online)
-  train_src: str | None = None          # text: line-aligned training files
-  train_tgt: str | None = None
-  eval_src: str | None = None           # text: validation files (optional)
-  eval_tgt: str | None = None
-  train_pairs: int = 60_000             # embedded: generated pairs per split
-  validation_pairs: int = 1000
-  test_pairs: int = 1000
+  source: str = setting('text', "'wmt14' (tfds; the wmt extra), 'text' (files) or 'embedded' "
+                        '(generated)', metavar='NAME')
+  source_language: str = setting('en', 'the source language (ISO 639: en, de, zh, ...); wmt14 '
+                                 'reads en->de, de->en, en->fr or fr->en', metavar='LANG')
+  target_language: str = setting('de', 'the target language (ISO 639)', metavar='LANG')
+  tfds_data_dir: str | None = setting(None, 'wmt14: the tfds data folder (none: '
+                                      '$TFDS_DATA_DIR)', metavar='DIR')
+  download: bool = setting(False, 'wmt14: let tfds download and prepare it (needs internet; '
+                           'hours)')
+  train_src: str | None = setting(None, 'text: the training source file', metavar='FILE')
+  train_tgt: str | None = setting(None, 'text: the training target file, line-aligned',
+                                  metavar='FILE')
+  eval_src: str | None = setting(None, 'text: the validation source file (optional)',
+                                 metavar='FILE')
+  eval_tgt: str | None = setting(None, 'text: the validation target file', metavar='FILE')
+  train_pairs: int = setting(60_000, 'embedded: generated training pairs')
+  validation_pairs: int = setting(1000, 'embedded: generated validation pairs')
+  test_pairs: int = setting(1000, 'embedded: generated test pairs')
 
   RANGES = {'train_pairs': AT_LEAST_1, 'validation_pairs': AT_LEAST_0, 'test_pairs': AT_LEAST_0}
 
@@ -347,6 +353,9 @@ class DataConfig:
       raise SettingError(f'WMT14 has no {"->".join(pair)} direction: set data.source_language '
                          f'and data.target_language to one of '
                          f'{", ".join("->".join(d) for d in WMT14_DIRECTIONS)}.')
+    for name in ('tfds_data_dir', 'train_src', 'train_tgt', 'eval_src', 'eval_tgt'):
+      if getattr(self, name) is not None and not getattr(self, name).strip():
+        raise SettingError(f'data.{name} must be a path, got {getattr(self, name)!r}.')
     for src, tgt in (('train_src', 'train_tgt'), ('eval_src', 'eval_tgt')):
       if (getattr(self, src) is None) != (getattr(self, tgt) is None):
         raise SettingError(f'data.{src} and data.{tgt} go together: give both files or '
