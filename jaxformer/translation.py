@@ -93,6 +93,13 @@ def _bucket(length: int) -> int:
   return max(8, 1 << (length - 1).bit_length())
 
 
+def _rows(sentences: int, batch_size: int) -> int:
+  """A batch's rows: its sentences padded to a power of two, at most batch_size. A search costs
+  what its rows cost, finished or padding, so one sentence (a server's request, a terminal's
+  line) is searched in one row, not in batch_size."""
+  return min(batch_size, 1 << (sentences - 1).bit_length())
+
+
 @functools.lru_cache(maxsize=32)  # (a server's requests may ask for several sampling settings)
 def _jitted_search(config: TransformerConfig, decoding: DecodingConfig) -> Any:
   """decode_batch jitted for one model shape and search, made once per process: Translators of
@@ -239,13 +246,13 @@ class Translator:
       rows = [ids[i] + [EOS_ID] for i in chosen]
       width = min(_bucket(max(max(len(rows[r]), len(forced[i]) + 1)
                               for r, i in enumerate(chosen))), cfg.max_len)
-      src = _padded(rows, (decoding.batch_size, width))  # a fixed batch: one compile per width
+      size = _rows(len(rows), decoding.batch_size)  # (few shapes: few compiled programs)
+      src = _padded(rows, (size, width))
       max_len = min(width + decoding.extra_length, cfg.max_len)
       max_lengths = _padded([[max(len(row), len(forced[i]) + 1) + decoding.extra_length]
-                             for row, i in zip(rows, chosen)], (decoding.batch_size, 1))[:, 0]
-      prefix = None if not any(forced) else _padded([forced[i] for i in chosen],
-                                                    (decoding.batch_size, max_len))
-      sentence_ids = _padded([[first_index + i] for i in chosen], (decoding.batch_size, 1))[:, 0]
+                             for row, i in zip(rows, chosen)], (size, 1))[:, 0]
+      prefix = None if not any(forced) else _padded([forced[i] for i in chosen], (size, max_len))
+      sentence_ids = _padded([[first_index + i] for i in chosen], (size, 1))[:, 0]
       result = jax.device_get(self._search(self.params, src, np.minimum(max_lengths, max_len),
                                            prefix, seed, sentence_ids, max_len=max_len,
                                            num_results=num_results))
@@ -334,11 +341,10 @@ class Translator:
       log.warning('%d pair(s) longer than the model\'s %d tokens were not scored (indices '
                   '%s%s).', len(skipped), limit, ', '.join(map(str, skipped[:10])),
                   ', ...' if len(skipped) > 10 else '')
-    size = self.decoding.batch_size
-
     def run(chosen: list[int]) -> np.ndarray:
       src = [src_ids[i] + [EOS_ID] for i in chosen]
       tgt = [tgt_ids[i] + [EOS_ID] for i in chosen]
+      size = _rows(len(chosen), self.decoding.batch_size)
       width = lambda rows: min(_bucket(max(map(len, rows))), limit)  # noqa: E731
       return np.asarray(self._scores(self.params, _padded(src, (size, width(src))),
                                      _padded(tgt, (size, width(tgt)))))
