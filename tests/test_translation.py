@@ -229,3 +229,21 @@ def test_a_prefix_starts_the_output_and_the_search_goes_on_from_it(translator):
     translator.translate(SENTENCES[:2], prefixes=['x'])
   with pytest.raises(translation.DataError, match=r'^the prefix of sentence 4 has \d+ pieces'):
     translator.translate(['a'], prefixes=[' '.join(['dog'] * 200)], first_index=3)
+
+
+def test_the_first_sampled_tokens_of_a_model_follow_its_softmax(translator):
+  """2,000 samples of one sentence from the tiny model: each first token's frequency within 5
+  standard errors of the model's probability for it (a fixed seed: the test cannot flake)."""
+  n, sentence = 2000, SENTENCES[0]
+  sampler = translator.replace(sampling=True, seed=0, extra_length=0)
+  ids = [translation._until_eos(row)[:1] for row in next(
+      sampler._searches([sentence], False, n, None, 0))[1][0]]  # n samples' ids
+  assert len(ids) == n
+  src = translation._padded([translator.tokenizer.encode([sentence])[0] + [1]], (1, 32))
+  logits = Transformer(translator.config).apply({'params': translator.params}, src,
+                                                np.zeros((1, 1), np.int32))[0, 0]
+  expected = np.asarray(jax.nn.softmax(logits.at[0].set(-1e9)))  # (padding is never drawn)
+  counts = np.bincount([row[0] if row else 1 for row in ids], minlength=len(expected)) / n
+  tolerance = 5 * np.sqrt(expected * (1 - expected) / n) + 1e-9
+  assert (np.abs(counts - expected) <= tolerance).all()
+  assert (counts > 0).sum() > 20  # an untrained model: many first tokens
