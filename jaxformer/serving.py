@@ -41,6 +41,7 @@ import threading
 import time
 import typing
 import urllib.error
+from collections.abc import Iterator
 import urllib.request
 from typing import Any
 
@@ -90,6 +91,7 @@ class Server(http.server.ThreadingHTTPServer):
     self.batcher = Batcher(model, limits.max_batch)
     self.connections = threading.BoundedSemaphore(limits.max_connections)
     self.state = 'warming up'  # then 'ready', then 'stopping'
+    self._answering, self._lock = 0, threading.Lock()
 
   @property
   def url(self) -> str:
@@ -118,10 +120,13 @@ class Server(http.server.ThreadingHTTPServer):
       self.connections.release()
 
   def handle_error(self, request: Any, client_address: Any) -> None:
-    """A connection that failed: one line in the log (a client gone), never a traceback."""
+    """A connection that failed: one line in the log for a client gone or silent (an OSError),
+    the traceback for anything else (a bug)."""
     error = sys.exc_info()[1]
-    log.info('%s: connection closed (%s)', client_address[0],
-             f'{type(error).__name__}: {error}' if error else 'unknown')
+    if isinstance(error, OSError):
+      log.info('%s: connection closed (%s: %s)', client_address[0], type(error).__name__, error)
+    else:
+      log.exception('%s: connection failed', client_address[0])
 
   def server_close(self) -> None:
     super().server_close()
@@ -129,8 +134,19 @@ class Server(http.server.ThreadingHTTPServer):
       self.batcher.close()
 
   def in_flight(self) -> int:
-    """Connections being served now."""
-    return self.limits.max_connections - self.connections._value  # pylint: disable=protected-access
+    """Requests being answered now (idle connections are not waited for)."""
+    return self._answering
+
+  @contextlib.contextmanager
+  def answering(self) -> Iterator[None]:
+    """Counts a request in flight while it is answered (in_flight)."""
+    with self._lock:
+      self._answering += 1
+    try:
+      yield
+    finally:
+      with self._lock:
+        self._answering -= 1
 
   def answer(self, path: str, request: Any) -> dict[str, Any]:
     """The response to a decoded POST body of /translate or /score; JaxformerError (400) for
@@ -336,7 +352,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       self._send(400, {'error': f'bad request: the body is not JSON ({e}).'})
       return
     try:
-      self._send(200, self.server.answer(path, request))
+      with self.server.answering():
+        answer = self.server.answer(path, request)
+      self._send(200, answer)
     except Busy as e:
       self._send(503, {'error': str(e)}, retry_after=1)
     except TooLarge as e:
