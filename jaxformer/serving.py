@@ -417,12 +417,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 def serve(model: Any, host: str = '127.0.0.1', port: int = DEFAULT_PORT,
           info: dict[str, Any] | None = None, limits: ServerLimits = ServerLimits(),
-          api_key: str | None = None) -> None:
-  """Serves `model` until interrupted (KeyboardInterrupt: Ctrl-C, or SIGTERM where the caller
-  turns it into one). GET /health answers 503 until the shortest search (one sentence) is
-  compiled, so that the first request does not wait for it, then 200; the address is logged
-  once it does. On the way out, new requests are refused (503) and those in flight get
-  limits.drain_timeout seconds to finish."""
+          api_key: str | None = None, stop: threading.Event | None = None) -> None:
+  """Serves `model` until `stop` is set or the process is interrupted (KeyboardInterrupt:
+  Ctrl-C, or SIGTERM where the caller turns it into one). GET /health answers 503 until the
+  shortest search (one sentence) is compiled, so that the first request does not wait for it,
+  then 200; the address is logged once it does. On the way out, new requests are refused (503)
+  and those in flight get limits.drain_timeout seconds to finish."""
   with Server(model, (host, port), info, limits, api_key) as server:
     threading.Thread(target=server.serve_forever, name='server', daemon=True).start()
     try:
@@ -430,7 +430,7 @@ def serve(model: Any, host: str = '127.0.0.1', port: int = DEFAULT_PORT,
       server.state = 'ready'
       log.info('serving %s at %s (POST /translate, POST /score, GET /health; Ctrl-C stops)',
                (info or {}).get('model', 'the model'), server.url)
-      threading.Event().wait()
+      (stop or threading.Event()).wait()
     finally:
       server.state = 'stopping'
       deadline = time.monotonic() + limits.drain_timeout

@@ -268,15 +268,17 @@ class _Gate:
   """A Translator whose searches wait until `open` is set, counting them."""
 
   def __init__(self, model):
-    self.model, self.open, self.searches = model, threading.Event(), []
+    self.model, self.open, self.entered, self.searches = model, threading.Event(), \
+        threading.Event(), []
     self.decoding = model.decoding
 
   def replace(self, **settings):
     gate = _Gate(self.model.replace(**settings))
-    gate.open, gate.searches = self.open, self.searches
+    gate.open, gate.entered, gate.searches = self.open, self.entered, self.searches
     return gate
 
   def translate(self, sentences, *args, **kwargs):
+    self.entered.set()
     assert self.open.wait(60)
     self.searches.append(len(sentences))
     return self.model.translate(sentences, *args, **kwargs)
@@ -452,3 +454,37 @@ def test_health_says_warming_up_until_the_model_is_ready(translator):
       assert _http(server.url + '/health') == (200, {'status': 'ready'})
     finally:
       server.shutdown()
+
+
+def test_stopping_refuses_new_requests_and_lets_those_in_flight_finish(translator):
+  gate = _Gate(translator)
+  gate.open.set()  # (the warm-up's search)
+  with socket.socket() as probe:  # a free port
+    probe.bind(('127.0.0.1', 0))
+    port = probe.getsockname()[1]
+  stop, url = threading.Event(), f'http://127.0.0.1:{port}'
+  server = threading.Thread(target=serving.serve, args=(gate, '127.0.0.1', port),
+                            kwargs={'stop': stop, 'limits': ServerLimits(drain_timeout=60)})
+  server.start()
+  deadline = time.monotonic() + 120
+  while time.monotonic() < deadline:
+    with contextlib.suppress(OSError):
+      if _http(url + '/health')[0] == 200:
+        break
+    time.sleep(0.05)
+  gate.open.clear()
+  gate.entered.clear()
+  answer: list = []
+  in_flight = threading.Thread(target=lambda: answer.append(serving.translate(url, ['a b'])))
+  in_flight.start()
+  assert gate.entered.wait(60)  # the request is being searched
+  stop.set()
+  while _http(url + '/health')[0] != 503:
+    time.sleep(0.01)
+  assert _http(url + '/health') == (503, {'status': 'stopping'})
+  assert _http(url + '/translate', b'{"src": ["c"]}') == (
+      503, {'error': 'the server is stopping: retry shortly.'})
+  gate.open.set()  # the request in flight finishes, and then the server stops
+  in_flight.join(timeout=60)
+  server.join(timeout=60)
+  assert answer == [translator.translate(['a b'])] and not server.is_alive()
