@@ -298,9 +298,10 @@ class Translator:
            progress: bool, desc: str) -> Iterator[tuple[list[int], Any]]:
     """run(batch) over `todo`'s indices in batches of batch_size, longest first (the longest
     start first, so that workers finish together), by the workers side by side; (batch, its
-    result) in that order."""
+    result) in that order. Fewer sentences than the workers' batches are shared among the
+    workers, so that none idles (a server's few requests)."""
     todo = sorted(todo, key=lambda i: -lengths[i])
-    size = self.decoding.batch_size
+    size = min(self.decoding.batch_size, -(-len(todo) // self.workers))
     groups = [todo[start:start + size] for start in range(0, len(todo), size)]
     workers = min(self.workers, len(groups))
     pool = concurrent.futures.ThreadPoolExecutor(workers) if workers > 1 else None

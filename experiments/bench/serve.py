@@ -86,8 +86,19 @@ def _load(url: str, batches: list[list[list[str]]]) -> dict[str, Any]:
           'p99_s': round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 4)}
 
 
+def _warm_up(url: str, sentences: list[str]) -> None:
+  """Requests of every size the load sends, of short, middling and long sentences: the programs
+  a long-running server has compiled (jaxformer) or a warm engine (CTranslate2)."""
+  ordered = sorted(sentences, key=len)
+  thirds = [ordered[i * len(ordered) // 3:] for i in range(3)]
+  for part in thirds:
+    for size in (1, 2, 4, 8, 16, 32, 64, 100):
+      serving.translate(url, part[:size])
+  serving.translate(url, sentences)
+
+
 def _measure(url: str, sentences: list[str]) -> dict[str, Any]:
-  serving.translate(url, sentences)  # every length bucket compiled (jaxformer) or warm
+  _warm_up(url, sentences)
   results = {}
   for clients in CLIENTS:
     per = REQUESTS // clients
