@@ -39,11 +39,6 @@ def positive_int(text: str) -> int:
   return value
 
 
-def non_negative(kind: type) -> Callable[[str], Any]:
-  """An argparse type: a finite number of `kind` >= 0 (nan and inf are refused)."""
-  return in_range(kind, Range(0))
-
-
 def in_range(kind: type, valid: Range) -> Callable[[str], Any]:
   """An argparse type: a finite number of `kind` (int or float) in `valid`."""
   def parse(text: str) -> Any:

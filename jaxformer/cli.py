@@ -24,8 +24,8 @@ import jax
 from jaxformer import __main__ as entry
 from jaxformer import (arguments, checkpoint, compilation, data, export, files, monitor,
                        parallel, recipes, scoring, serving, trainer)
-from jaxformer.arguments import (add_model_flags, add_model_path, flag, non_negative,  # noqa: F401
-                                 path_arg, port_number, positive_int)
+from jaxformer.arguments import (add_model_flags, add_model_path, flag, path_arg, port_number,
+                                 positive_int)
 from jaxformer import config as config_lib
 from jaxformer import text as text_lib
 from jaxformer.config import DataConfig, OptimConfig, SettingError, TrainConfig
