@@ -61,11 +61,14 @@ class IncompatibleCheckpointError(CheckpointError):
 # --- config and vocabulary metadata -------------------------------------------------------------
 
 
+META = "a checkpoint's meta"  # (files.field's `where` for its fields)
+
+
 def meta_config(meta: dict[str, Any]) -> TransformerConfig:
   """The model config stored in a checkpoint's meta; CheckpointError when this jaxformer cannot
   read it."""
   try:
-    return config_from_dict(meta['config'])
+    return config_from_dict(files.field(meta, 'config', dict, META))
   except SettingError as e:
     raise CheckpointError(f'checkpoint {e}') from None
 
@@ -89,7 +92,10 @@ def meta_optim(meta: dict[str, Any]) -> OptimConfig:
 
 def spm_model_bytes(meta: dict[str, Any]) -> bytes:
   """The sentencepiece model stored in a checkpoint's meta."""
-  return base64.b64decode(meta['spm_model'])
+  try:
+    return base64.b64decode(files.field(meta, 'spm_model', str, META), validate=True)
+  except ValueError as e:  # (binascii.Error)
+    raise files.RecordError(f'{META}: "spm_model" is not base64 ({e}).') from None
 
 
 def check_compatible(meta: dict[str, Any], where: str, *, config: TransformerConfig,

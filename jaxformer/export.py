@@ -93,18 +93,25 @@ def load(path: str | pathlib.Path) -> tuple[Any, TransformerConfig, bytes, int]:
     raise checkpoint.CheckpointError(
         f'{path}: not an exported model (missing {", ".join(missing)}); `jaxformer export '
         'WORKDIR OUT` writes one.')
+  meta, where = _export_meta(path)
+  step, model = files.field(meta, 'step', int, where, 0), files.field(meta, 'model', dict, where)
   try:
-    meta = json.loads((path / 'config.json').read_text())
-    config = config_from_dict(meta['model'])
+    config = config_from_dict(model)
     tensors = safetensors.numpy.load_file(path / 'params.safetensors')
-  except (ValueError, KeyError, TypeError, safetensors.SafetensorError) as e:
+  except (ValueError, safetensors.SafetensorError) as e:
     raise checkpoint.CheckpointError(f'{path}: damaged export ({type(e).__name__}: {e}).'
                                      ) from None
   spm_model = (path / 'spm.model').read_bytes()
-  _check_vocabulary(path, meta, config, spm_model)
+  _check_vocabulary(path, files.field(meta, 'spm_sha256', (str, type(None)), where, None),
+                    config, spm_model)
   _check_shapes(path, tensors, config)
-  return (traverse_util.unflatten_dict(tensors, sep='/'), config, spm_model,
-          int(meta.get('step', 0)))
+  return traverse_util.unflatten_dict(tensors, sep='/'), config, spm_model, step
+
+
+def _export_meta(path: pathlib.Path) -> tuple[dict[str, Any], str]:
+  """An export's config.json, and its path for messages (files.read_record)."""
+  where = str(path / 'config.json')
+  return files.read_record(where, "the export's settings"), where
 
 
 def load_model(path: str | pathlib.Path, average_last: int | None = None
@@ -134,21 +141,23 @@ def model_config(path: str | pathlib.Path) -> tuple[TransformerConfig, bytes]:
   """(config, sentencepiece model bytes) of any model load_model reads, without its arrays."""
   path = pathlib.Path(path)
   if _model_kind(path) == files.EXPORT:
+    meta, where = _export_meta(path)
+    model = files.field(meta, 'model', dict, where)
     try:
-      config = config_from_dict(json.loads((path / 'config.json').read_text())['model'])
-      return config, (path / 'spm.model').read_bytes()
-    except (OSError, ValueError, KeyError, TypeError) as e:
+      return config_from_dict(model), (path / 'spm.model').read_bytes()
+    except (OSError, ValueError) as e:
       raise checkpoint.CheckpointError(f'{path}: damaged export ({type(e).__name__}: {e}).'
                                        ) from None
   meta = checkpoint.newest_meta(path)[1]
   return checkpoint.meta_config(meta), checkpoint.spm_model_bytes(meta)
 
 
-def _check_vocabulary(path: pathlib.Path, meta: dict[str, Any], config: TransformerConfig,
+def _check_vocabulary(path: pathlib.Path, recorded: str | None, config: TransformerConfig,
                       spm_model: bytes) -> None:
-  """CheckpointError when spm.model is not the vocabulary that was exported (its sha256, where
-  recorded) or its size is not the model's: either translates into garbage or crashes."""
-  recorded, actual = meta.get('spm_sha256'), hashlib.sha256(spm_model).hexdigest()
+  """CheckpointError when spm.model is not the vocabulary that was exported (its sha256
+  `recorded`, if any) or its size is not the model's: either translates into garbage or
+  crashes."""
+  actual = hashlib.sha256(spm_model).hexdigest()
   if recorded is not None and recorded != actual:
     raise checkpoint.CheckpointError(
         f'{path}/spm.model is not the vocabulary this model was exported with (sha256 '

@@ -14,13 +14,15 @@ import contextlib
 import enum
 import errno
 import fcntl
+import json
 import logging
 import os
 import pathlib
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from jaxformer.errors import JaxformerError
 
@@ -234,3 +236,46 @@ def locked(folder: str | os.PathLike, name: str, what: str, *, wait: bool = Fals
       yield
     finally:
       fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# --- records other tools (or hands) may have written ------------------------------------------
+
+
+class RecordError(JaxformerError, ValueError):
+  """A JSON record jaxformer reads but did not just write (an export's config.json, a
+  workdir's recipe.json, a vocabulary's record, a checkpoint's meta), damaged or edited: the
+  message names the file and the field."""
+
+
+_REQUIRED = object()
+_JSON_NAMES = {int: 'an integer', float: 'a number', str: 'a string', bool: 'true or false',
+               dict: 'an object', list: 'a list', type(None): 'null'}
+
+
+def read_record(path: str | os.PathLike, what: str) -> dict[str, Any]:
+  """The JSON object in `path` (`what` it is, for the message); RecordError if the file cannot
+  be read or holds no JSON object. Its fields are read with `field`."""
+  try:
+    value = json.loads(pathlib.Path(path).read_text(encoding='utf-8'))
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise RecordError(f'{path}: cannot read {what} ({e}).') from None
+  if not isinstance(value, dict):
+    raise RecordError(f'{path}: {what} must be a JSON object, got {json.dumps(value)[:60]}.')
+  return value
+
+
+def field(record: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str,
+          default: Any = _REQUIRED) -> Any:
+  """record[name] when it is of `kind` (a bool is no number), `default` when it is absent (if
+  one is given); else a RecordError naming `where` (the file) and the field, so that a value
+  another tool wrote fails where it is read, in one line, not later in a traceback."""
+  if name not in record:
+    if default is _REQUIRED:
+      raise RecordError(f'{where}: "{name}" is missing.')
+    return default
+  value, kinds = record[name], kind if isinstance(kind, tuple) else (kind,)
+  if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+    names = ' or '.join(_JSON_NAMES.get(k, k.__name__) for k in kinds)
+    raise RecordError(f'{where}: "{name}" must be {names}, got {json.dumps(value)[:60]}.')
+  return value
+

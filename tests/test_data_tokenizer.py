@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers import synthetic_text
 
-from jaxformer import data
+from jaxformer import data, files
 from jaxformer.data import DataError
 
 
@@ -40,6 +40,10 @@ def test_a_vocabulary_trained_on_other_data_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match=rf'spm\.model was trained on other data or settings '
                        rf'\(.*{change}.*\): use a new workdir'):
       data.train_tokenizer(settings.pop('texts'), tmp_path / 'spm.model', **settings)
+  (tmp_path / 'spm.model.json').write_text('[')  # a record another tool (or a hand) broke
+  with pytest.raises(files.RecordError, match=r'spm\.model\.json: cannot read the vocabulary '
+                     r'record \(Expecting value'):
+    data.train_tokenizer(text, tmp_path / 'spm.model', vocab_size=300, seed=5)
 
 
 def test_vocabulary_training_threads_do_not_change_the_model(tmp_path, monkeypatch):

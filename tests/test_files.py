@@ -2,6 +2,7 @@
 filesystem, and leaves nothing half-written."""
 
 import errno
+import json
 import os
 import pathlib
 import re
@@ -224,3 +225,51 @@ def test_metrics_on_a_full_disk_are_one_warning_and_training_goes_on(tmp_path, s
   assert any(m.startswith('no more metrics.jsonl') and 'No space left on device' in m
              for m in lost), lost
   assert len(lost) <= 2, lost  # one per writer, not one per record
+
+
+def _command(*argv: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
+  """The installed command's entry point, in a process of its own."""
+  return subprocess.run([sys.executable, '-m', 'jaxformer', *argv], cwd=cwd, input='a b\n',
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_records_written_by_other_tools_fail_where_read_in_one_line(workdir, tmp_path):
+  """A field another tool (or a hand) wrote wrongly, in an export's config.json and a
+  workdir's recipe.json: exit 1, one line naming the file and the field, no traceback."""
+  assert cli.main(['export', '--model', str(workdir), str(tmp_path / 'e')]) == 0
+  config = json.loads((tmp_path / 'e' / 'config.json').read_text())
+  resumed = tmp_path / 'w'
+  (resumed / 'checkpoints' / '40').mkdir(parents=True)
+  (tmp_path / 'train.en').write_text('a b\n')
+  (tmp_path / 'train.de').write_text('c d\n')
+  cases = [
+      ('e/config.json', json.dumps({**config, 'step': None}), ['translate', '--model', 'e'],
+       'e/config.json: "step" must be an integer, got null.'),
+      ('e/config.json', json.dumps({**config, 'model': []}), ['translate', '--model', 'e'],
+       'e/config.json: "model" must be an object, got [].'),
+      ('e/config.json', '{"model": ', ['translate', '--model', 'e'],
+       "e/config.json: cannot read the export's settings (Expecting value: line 1 column 11 "
+       '(char 10)).'),
+      ('w/recipe.json', json.dumps({'train': None, 'model': {}, 'optim': {}, 'rules': []}),
+       ['train', '--workdir', 'w', '--train-src', 'train.en', '--train-tgt', 'train.de'],
+       'w/recipe.json: "train" must be an object, got null.'),
+  ]
+  for name, content, argv, message in cases:
+    (tmp_path / name).write_text(content)
+    result = _command(*argv, cwd=tmp_path)
+    assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == f'error: {message}'
+    if name == 'e/config.json':
+      (tmp_path / name).write_text(json.dumps(config))
+  assert _command('translate', '--model', 'e', cwd=tmp_path).returncode == 0  # put back: fine
+
+
+def test_fields_are_checked_by_kind():
+  record = {'n': 3, 'flag': True, 'text': 'x', 'none': None}
+  assert files.field(record, 'n', int, 'f.json') == 3
+  assert files.field(record, 'missing', int, 'f.json', default=0) == 0
+  assert files.field(record, 'none', (str, type(None)), 'f.json') is None
+  with pytest.raises(files.RecordError, match=r'^f\.json: "flag" must be an integer, got true\.$'):
+    files.field(record, 'flag', int, 'f.json')
+  with pytest.raises(files.RecordError, match=r'^f\.json: "missing" is missing\.$'):
+    files.field(record, 'missing', int, 'f.json')

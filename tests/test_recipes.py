@@ -262,6 +262,13 @@ def test_a_resumed_run_keeps_its_recorded_recipe_and_does_not_measure_again(tmp_
   (tmp_path / 'recipe.json').write_text(json.dumps(record))
   assert auto.recorded(tmp_path, recipes.AUTO, []).rules == tuple(reasons)
   (tmp_path / 'recipe.json').write_text('{"model": ')
+  with pytest.raises(files.RecordError, match=r'recipe\.json: cannot read the recipe record'):
+    auto.recorded(tmp_path, recipes.AUTO, [])
+  (tmp_path / 'recipe.json').write_text(json.dumps({**record, 'train': None}))
+  with pytest.raises(files.RecordError, match=r'recipe\.json: "train" must be an object, got '
+                     r'null\.$'):
+    auto.recorded(tmp_path, recipes.AUTO, [])
+  (tmp_path / 'recipe.json').write_text(json.dumps({**record, 'model': {'d_model': 'wide'}}))
   with pytest.raises(config_lib.SettingError, match='damaged recipe record'):
     auto.recorded(tmp_path, recipes.AUTO, [])
 

@@ -159,7 +159,7 @@ def _check_record(model_path: pathlib.Path, record: dict[str, Any]) -> None:
     log.warning('%s: its training data is not recorded (no %s beside it); using it as given',
                 model_path, record_path.name)
     return
-  saved = json.loads(record_path.read_text())
+  saved = files.read_record(record_path, 'the vocabulary record')
   if 'inherited_from' in saved:  # a fine-tuning run's: its parent's, never trained here
     return
   changed = [f'{key} {saved.get(key)} -> {value}' for key, value in record.items()

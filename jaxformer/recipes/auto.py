@@ -230,15 +230,18 @@ def recorded(workdir: str | pathlib.Path, recipe: Recipe, assignments: Sequence[
   path = workdir / 'recipe.json'
   if not path.is_file() or not files.has_checkpoints(workdir):
     return None
+  fields, where = files.read_record(path, 'the recipe record'), str(path)
+  record = {name: files.field(fields, name, dict, where) for name in ('train', 'model', 'optim')}
+  # (a record from before 'rules' has them between its first and last reasons)
+  rules = files.field(fields, 'rules', list, where, None) or files.field(
+      fields, 'reasons', list, where)[1:-1]
   try:
-    fields = json.loads(path.read_text())
     known = {f.name for f in dataclasses.fields(config_lib.TrainConfig)}
-    train = config_lib.TrainConfig(**{k: v for k, v in fields['train'].items() if k in known})
-    sized = Recipe(config_lib.config_from_dict(fields['model']), train, recipe.data,
-                   config_lib.optim_from_dict(fields['optim']))
-    # (a record from before 'rules' has them between its first and last reasons)
-    rules = tuple(fields['rules'] if 'rules' in fields else fields['reasons'][1:-1])
-  except (OSError, ValueError, KeyError, TypeError) as e:
+    train = config_lib.TrainConfig(**{k: v for k, v in record['train'].items() if k in known})
+    sized = Recipe(config_lib.config_from_dict(record['model']), train, recipe.data,
+                   config_lib.optim_from_dict(record['optim']))
+    rules = tuple(str(rule) for rule in rules)
+  except (ValueError, TypeError) as e:
     raise config_lib.SettingError(f'{path}: damaged recipe record ({type(e).__name__}: {e}); '
                                   'give the settings with --config, or remove it.') from None
   head = f'resuming: the automatic recipe recorded in {path} (the corpus is not measured again)'
