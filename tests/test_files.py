@@ -227,7 +227,7 @@ def test_metrics_on_a_full_disk_are_one_warning_and_training_goes_on(tmp_path, s
   assert len(lost) <= 2, lost  # one per writer, not one per record
 
 
-def _command(*argv: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
+def _entry_point(*argv: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
   """The installed command's entry point, in a process of its own."""
   return subprocess.run([sys.executable, '-m', 'jaxformer', *argv], cwd=cwd, input='a b\n',
                         capture_output=True, text=True, timeout=300)
@@ -256,12 +256,12 @@ def test_records_written_by_other_tools_fail_where_read_in_one_line(workdir, tmp
   ]
   for name, content, argv, message in cases:
     (tmp_path / name).write_text(content)
-    result = _command(*argv, cwd=tmp_path)
+    result = _entry_point(*argv, cwd=tmp_path)
     assert result.returncode == 1 and 'Traceback' not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == f'error: {message}'
     if name == 'e/config.json':
       (tmp_path / name).write_text(json.dumps(config))
-  assert _command('translate', '--model', 'e', cwd=tmp_path).returncode == 0  # put back: fine
+  assert _entry_point('translate', '--model', 'e', cwd=tmp_path).returncode == 0  # put back: fine
 
 
 def test_fields_are_checked_by_kind():
