@@ -28,30 +28,24 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
     return help_text
 
 
-def positive_int(text: str) -> int:
-  """An argparse type: an integer >= 1 (argparse reports anything else in one line)."""
-  try:
-    value = int(text)
-  except ValueError:
-    value = 0
-  if value < 1:
-    raise argparse.ArgumentTypeError(f'must be an integer >= 1, got {text!r}')
-  return value
-
-
 def in_range(kind: type, valid: Range) -> Callable[[str], Any]:
   """An argparse type: a finite number of `kind` (int or float) in `valid`."""
+  what = 'an integer' if kind is int else 'a finite number'
+
   def parse(text: str) -> Any:
     try:
       value = kind(text)
     except ValueError:
       value = math.nan
     if not math.isfinite(value) or value not in valid:
-      what = 'an integer' if kind is int else 'a finite number'
       raise argparse.ArgumentTypeError(f'must be {what} {valid}, got {text!r}')
     return value
   parse.__name__ = kind.__name__  # (argparse names the type in its own messages)
+  parse.__doc__ = f'An argparse type: {what} {valid} (anything else is one line).'
   return parse
+
+
+positive_int = in_range(int, Range(1))
 
 
 def port_number(text: str) -> int:

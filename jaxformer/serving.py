@@ -32,6 +32,7 @@ import dataclasses
 import hmac
 import http.client
 import http.server
+import itertools
 import json
 import logging
 import os
@@ -270,8 +271,9 @@ class Batcher:
   def _answer(self, group: list[_Job]) -> None:
     """One search for the group's requests; each alone when together they fail as a request
     (one bad prefix: its error, the others' answers)."""
-    def joined(side: int) -> list[str]:
-      return sum((list(job.inputs[side] or [''] * len(job.inputs[0])) for job in group), [])
+    def joined(side: int) -> list[str]:  # (a job without prefixes: '' for each sentence)
+      return list(itertools.chain.from_iterable(
+          job.inputs[side] or [''] * len(job.inputs[0]) for job in group))
     kind, *settings = group[0].key
     try:
       if kind == 'score':
