@@ -22,6 +22,10 @@
 #   decode     greedy and beam 4 at base dims, bf16, batches of 128 on newstest2014 sources
 #   multi30k   the multi30k_gpu recipe and a narrow variant side by side (train, then BLEU on
 #              val, which chooses, and on test_2016_flickr)
+#   auto       the automatic recipe on all of Multi30k, as docs/own-data.md runs it (train
+#              without --config, eval on test_2016_flickr, export), timed from the files to the
+#              export, beside the multi30k_gpu recipe run as `multi30k` runs it (auto.txt,
+#              multi30k_recipe.txt)
 #   scale      the data path at WMT14 EN-DE size (4.5M synthetic pairs) on this host's cores,
 #              with the base recipe's 8-device batches (bench --only scale, on the CPU backend)
 #   parity     decoding on this GPU against the CPU, sentence by sentence (backend_parity.py):
@@ -73,6 +77,28 @@ multi30k_run() {  # multi30k_run NAME TRAIN_OPTION...: train, then eval the last
   done
   echo "== multi30k $name: done at ${SECONDS} s" >&2
 }
+auto_run() {  # the own-data guide's three commands on all of Multi30k, each one timed
+  local work m=$data/multi30k
+  work=$(mktemp -d)
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=0.4  # beside the multi30k_gpu recipe
+  echo "== auto ($(date -u +%T))" >&2
+  {
+    PYTHONPATH=$path timeout 420 "$py" -m jaxformer.cli train --workdir "$work/mine" \
+      --train-src "$m/train.en" --train-tgt "$m/train.de" --eval-src "$m/val.en" \
+      --eval-tgt "$m/val.de" --source-language en --target-language de ${MULTI30K_SET:-} \
+      || echo "== auto train: exit $?"
+    echo "== auto: trained at ${SECONDS} s"
+    PYTHONPATH=$path timeout 90 "$py" -m jaxformer.cli eval --model "$work/mine/average-last5" \
+      --src "$m/test_2016_flickr.en" --ref "$m/test_2016_flickr.de" --target-language de \
+      || echo "== auto eval: exit $?"
+    echo "== auto: evaluated at ${SECONDS} s"
+    PYTHONPATH=$path timeout 60 "$py" -m jaxformer.cli export --model "$work/mine/average-last5" \
+      "$work/exported" || echo "== auto export: exit $?"
+    echo "== auto: exported at ${SECONDS} s"
+    cat "$work/mine/recipe.json"
+  } > "$out/auto.txt" 2>&1
+  grep '^== auto' "$out/auto.txt" >&2
+}
 bench=("$py" experiments/bench --data-dir "$data")
 previous=attention=einsum,loss_chunk=1024,dropout_rng=threefry,norm_dtype=float32
 variants=${XLA_VARIANTS:-$(printf '%s\n' '' \
@@ -120,6 +146,11 @@ for step in $steps; do
         --set model.dropout_rate=0.2 --set model.warmup_steps=400 &
       wait
       echo "== multi30k: ${SECONDS} s in all" >&2 ;;
+    auto) SECONDS=0
+      multi30k_run recipe --config multi30k_gpu &
+      auto_run &
+      wait
+      echo "== auto: ${SECONDS} s in all" >&2 ;;
     parity)
       tmp=$(mktemp -d)
       for precision in ${PARITY_PRECISIONS:-default}; do
