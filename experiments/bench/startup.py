@@ -131,19 +131,23 @@ def _imports(rounds: int) -> dict:
   return {f'{k}_s': round(statistics.median(v) - bare, 2) for k, v in times.items()}
 
 
+_BAR_COUNT = re.compile(rb'\| (\d+)/\d+ \[')  # tqdm's "| 3/5 [": the steps done
+
+
 def _first_step_s(argv: list[str], env: dict[str, str], step: int) -> tuple[float, float]:
   """Seconds from starting `argv` (a training run resuming at step - 1) to the end of its first
   step, `step` (its progress bar's count, shown once the step has run), and to that step's start
   (the end less one step's time, that of the next step); then ends it, before any save: the
-  workdir stays as it was."""
+  workdir stays as it was. The bar redraws at most every 0.1 s, so fast steps (a GPU's) skip
+  counts: a count at or past the one awaited marks it, and a step shorter than a redraw reads
+  as starting where it ends."""
   start = time.perf_counter()
   process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
                              cwd=ROOT)
   seen, ends = b'', []
   try:
     for count in (step, step + 1):
-      mark = re.compile(rf'\| {count}/\d+ \['.encode())
-      while not mark.search(seen[-400:]):
+      while not any(int(shown) >= count for shown in _BAR_COUNT.findall(seen[-400:])):
         chunk = os.read(process.stderr.fileno(), 4096)
         if not chunk:
           raise RuntimeError(f'{argv} ended before step {count}: {seen[-2000:].decode()}')
