@@ -154,6 +154,7 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
   shortcuts += ['model.execution.remat=true'] * args.remat
   assignments = shortcuts + args.assignments
   recipe = recipes.override(recipe, assignments)
+  trainer.check_fine_tune_workdir(args.workdir, recipe.train.init_from)  # before any record
   parent = export.model_config(recipe.train.init_from) if recipe.train.init_from else None
   if auto:
     inherited = None if parent is None else (parent[0], data.Tokenizer.from_bytes(
@@ -164,7 +165,7 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
         '%s (recorded in %s)', '\n  '.join(sizing.reasons),
         auto_recipe.record(args.workdir, sizing))
     recipe = sizing.recipe
-  if parent is None:
+  if parent is None or auto:  # (the automatic recipe sized the parent's model itself)
     return recipe
   # Fine-tuning: the parent's model, changed only where --set says so (the trainer checks that
   # only what check_fine_tune allows changed).
@@ -234,41 +235,58 @@ def translator(path: str, args: argparse.Namespace) -> tuple[Translator, int]:
 # --- eval -----------------------------------------------------------------------------------------
 
 
-def _test_set(args: argparse.Namespace) -> tuple[data.ParallelText, str]:
+def _test_set(args: argparse.Namespace, lang: str) -> data.ParallelText:
   if args.src or args.ref:
     if not (args.src and args.ref):
       raise data.DataError('--src and --ref go together.')
-    return data.read_parallel_text(args.src, args.ref), pathlib.Path(args.src).stem
-  text = data.load_wmt14(args.target_language, 'test', source_language=args.source_language,
+    return data.read_parallel_text(args.src, args.ref)
+  return data.load_wmt14(lang, 'test', source_language=args.source_language,
                          data_dir=args.tfds_data_dir)
-  return text, f'newstest2014-{args.source_language}{args.target_language}'
+
+
+def target_language(args: argparse.Namespace) -> str:
+  """--target-language, else the language the model's training run recorded (its workdir's
+  recipe.json), else the paper's German; where it came from is said when not given."""
+  if args.target_language:
+    return args.target_language
+  if not (found := files.record_near(args.model, 'recipe.json')):
+    return 'de'
+  path, record = found
+  run_data = files.field(record, 'data', dict, str(path), {})
+  lang = files.field(run_data, 'target_language', str, str(path), 'de')
+  print(f'scoring as {lang}, the target language recorded in {path} (--target-language to '
+        'change)', file=sys.stderr)
+  return lang
 
 
 def _eval(args: argparse.Namespace) -> int:
   logging.getLogger('absl').setLevel(logging.WARNING)
-  scoring.check_language(args.target_language)  # before the model is loaded and run
+  lang = target_language(args)
+  scoring.check_language(lang)  # before the model is loaded and run
   if not (args.src or args.ref):
     data.sources.require_tfds()  # newstest2014 from tfds (the core install has no TensorFlow)
-  path = args.model
-  model, step = translator(path, args)
-  text, name = _test_set(args)
-  output = pathlib.Path(args.output or pathlib.Path(path) / f'hyps-{name}.txt')
-  if not output.parent.is_dir():  # found out before the translation, not after
+  model, step = translator(args.model, args)
+  text = _test_set(args, lang)
+  output = args.output and pathlib.Path(args.output)
+  if output and not output.parent.is_dir():  # found out before the translation, not after
     return _fail(f'{output.parent}: no such folder for the hypotheses.')
   try:
     hypotheses = model.translate(text.src, progress=True)
   except KeyboardInterrupt:
     print('interrupted: no hypotheses written', file=sys.stderr)
     return 130
-  files.write_atomically(output, ''.join(h + '\n' for h in hypotheses).encode(),
-                         'the hypotheses')
+  if output:
+    files.write_atomically(output, ''.join(h + '\n' for h in hypotheses).encode(),
+                           'the hypotheses')
   if warning := scoring.undertrained(hypotheses, step):
     print(f'warning: {warning}', file=sys.stderr)
-  result = scoring.scores(hypotheses, text.tgt, args.target_language)
+  result = scoring.scores(hypotheses, text.tgt, lang)
+  kept = f'hypotheses in {output}' if output else 'hypotheses not kept (--output FILE keeps them)'
   print('\n'.join(scoring.report(
-      result, lang=args.target_language, origin=text.origin, segments=len(text),
-      decoding=f'{model.decoding.describe()}; hypotheses in {output}')))
-  print(json.dumps({**result, 'segments': len(text), 'hypotheses': str(output)}))
+      result, lang=lang, origin=text.origin, segments=len(text),
+      decoding=f'{model.decoding.describe()}; {kept}')))
+  print(json.dumps({**result, 'segments': len(text),
+                    'hypotheses': str(output) if output else None}))
   return 0
 
 
@@ -430,17 +448,19 @@ _TRAIN_DESCRIPTION = (
 
 def _add_eval_flags(parser: argparse.ArgumentParser) -> None:
   """eval's test set: newstest2014 from tfds, or local files, and the target language."""
-  flag(parser, 'target_language', metavar='LANG', default='de',
+  flag(parser, 'target_language', metavar='LANG',
         help="the test set's target language (ISO 639: de, es, zh, ...): sacreBLEU's "
         'tokenizer (13a; zh; ja-mecab and ko-mecab with sacrebleu[ja], [ko]) and the Moses rules '
-        'of the tokenized BLEU follow it')
+        "of the tokenized BLEU follow it (default: the one the model's training run recorded, "
+        "else de)")
   flag(parser, 'source_language', metavar='LANG', default='en',
         help='with tfds: which newstest2014 direction (en->de, de->en, en->fr, fr->en)')
   flag(parser, 'tfds_data_dir', help='tfds data folder (default: $TFDS_DATA_DIR)')
   parser.add_argument('--src', type=path_arg, help='a local source file instead of tfds')
   parser.add_argument('--ref', type=path_arg, help='its reference translations, line-aligned')
   parser.add_argument('--output', type=path_arg,
-                          help='hypotheses file (default: next to the checkpoint)')
+                          help='write the hypotheses to this file (default: none; eval only '
+                          'reads the model)')
 
 
 _SERVE_DESCRIPTION = (

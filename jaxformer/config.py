@@ -338,10 +338,11 @@ class DataConfig:
   test_pairs: int = setting(1000, 'embedded: generated test pairs')
 
   RANGES = {'train_pairs': AT_LEAST_1, 'validation_pairs': AT_LEAST_0, 'test_pairs': AT_LEAST_0}
+  SOURCES = ('wmt14', 'text', 'embedded')
 
   def __post_init__(self):
     check_fields(self, 'data', self.RANGES)
-    if self.source not in ('wmt14', 'text', 'embedded'):
+    if self.source not in self.SOURCES:
       raise SettingError(f"data.source must be 'wmt14', 'text' or 'embedded', got "
                          f'{self.source!r}.')
     for name in ('source_language', 'target_language'):
@@ -370,6 +371,13 @@ class DataConfig:
     """Whether the run has validation pairs to evaluate on."""
     return {'wmt14': True, 'embedded': self.validation_pairs > 0,
             'text': self.eval_src is not None}[self.source]
+
+  def in_use(self) -> dict[str, Any]:
+    """The fields that apply to this source, as a record of the run states them: a field whose
+    help names another source ('embedded: generated training pairs') is left out."""
+    others = tuple(f'{name}:' for name in self.SOURCES if name != self.source)
+    return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+            if not field.metadata['help'].startswith(others)}
 
 
 # --- serialisation (checkpoints' meta, TensorBoard's hparams) -------------------------------------

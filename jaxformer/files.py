@@ -252,6 +252,17 @@ _JSON_NAMES = {int: 'an integer', float: 'a number', str: 'a string', bool: 'tru
                dict: 'an object', list: 'a list', type(None): 'null'}
 
 
+def record_near(model: str | os.PathLike, name: str) -> tuple[pathlib.Path, dict] | None:
+  """The record `name` (e.g. recipe.json) of the training workdir that a model folder is or
+  lies in (WORKDIR, WORKDIR/average-last5, WORKDIR/checkpoints/N), read (read_record), with its
+  path; None where there is none (an exported folder, a run without such a record)."""
+  folder = pathlib.Path(model).absolute()
+  for candidate in (folder, folder.parent, folder.parent.parent):
+    if (candidate / name).is_file():
+      return candidate / name, read_record(candidate / name, f'the {name} record')
+  return None
+
+
 def read_record(path: str | os.PathLike, what: str) -> dict[str, Any]:
   """The JSON object in `path` (`what` it is, for the message); RecordError if the file cannot
   be read or holds no JSON object. Its fields are read with `field`."""

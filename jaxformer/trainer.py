@@ -23,8 +23,8 @@ import numpy as np
 from jaxformer import checkpoint, export, files, monitor, parallel, scoring
 from jaxformer import data as data_lib
 from jaxformer import optim as optim_lib
-from jaxformer.config import (OptimConfig, TrainConfig, TransformerConfig, check_fine_tune,
-                              config_to_dict)
+from jaxformer.config import (OptimConfig, SettingError, TrainConfig, TransformerConfig,
+                              check_fine_tune, config_to_dict)
 from jaxformer.data import pipeline as pipeline_lib
 from jaxformer.data import tokenizer as tokenizer_lib
 from jaxformer.errors import JaxformerError
@@ -342,6 +342,7 @@ def train(config: TransformerConfig, train_cfg: TrainConfig, workdir: str | path
   on the same workdir stops at once, naming the process that holds it."""
   check_backend(train_cfg)
   train_cfg.check_rows(config)  # before the workdir is made
+  check_fine_tune_workdir(workdir, train_cfg.init_from)
   first = jax.process_index() == 0  # the other processes of this run share the workdir
   with files.locked(files.make_workdir(workdir), 'run', 'a training run') if first \
       else contextlib.nullcontext():
@@ -363,6 +364,31 @@ def train_recipe(recipe: Recipe, workdir: str | pathlib.Path) -> dict[str, Any]:
 # --- fine-tuning --------------------------------------------------------------------------------
 
 
+def check_fine_tune_workdir(workdir: str | pathlib.Path, init_from: str | None) -> None:
+  """A fine-tuning run (`init_from`) into a workdir that already holds checkpoints resumes it
+  only when that run fine-tunes the same parent, as its vocabulary record says; anything else
+  would silently continue another run under this command, so it is a SettingError saying what
+  the workdir holds and what to do. So is a parent inside the workdir itself."""
+  if not init_from:
+    return
+  workdir, parent = pathlib.Path(workdir).resolve(), pathlib.Path(init_from).resolve()
+  if parent == workdir or workdir in parent.parents:
+    raise SettingError(f'--init-from {init_from} is the workdir {workdir} or lies in it: '
+                       'fine-tune into a new --workdir (to continue this run, leave out '
+                       '--init-from).')
+  if not files.has_checkpoints(workdir):
+    return
+  record = tokenizer_lib.record_near(workdir) or {}
+  origin = record.get('inherited_from')
+  if record.get('parent', str(origin).partition(' (step ')[0]) == str(parent):
+    log.info('resuming %s, whose run already starts from %s', workdir, init_from)
+    return
+  holds = f'a fine-tuning run of {origin}' if origin else 'a run trained from scratch'
+  raise SettingError(f'{workdir} already holds {holds}: --init-from {init_from} would continue '
+                     f'that run, not start from {init_from}. Fine-tune into a new --workdir, or '
+                     'leave out --init-from to resume it.')
+
+
 def inherit(path: str, config: TransformerConfig, workdir: pathlib.Path,
             pairs: data_lib.PairSource) -> Any:
   """The params of the model at `path` (any kind export.load_model reads), checked to be of
@@ -374,7 +400,8 @@ def inherit(path: str, config: TransformerConfig, workdir: pathlib.Path,
   origin = f'{path} (step {step})'
   coverage = report_coverage(data_lib.Tokenizer.from_bytes(spm_model, f'the vocabulary of {path}'),
                              pairs, tokenizer_lib.record_near(path))
-  tokenizer_lib.inherit_vocabulary(spm_model, workdir / 'spm.model', origin, coverage)
+  tokenizer_lib.inherit_vocabulary(spm_model, workdir / 'spm.model', origin, coverage,
+                                   parent=str(pathlib.Path(path).resolve()))
   log.info('fine-tuning %s: its params and vocabulary, a fresh optimiser and schedule', origin)
   return params
 

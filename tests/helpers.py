@@ -145,6 +145,14 @@ def train_command(workdir: pathlib.Path, src: pathlib.Path, tgt: pathlib.Path,
           '--train-src', str(src), '--train-tgt', str(tgt), *extra]
 
 
+def one_line_error(*argv: str) -> str:
+  """The installed command's last line on stderr, once it has exited 1 with no traceback."""
+  done = subprocess.run([str(pathlib.Path(sys.executable).with_name('jaxformer')), *argv],
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 1 and 'Traceback' not in done.stderr, done.stderr[-3000:]
+  return done.stderr.strip().splitlines()[-1]
+
+
 def hold_lock(folder: pathlib.Path, what: str) -> subprocess.Popen:
   """Another process holding `folder`'s lock for `what` (files.locked) until killed."""
   name = {'a training run': 'run', 'averaging': 'averaging'}.get(what, what.split()[-1])

@@ -308,3 +308,100 @@ def test_long_sentences_raise_max_len_and_the_rows():
   assert (chosen.model.max_len, chosen.train['row_len']) == (136, 160)
   assert chosen.reasons[3].startswith('lengths      max_len 136, rows of 160: 99.9% of the '
                                       'sentences have at most 131 pieces')
+
+
+def test_a_handful_of_overlong_lines_never_sets_max_len():
+  """All but the longest 0.1% of the sentences, and at least 5 of them left out (at most a
+  tenth), set max_len and the mean: on 600 sentences the 99.9th percentile is the longest line,
+  however long."""
+  assert auto.lengths_of([10] * 599 + [20_000]) == (10.0, 11, 595 / 600)
+  assert auto.lengths_of(list(range(20_000))) == (9989.5, 19_980, 0.999)
+  assert auto.lengths_of([3, 4]) == (3.5, 5, 1.0)  # too few to leave any out
+  assert auto.lengths_of([]) == (0.0, 1, 1.0)
+  chosen = auto.choose(auto.Corpus(300, 9.0, 11, None, 595 / 600), 'cpu')
+  assert chosen.model.max_len == 64
+  assert any(r.startswith('lengths      max_len 64, rows of 64: 99.2% of the sentences have at '
+                          'most 11 pieces') for r in chosen.reasons)
+
+
+def test_a_small_corpus_is_said_to_be_one_and_every_reason_states_what_is_done():
+  """300 pairs of 14 pieces: the rule's epochs stop at 2,000 pairs' (33 * 14.5^0.4 = 96: 53
+  steps), the steps' floor of 300 sets the run (546 epochs), and the warmup's floor of 400 is
+  longer than it; fewer than 100 pairs are refused."""
+  chosen = auto.choose(_corpus(300), 'cpu')
+  assert (chosen.train['num_steps'], chosen.optim.warmup_steps) == (300, 400)
+  assert chosen.reasons[0].startswith('corpus       300 pairs: fewer than 2,000, the fewest the '
+                                      'rules were measured on')
+  assert 'cannot teach a translation model' in chosen.reasons[0]
+  schedule = next(r for r in chosen.reasons if r.startswith('schedule'))
+  assert schedule == (
+      'schedule     300 steps of 8,192 tokens, about 546 epochs of 4,500 target tokens (the '
+      "fewest the recipe trains; the rule's 96 epochs would be 53 steps); warmup 400 (the "
+      "multi30k recipe's 400 at least, longer than the run: the learning rate rises throughout "
+      'and never peaks)')
+  with pytest.raises(config_lib.SettingError, match=r'^30 training pairs are too few to learn a '
+                     r'translation from: the automatic recipe needs at least 100'):
+    auto.choose(_corpus(30), 'cpu')
+
+
+def test_a_peak_learning_rate_of_the_users_is_not_scaled_by_the_fine_tuning_rule():
+  parent = recipes.load('multi30k').model
+  scaled = auto.choose(_corpus(2_000), 'cpu', parent)
+  assert scaled.optim.lr_scale == auto.FINE_TUNE_LR_SCALE
+  yours = auto.choose(_corpus(2_000), 'cpu', parent, peak_given=True)
+  assert yours.optim.lr_scale == 1.0
+  assert not any(r.startswith('learning rate') for r in yours.reasons)
+
+
+def test_the_recipe_record_states_only_the_data_settings_in_use(tmp_path):
+  recipe = recipes.override(recipes.AUTO, ['data.train_src=a', 'data.train_tgt=b'])
+  chosen = auto.choose(_corpus(4_000), 'cpu')
+  sizing = auto.Sizing(recipes.Recipe(chosen.model, config.TrainConfig(**chosen.train),
+                                      recipe.data, chosen.optim), 'head', chosen.reasons, 'tail')
+  data = json.loads(auto.record(tmp_path, sizing).read_text())['data']
+  assert data['train_src'] == 'a' and data['target_language'] == 'de'
+  assert 'train_pairs' not in data and 'tfds_data_dir' not in data  # (embedded's, wmt14's)
+
+
+def _auto_train(workdir, src_lines, tgt_lines, *extra) -> subprocess.CompletedProcess:
+  """The installed `jaxformer train` without --config on these lines, one step of a one-layer
+  model (the recipe's block is what is checked)."""
+  src, tgt = workdir.parent / f'{workdir.name}.src', workdir.parent / f'{workdir.name}.tgt'
+  src.write_text(''.join(line + '\n' for line in src_lines))
+  tgt.write_text(''.join(line + '\n' for line in tgt_lines))
+  return subprocess.run(
+      [str(pathlib.Path(sys.executable).with_name('jaxformer')), 'train', '--workdir',
+       str(workdir), '--train-src', str(src), '--train-tgt', str(tgt), '--num-steps', '1',
+       '--set', 'model.num_layers=1', *extra], capture_output=True, text=True, timeout=300)
+
+
+def test_the_installed_command_on_a_small_corpus_with_one_overlong_line(tmp_path, shared_data):
+  """300 Multi30k pairs and one source line of 100,000 characters: max_len stays 64 (the pair is
+  dropped and counted), the block says how small the corpus is, and eval scores in the language
+  the run recorded. 30 pairs: one line, exit 1."""
+  folder = shared_data / 'multi30k'
+  src = (folder / 'train.en').read_text().splitlines()[:300] + ['word ' * 20_000]
+  tgt = (folder / 'train.de').read_text().splitlines()[:301]
+  done = _auto_train(tmp_path / 'w', src, tgt, '--target-language', 'es')
+  assert done.returncode == 0 and 'Traceback' not in done.stderr, done.stderr[-3000:]
+  assert 'corpus       301 pairs: fewer than 2,000' in done.stderr
+  assert re.search(r'lengths      max_len 64, rows of 64: 99\.\d% of the sentences have at most '
+                   r'\d\d pieces', done.stderr), done.stderr
+  assert re.search(r'read 301 pairs, kept 29\d, dropped 0 empty and \d longer than 64 tokens',
+                   done.stderr), done.stderr
+  few = tmp_path / 'few.txt'
+  few.write_text('a man\na dog\n')
+  scored = subprocess.run(
+      [str(pathlib.Path(sys.executable).with_name('jaxformer')), 'eval', '--model',
+       str(tmp_path / 'w'), '--src', str(few), '--ref', str(few)],
+      capture_output=True, text=True, timeout=300)
+  assert scored.returncode == 0, scored.stderr[-3000:]
+  assert (f'scoring as es, the target language recorded in {tmp_path}/w/recipe.json'
+          in scored.stderr)
+  assert 'Moses -l es' in scored.stdout
+  assert sorted(p.name for p in (tmp_path / 'w' / 'checkpoints').iterdir()) == ['1']
+  assert not any('hyps' in p.name for p in (tmp_path / 'w').rglob('*'))  # eval wrote nothing
+  done = _auto_train(tmp_path / 'few', src[:30], tgt[:30])
+  assert done.returncode == 1 and 'Traceback' not in done.stderr
+  assert done.stderr.strip().splitlines()[-1].startswith(
+      'error: 30 training pairs are too few to learn a translation from')

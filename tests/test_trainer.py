@@ -19,8 +19,10 @@ from helpers import (
   CFG,
   TESTS,
   TEXT,
+  WORDS,
   assert_trees_equal,
   hold_lock,
+  one_line_error,
   sigint_inside_a_gc_callback,
   start_worker,
   synthetic_text,
@@ -594,6 +596,56 @@ def test_a_fine_tuning_run_resumes_like_any_other(trained, tmp_path, caplog):
     summary = trainer.train(CFG, tc(num_steps=4), tmp_path, synthetic_text(300, seed=4))
   assert summary['step'] == 4 and 'resumed from step 2' in caplog.text
   assert 'fine-tuning' not in caplog.text  # the parent is not read again
+
+
+def test_fine_tuning_into_a_workdir_with_a_past_is_one_line_that_says_what_it_holds(
+    trained, tmp_path):
+  """--init-from P into a workdir W that holds checkpoints: a rerun of the fine-tuning that
+  made W resumes (above); W of another run, or P inside W, would silently continue W, so each
+  is one line from the installed command, and W is left as it was."""
+  src, tgt = _text_files(tmp_path)
+  parent = export.save(tmp_path / 'exported', *checkpoint.load(trained)[:3], step=6)
+  scratch = tmp_path / 'scratch'
+  shutil.copytree(trained, scratch)
+  before = sorted(p.name for p in scratch.iterdir())
+  train = ['train', '--config', str(TESTS / 'tiny_config.py'), '--train-src', str(src),
+           '--train-tgt', str(tgt), '--num-steps', '8']
+  assert one_line_error(*train, '--workdir', str(scratch), '--init-from', str(parent)) == (
+      f'error: {scratch} already holds a run trained from scratch: --init-from {parent} would '
+      f'continue that run, not start from {parent}. Fine-tune into a new --workdir, or leave '
+      'out --init-from to resume it.')
+  assert sorted(p.name for p in scratch.iterdir()) == before
+  for inside in (scratch, scratch / 'average-last3'):
+    assert one_line_error(*train, '--workdir', str(scratch), '--init-from', str(inside)) == (
+        f'error: --init-from {inside} is the workdir {scratch} or lies in it: fine-tune into a '
+        'new --workdir (to continue this run, leave out --init-from).')
+  child = tmp_path / 'child'
+  trainer.train(CFG, _tc(num_steps=2, checkpoint_every_steps=2, init_from=str(parent)), child,
+                synthetic_text(300, seed=4))
+  assert one_line_error(*train, '--workdir', str(child), '--init-from', str(trained)) == (
+      f'error: {child} already holds a fine-tuning run of {parent} (step 6): --init-from '
+      f'{trained} would continue that run, not start from {trained}. Fine-tune into a new '
+      '--workdir, or leave out --init-from to resume it.')
+
+
+def test_automatic_fine_tuning_trains_at_the_max_len_its_recipe_states(trained, tmp_path):
+  """Sentences longer than the parent's max_len of 64: the automatic recipe raises max_len for
+  them (the parent's positions are sinusoidal), and the run trains at that max_len rather than
+  the parent's, dropping nothing."""
+  rng = np.random.default_rng(3)
+  src, tgt = tmp_path / 'long.src', tmp_path / 'long.tgt'
+  for path, words in ((src, WORDS[:16]), (tgt, WORDS[16:])):
+    path.write_text(''.join(' '.join(rng.choice(words, size=rng.integers(60, 70))) + '\n'
+                            for _ in range(200)))
+  done = subprocess.run(
+      [str(pathlib.Path(sys.executable).with_name('jaxformer')), 'train', '--workdir',
+       str(tmp_path / 'w'), '--train-src', str(src), '--train-tgt', str(tgt), '--init-from',
+       str(trained), '--num-steps', '1'], capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0 and 'Traceback' not in done.stderr, done.stderr[-3000:]
+  chosen = json.loads((tmp_path / 'w' / 'recipe.json').read_text())['model']['max_len']
+  assert chosen > CFG.max_len == 64 and f'max_len {chosen}, rows of' in done.stderr
+  assert checkpoint.load(tmp_path / 'w')[1] == CFG.replace(max_len=chosen)
+  assert 'dropped 0 empty and 0 longer' in done.stderr, done.stderr
 
 
 def test_resume_may_change_the_optimisers_settings_and_logs_them(trained, tmp_path, caplog):

@@ -242,30 +242,26 @@ def first_sentences(texts: 'Sequence[str] | PairSource', count: int) -> list[str
 
 
 def inherit_vocabulary(model: bytes, model_path: str | os.PathLike, origin: str,
-                       coverage: dict[str, float] | None = None) -> Tokenizer:
+                       coverage: dict[str, float] | None = None, *,
+                       parent: str | None = None) -> Tokenizer:
   """Writes a trained model's vocabulary to `model_path` for a run that fine-tunes it, with a
-  record saying where it came from (and its `coverage` of the new data), so that
-  train_tokenizer uses it as it is; a DataError when another vocabulary is there already."""
+  record saying where it came from (`origin`, and `parent`: the model's resolved path, which a
+  rerun of the same fine-tuning command is recognised by) and its `coverage` of the new data,
+  so that train_tokenizer uses it as it is; a DataError when another vocabulary is there
+  already."""
   model_path = pathlib.Path(model_path)
   if model_path.exists() and model_path.read_bytes() != model:
     raise DataError(f'{model_path} is another vocabulary than that of {origin}: fine-tune in a '
                     'new workdir.')
-  record = {'inherited_from': origin, 'vocab_size': Tokenizer.from_bytes(model).vocab_size,
-            'coverage': coverage}
+  record = {'inherited_from': origin, 'parent': parent,
+            'vocab_size': Tokenizer.from_bytes(model).vocab_size, 'coverage': coverage}
   _save(model_path, model, record)
   return Tokenizer(model_path)
 
 
 def record_near(model: str | os.PathLike) -> dict[str, Any] | None:
   """The vocabulary record (spm.model.json) of the training workdir that a model folder is or
-  lies in (WORKDIR, WORKDIR/checkpoints, WORKDIR/average-last5), or None (an exported folder,
-  or a vocabulary from before records kept its coverage)."""
-  folder = pathlib.Path(model).absolute()
-  for candidate in (folder, folder.parent, folder.parent.parent):
-    path = candidate / 'spm.model.json'
-    if path.is_file():
-      try:
-        return json.loads(path.read_text())
-      except (OSError, ValueError):
-        return None
-  return None
+  lies in (files.record_near), or None (an exported folder, or a vocabulary from before
+  records were kept)."""
+  found = files.record_near(model, 'spm.model.json')
+  return found and found[1]

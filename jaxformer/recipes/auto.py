@@ -31,6 +31,12 @@ from jaxformer.recipes import Recipe, override
 PAPER_PAIRS = 1_000_000  # from here on: the paper's base recipe (Table 3 "base", §5)
 REFERENCE_PAIRS = 29_000  # Multi30k's training set: the multi30k recipe's point
 SMALL_PAIRS = 10_000      # below this, dropout 0.3 (docs/own-data.md has the runs)
+MEASURED_PAIRS = 2_000    # the fewest the rules were measured on: below, the epochs stop growing
+MIN_PAIRS = 100           # below this, no recipe: too few pairs to learn a translation from
+MIN_STEPS = 300           # the fewest updates the recipe trains (a warmup needs room to act)
+LONG_SHARE = 0.999        # max_len covers this share of the sentences,
+OUTLIERS = 5              # but leaves out at least this many of the longest (a small corpus's
+                          # 99.9th percentile is its longest line, however long)
 PROBE_SENTENCES = 20_000  # sentences the lengths are measured on (all of a small corpus)
 # The multi30k (CPU) and multi30k_gpu recipes' warmups: the highest peaks of the paper's lrate
 # measured stable for their models.
@@ -42,10 +48,23 @@ FINE_TUNE_LR_SCALE = 0.25  # of the paper's learning rate, for --init-from (docs
 class Corpus:
   """What the rules read of a corpus: its size and its lengths in vocabulary pieces."""
   pairs: int
-  mean_pieces: float     # per sentence, both sides, without EOS
-  long_pieces: int       # the 99.9th percentile of a sentence's pieces, with its EOS
+  mean_pieces: float     # per sentence, both sides, without EOS (lengths_of: all but the
+  long_pieces: int       # longest); the most pieces of a sentence with its EOS
   largest_vocab: int | None  # the most pieces sentencepiece can make of it (None: more than
                              # the rule asks for)
+  long_share: float = LONG_SHARE  # the share of the sentences within long_pieces
+
+
+def lengths_of(lengths: Sequence[int]) -> tuple[float, int, float]:
+  """The mean pieces of a sentence (without EOS), the most (with it), and the share of the
+  sentences within that most, all once the longest are left out: 1 - LONG_SHARE of them, but at
+  least OUTLIERS (at most a tenth), so that a handful of overlong lines, which the data pipeline
+  drops and counts, sets neither max_len nor the epochs' size."""
+  ordered = sorted(lengths)
+  left_out = min(max(math.ceil(round((1 - LONG_SHARE) * len(ordered), 9)), OUTLIERS),
+                 len(ordered) // 10)
+  kept = ordered[:len(ordered) - left_out] or [0]
+  return float(np.mean(kept)), kept[-1] + 1, len(kept) / max(1, len(ordered))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,20 +122,29 @@ def measure(pairs: sources.PairSource, vocab_size: int, *, seed: int = 0,
         largest = e.largest
         tokenizer = tokenizer_lib.train_tokenizer(sample, pathlib.Path(folder) / 'probe.model',
                                                   largest, seed=seed)
-  lengths = np.array([len(ids) for ids in tokenizer.encode(sample)]) if sample else np.zeros(1)
-  return Corpus(pairs=len(pairs), mean_pieces=float(lengths.mean()),
-                long_pieces=int(np.percentile(lengths, 99.9)) + 1, largest_vocab=largest)
+  mean, long, share = lengths_of([len(ids) for ids in tokenizer.encode(sample)])
+  return Corpus(pairs=len(pairs), mean_pieces=mean, long_pieces=long, largest_vocab=largest,
+                long_share=share)
 
 
 def _round_up(x: float, step: int) -> int:
   return int(step * math.ceil(x / step))
 
 
-def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None) -> Choice:
+def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None, *,
+           peak_given: bool = False) -> Choice:
   """The recipe's settings for `corpus` on `backend` ('cpu' or 'gpu'), and the reason for each
   choice. A fine-tuning run (`parent`: the model it starts from) keeps the parent's model and
-  trains at FINE_TUNE_LR_SCALE of the learning rate."""
+  trains at FINE_TUNE_LR_SCALE of the paper's learning rate, unless the user gives a peak
+  learning rate of their own (`peak_given`), which is then used as it is. A SettingError below
+  MIN_PAIRS pairs."""
   pairs = corpus.pairs
+  if pairs < MIN_PAIRS:
+    raise config_lib.SettingError(
+        f'{pairs:,} training pairs are too few to learn a translation from: the automatic recipe '
+        f'needs at least {MIN_PAIRS} (its rules were measured from {MEASURED_PAIRS:,}). To train '
+        'on them anyway, a check of the pipeline say, give a recipe and the steps: --config '
+        'multi30k --num-steps 20.')
   if pairs >= PAPER_PAIRS and parent is None:  # the paper's base recipe (recipes/base.py)
     return Choice(config_lib.base(37_000),
                   {'num_steps': 100_000, 'tokens_per_batch': 25_000, 'average_last': 5,
@@ -135,39 +163,66 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
   max_len = parent.max_len if pinned else max_len
   row_len = max(64, _round_up(max_len, 32))
   whose = " (max_len the parent's learned positions')" if pinned else ''
-  reasons.append(f'lengths      max_len {max_len}, rows of {row_len}: 99.9% of the sentences '
-                 f'have at most {corpus.long_pieces} pieces with EOS{whose}; longer pairs are '
-                 'dropped and counted')
+  cut = corpus.long_pieces > max_len  # (at 256: the longest the recipe makes room for)
+  reasons.append(f'lengths      max_len {max_len}, rows of {row_len}: '
+                 f'{corpus.long_share:.1%} of the sentences have at most {corpus.long_pieces} '
+                 f'pieces with EOS{whose}{" (cut to 256)" if cut and not pinned else ""}; longer '
+                 'pairs are dropped and counted')
+  if pairs < MEASURED_PAIRS:
+    reasons.insert(0, f'corpus       {pairs:,} pairs: fewer than {MEASURED_PAIRS:,}, the fewest '
+                   'the rules were measured on (10 BLEU on Multi30k); ' + (
+                       'a corpus this small cannot teach a translation model, and the epochs '
+                       f'stop growing at those of {MEASURED_PAIRS:,} pairs' if parent is None
+                       else f'the epochs stop growing at those of {MEASURED_PAIRS:,} pairs'))
   gpu = backend == 'gpu'
-  tokens_per_batch = 8192
-  epoch_tokens = pairs * (corpus.mean_pieces + 1)  # target tokens per pass, EOS included
-  epochs = rule_epochs(pairs) * (2 if gpu and parent is None else 1)
-  steps = max(300, 50 * round(epochs * epoch_tokens / tokens_per_batch / 50))
-  # 22% of the steps, but never a higher peak learning rate than the anchor recipe's: a shorter
-  # warmup made the small model diverge on a small corpus (docs/BENCHMARKS.md).
-  warmup = max(MIN_WARMUP['gpu' if gpu and parent is None else 'cpu'], _round_up(0.22 * steps, 10))
-  every = max(10, _round_up(steps / 18, 10))
-  reasons.append(f'schedule     {steps:,} steps of {tokens_per_batch:,} tokens, about '
-                 f'{steps * tokens_per_batch / epoch_tokens:.0f} epochs of {epoch_tokens:,.0f} '
-                 f'target tokens (33 at 29k pairs, growing as (29k / pairs)^0.4'
-                 f'{"; twice that on a GPU" if gpu and parent is None else ""}); warmup {warmup} '
-                 "(22% of the steps, as the multi30k recipe's 400 of 1800, and at least its "
-                 'warmup: a shorter one peaks higher, and diverged on 4k pairs)')
+  steps, warmup, why = _schedule(corpus, gpu and parent is None)
+  reasons.append(why)
   optim = {'warmup_steps': warmup}
-  if parent is not None:
+  if parent is not None and not peak_given:
     optim['lr_scale'] = FINE_TUNE_LR_SCALE
     reasons.append(f'learning rate {FINE_TUNE_LR_SCALE} of the paper\'s formula (lr_scale): '
                    'fine-tuning moves a trained model less than a fresh run')
+  every = max(10, _round_up(steps / 18, 10))
   # A validation pass (its loss, and the sample translations) is a noticeable share of a small
   # run on a CPU, where it then comes at every other checkpoint (docs/BENCHMARKS.md).
   evaluate = every if gpu else 2 * every
   reasons.append(f'checkpoints  every {every} steps, the last 5 averaged; a validation pass '
                  f'every {evaluate} steps and at the end, when there is a validation set')
-  train = {'num_steps': steps, 'tokens_per_batch': tokens_per_batch, 'row_len': row_len,
+  train = {'num_steps': steps, 'tokens_per_batch': TOKENS_PER_BATCH, 'row_len': row_len,
            'checkpoint_every_steps': every, 'checkpoint_every_secs': None, 'keep_checkpoints': 5,
            'average_last': 5, 'eval_every_steps': evaluate,
            'log_every_steps': max(10, every // 2)}
   return Choice(model.replace(max_len=max_len), train, OptimConfig(**optim), tuple(reasons))
+
+
+TOKENS_PER_BATCH = 8192  # the multi30k recipes'
+
+
+def _schedule(corpus: Corpus, twice: bool) -> tuple[int, int, str]:
+  """The steps and the warmup (`twice`: a fresh run on a GPU, its epochs doubled), and the
+  reason line, which says where a floor rather than a rule set them."""
+  epochs = rule_epochs(max(corpus.pairs, MEASURED_PAIRS)) * (2 if twice else 1)
+  epoch_tokens = corpus.pairs * (corpus.mean_pieces + 1)  # target tokens a pass, with EOS
+  rule = epochs * epoch_tokens / TOKENS_PER_BATCH
+  steps = max(MIN_STEPS, 50 * round(rule / 50))
+  # 22% of the steps, but never a higher peak learning rate than the anchor recipe's: a shorter
+  # warmup made the small model diverge on a small corpus (docs/BENCHMARKS.md).
+  least = MIN_WARMUP['gpu' if twice else 'cpu']
+  warmup = max(least, _round_up(0.22 * steps, 10))
+  why_steps = (f'the fewest the recipe trains; the rule\'s {epochs:,.0f} epochs would be '
+               f'{max(1, round(rule))} steps' if steps == MIN_STEPS and rule < MIN_STEPS - 25 else
+               '33 at 29k pairs, growing as (29k / pairs)^0.4'
+               + (f' down to {MEASURED_PAIRS:,} pairs' if corpus.pairs < MEASURED_PAIRS else '')
+               + ('; twice that on a GPU' if twice else ''))
+  why_warmup = (f"the multi30k recipe's {least} at least, longer than the run: the learning "
+                'rate rises throughout and never peaks' if warmup >= steps else
+                f"at least the multi30k recipe's {least}: a shorter one peaks higher, and "
+                'diverged on 4k pairs' if warmup == least else
+                "22% of the steps, as the multi30k recipe's 400 of 1800")
+  return steps, warmup, (f'schedule     {steps:,} steps of {TOKENS_PER_BATCH:,} tokens, about '
+                         f'{steps * TOKENS_PER_BATCH / epoch_tokens:,.0f} epochs of '
+                         f'{epoch_tokens:,.0f} target tokens ({why_steps}); warmup {warmup} '
+                         f'({why_warmup})')
 
 
 def _model(corpus: Corpus, backend: str) -> tuple[TransformerConfig, list[str]]:
@@ -204,11 +259,13 @@ def size(recipe: Recipe, assignments: Sequence[str], *, backend: str,
   pairs = sources.TextFiles(recipe.data.train_src, recipe.data.train_tgt)
   corpus = measure(pairs, rule_vocab_size(len(pairs)), seed=recipe.train.seed,
                    tokenizer=parent and parent[1])
-  chosen = choose(corpus, backend, parent and parent[0])
+  given = {a.partition('=')[0].strip() for a in assignments}
+  chosen = choose(corpus, backend, parent and parent[0],
+                  peak_given='optim.learning_rate' in given)
   train = dataclasses.replace(recipe.train, **chosen.train)
   sized = Recipe(chosen.model, train, recipe.data, chosen.optim)
   head = (f'the automatic recipe for {corpus.pairs:,} pairs ({corpus.mean_pieces:.1f} pieces a '
-          f'sentence, 99.9% within {corpus.long_pieces}) on {backend}:')
+          f'sentence, {corpus.long_share:.1%} within {corpus.long_pieces}) on {backend}:')
   return Sizing(override(sized, assignments), head, chosen.reasons, _last_reason(assignments))
 
 
@@ -261,6 +318,6 @@ def record(workdir: str | pathlib.Path, sizing: Sizing) -> pathlib.Path:
       'recipe': 'auto', 'reasons': list(sizing.reasons), 'rules': list(sizing.rules),
       'model': config_lib.config_to_dict(recipe.model),
       'train': dataclasses.asdict(recipe.train), 'optim': dataclasses.asdict(recipe.optim),
-      'data': dataclasses.asdict(recipe.data)}, indent=1) + '\n').encode(), 'the recipe')
+      'data': recipe.data.in_use()}, indent=1) + '\n').encode(), 'the recipe')
   return path
 
