@@ -22,8 +22,8 @@ from typing import Any
 import jax
 
 from jaxformer import __main__ as entry
-from jaxformer import (arguments, checkpoint, compilation, data, export, files, monitor,
-                       parallel, recipes, scoring, serving, trainer)
+from jaxformer import (arguments, checkpoint, compilation, data, export, files, formats,
+                       monitor, parallel, recipes, scoring, serving, trainer)
 from jaxformer.arguments import (add_model_flags, add_model_path, flag, path_arg, port_number,
                                  positive_int)
 from jaxformer import config as config_lib
@@ -401,12 +401,8 @@ def _export(args: argparse.Namespace) -> int:
   if args.path is not None:
     print('note: `jaxformer export PATH OUT` is an older spelling of `jaxformer export --model '
           'PATH OUT`; it still works.', file=sys.stderr)
-  export.check_destination(args.out, args.format, args.overwrite)  # before the loading
-  params, config, spm_model, step = export.load_model(path, args.average_last)
-  if args.format == 'ctranslate2':
-    out = export.save_ctranslate2(args.out, params, config, spm_model, overwrite=args.overwrite)
-  else:
-    out = export.save(args.out, params, config, spm_model, step=step, overwrite=args.overwrite)
+  out, step = export.save_as(args.format, path, args.out, average_last=args.average_last,
+                             overwrite=args.overwrite)
   print(f'exported step {step} of {path} to {out} ({args.format})')
   return 0
 
@@ -539,18 +535,17 @@ def build_parser() -> argparse.ArgumentParser:
       _SERVE_DESCRIPTION))
 
   export = command(
-      'export', _export, 'a self-contained folder (config.json, spm.model, params.safetensors) '
-      'or a CTranslate2 model',
+      'export', _export, 'the model as a self-contained folder: jaxformer\'s own, CTranslate2 '
+      'or Hugging Face',
       'Writes a model that Translator.from_pretrained(OUT) (and jaxformer eval/translate) load '
-      'without orbax or the workdir; with --format ctranslate2, a CTranslate2 model of the same '
-      "weights (pip install 'jaxformer[ctranslate2]'), with spm.model beside it.")
+      'without orbax or the workdir; with --format, the same weights in another format.')
   add_model_path(export)
   export.add_argument('path', nargs='?', type=path_arg,
                       help='the model, as --model (an older spelling)')
   export.add_argument('out', type=path_arg, help='the folder to write')
-  export.add_argument('--format', choices=('jaxformer', 'ctranslate2'), default='jaxformer',
-                      help='jaxformer: config.json + spm.model + safetensors; ctranslate2: a '
-                      'CTranslate2 model directory')
+  export.add_argument('--format', choices=sorted(formats.REGISTRY), default='jaxformer',
+                      help='; '.join(f'{name}: {f.summary}' for name, f in
+                                     formats.REGISTRY.items()))
   export.add_argument('--overwrite', action='store_true',
                       help='replace an export of the same format already in OUT (otherwise OUT '
                       'must be new or empty)')

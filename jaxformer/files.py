@@ -40,6 +40,7 @@ class Kind(enum.StrEnum):
   DEVICE = 'a device or a socket'
   EXPORT = 'an exported model'
   CTRANSLATE2 = 'a CTranslate2 model'
+  HUGGINGFACE = 'a Hugging Face model'
   WORKDIR = 'a training workdir'
   CHECKPOINTS = 'a checkpoint folder'
   EMPTY = 'an empty folder'
@@ -48,22 +49,26 @@ class Kind(enum.StrEnum):
 
 # (the names other modules use)
 MISSING, EMPTY, FOLDER = Kind.MISSING, Kind.EMPTY, Kind.FOLDER
-WORKDIR, CHECKPOINTS, EXPORT, CTRANSLATE2 = (Kind.WORKDIR, Kind.CHECKPOINTS, Kind.EXPORT,
-                                            Kind.CTRANSLATE2)
+WORKDIR, CHECKPOINTS, EXPORT, CTRANSLATE2, HUGGINGFACE = (
+    Kind.WORKDIR, Kind.CHECKPOINTS, Kind.EXPORT, Kind.CTRANSLATE2, Kind.HUGGINGFACE)
+# The file beside config.json that tells an export of another format from jaxformer's own
+# (whose is params.safetensors); jaxformer.formats' registry checks that each format has one.
+EXPORT_MARKERS = {'model.bin': Kind.CTRANSLATE2, 'model.safetensors': Kind.HUGGINGFACE}
 
 
 def describe(path: str | os.PathLike) -> Kind:
   """What `path` is: MISSING, FILE, FIFO, DEVICE, EXPORT (a config.json of jaxformer's;
-  `export.load` says what else it lacks), CTRANSLATE2, WORKDIR (checkpoints/, or the vocabulary
-  a run writes first), CHECKPOINTS (numbered step folders, e.g. WORKDIR/average-last5), EMPTY,
-  or FOLDER (anything else)."""
+  `export.load` says what else it lacks), CTRANSLATE2 or HUGGINGFACE (EXPORT_MARKERS), WORKDIR
+  (checkpoints/, or the vocabulary a run writes first), CHECKPOINTS (numbered step folders, e.g.
+  WORKDIR/average-last5), EMPTY, or FOLDER (anything else)."""
   path = pathlib.Path(path)
   if not path.exists():
     return Kind.MISSING
   if not path.is_dir():
     return Kind.FILE if path.is_file() else Kind.FIFO if path.is_fifo() else Kind.DEVICE
   if (path / 'config.json').is_file():
-    return CTRANSLATE2 if (path / 'model.bin').is_file() else EXPORT
+    return next((kind for marker, kind in EXPORT_MARKERS.items() if (path / marker).is_file()),
+                EXPORT)
   if (path / 'checkpoints').is_dir() or (path / 'spm.model').is_file():
     return WORKDIR
   children = list(path.iterdir())

@@ -165,10 +165,11 @@ def test_everything_but_wmt14_works_without_tensorflow(tmp_path):
 
 def test_every_module_has_its_test_file():
   """The house rule (README): tests/test_<module>.py, test_data_<module>.py for data/, and
-  test_recipes.py for the recipes package; private modules are tested through their users."""
+  test_recipes.py and test_formats.py for those packages; private modules are tested through
+  their users."""
   package = ROOT / 'jaxformer'
   expected = {f'test_{"data_" if path.parent.name == "data" else ""}{path.stem}.py'
               for path in [*package.glob('*.py'), *(package / 'data').glob('*.py')]
-              if not path.stem.startswith('_')} | {'test_recipes.py'}
+              if not path.stem.startswith('_')} | {'test_recipes.py', 'test_formats.py'}
   missing = sorted(name for name in expected if not (ROOT / 'tests' / name).is_file())
   assert not missing, missing

@@ -1,0 +1,162 @@
+"""jaxformer.formats: the registry of export formats, and the Hugging Face (MarianMT) export
+checked against transformers itself (greedy outputs and teacher-forced logits)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from helpers import one_line_error
+
+from jaxformer import cli, config, data, export, files, formats, train, translation
+from jaxformer.formats import huggingface
+from jaxformer.model import Transformer, sinusoidal_positions
+
+# transformers reads nothing from the network here: everything is in the exported folder.
+OFFLINE = {'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1'}
+
+
+def test_the_registry_gives_the_command_its_formats_and_each_folder_its_kind(workdir, tmp_path):
+  assert set(formats.REGISTRY) == {'jaxformer', 'ctranslate2', 'huggingface'}
+  exporting = cli._subcommands(cli.build_parser())['export']  # pylint: disable=protected-access
+  flag = next(action for action in exporting._actions if action.dest == 'format')  # pylint: disable=protected-access
+  assert flag.choices == sorted(formats.REGISTRY)
+  assert all(f'{name}: {f.summary}' in flag.help for name, f in formats.REGISTRY.items())
+  assert set(files.EXPORT_MARKERS.values()) == {f.kind for f in formats.REGISTRY.values()} - {
+      files.EXPORT}
+  for name, chosen in formats.REGISTRY.items():
+    out = tmp_path / name
+    assert cli.main(['export', '--model', str(workdir), str(out), '--format', name]) == 0
+    assert files.describe(out) == chosen.kind
+
+
+def test_the_huggingface_folder_is_recognised_and_kept(workdir, tmp_path):
+  out = tmp_path / 'hf'
+  assert cli.main(['export', '--model', str(workdir), str(out), '--format', 'huggingface']) == 0
+  assert {'config.json', 'generation_config.json', 'model.safetensors', 'source.spm',
+          'target.spm', 'vocab.json', 'tokenizer_config.json', 'README.md'} == {
+              p.name for p in out.iterdir()}
+  assert one_line_error('export', '--model', str(workdir), str(out), '--format',
+                        'huggingface') == (
+      f'error: {out}: is a Hugging Face model already: pass --overwrite to replace it.')
+  assert one_line_error('export', '--model', str(workdir), str(out)) == (
+      f'error: {out}: is a Hugging Face model, where a new or empty folder for the export '
+      'belongs.')
+  assert one_line_error('translate', '--model', str(out)).startswith(
+      f'error: {out}: is a Hugging Face model, where a model')
+  card = (out / 'README.md').read_text()
+  assert 'library_name: transformers' in card and 'GNMT' in card and '1e-5' in card
+
+
+@pytest.mark.parametrize('setting,value,named', [
+    ('pre_ln', True, 'model.pre_ln=true'),
+    ('learned_positions', True, 'model.learned_positions=true'),
+    ('qk_dim', 4, 'model.qk_dim=4, model.v_dim=8'),
+])
+def test_what_marian_cannot_express_is_one_line_naming_the_setting(setting, value, named,
+                                                                   tmp_path):
+  cfg = config.tiny(vocab_size=280).replace(**{setting: value})
+  spm = data.train_tokenizer(['a b c d e f g', 'h i j k l m n'] * 50, tmp_path / 'v.model',
+                             vocab_size=280)
+  params = train.create_train_state(cfg, jax.random.key(0)).params
+  model = export.save(tmp_path / 'model', params, cfg, spm.model_proto, step=1)
+  line = one_line_error('export', '--model', str(model), str(tmp_path / 'hf'), '--format',
+                        'huggingface')
+  assert line.startswith(f'error: the huggingface format cannot express {named} (')
+  assert not (tmp_path / 'hf').exists()
+
+
+def test_the_permutation_puts_jaxformers_table_in_marians_order():
+  """Marian's table (transformers' create_weight: the sines of frequency i at i, the cosines
+  at d/2 + i) is jaxformer's with its columns taken in `permutation`'s order."""
+  d, positions = 16, np.arange(10)
+  ours = np.asarray(sinusoidal_positions(positions, d))
+  exponent = 2 * (np.arange(d) // 2) / d
+  angles = positions[:, None] / np.power(10000, exponent)[None, :]
+  marian = np.concatenate([np.sin(angles[:, 0::2]), np.cos(angles[:, 1::2])], axis=1)
+  np.testing.assert_allclose(ours[:, huggingface.permutation(d)], marian, atol=1e-5)
+
+
+def _transformers():
+  for name, value in OFFLINE.items():
+    os.environ.setdefault(name, value)
+  import torch  # pylint: disable=g-import-not-at-top  (test dependencies)
+  import transformers  # pylint: disable=g-import-not-at-top
+  transformers.logging.set_verbosity_error()
+  return torch, transformers
+
+
+def test_transformers_generates_what_jaxformer_does_and_its_logits_agree(demo_sized, tmp_path):
+  """The demo-sized model's 100 test sentences: MarianTokenizer gives jaxformer's ids,
+  MarianMTModel's greedy outputs (with jaxformer's length limit, min(input + 50, max_len)) are
+  jaxformer's for at least 99 of them, and teacher-forced logits agree to 2e-4 (measured:
+  docs/BENCHMARKS.md; the layer norms' epsilons differ, 1e-5 against 1e-6)."""
+  torch, transformers = _transformers()
+  workdir, sentences = demo_sized
+  out = tmp_path / 'hf'
+  assert cli.main(['export', '--model', str(workdir), str(out), '--format', 'huggingface']) == 0
+  tokenizer = transformers.MarianTokenizer.from_pretrained(out)
+  model = transformers.MarianMTModel.from_pretrained(out).eval()
+  ours = translation.Translator.from_checkpoint(str(workdir))
+  ids = [row + [data.EOS_ID] for row in ours.tokenizer.encode(sentences)]
+  assert [list(row) for row in tokenizer(sentences).input_ids] == ids
+  greedy = ours.replace(beam_size=1).translate(sentences)
+  theirs = []
+  for start in range(0, len(sentences), 25):
+    batch = tokenizer(sentences[start:start + 25], return_tensors='pt', padding=True)
+    limit = min(batch['input_ids'].shape[1] + 50, model.config.max_position_embeddings)
+    with torch.no_grad():
+      made = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=limit)
+    theirs += tokenizer.batch_decode(made, skip_special_tokens=True)
+  same = sum(a == b for a, b in zip(greedy, theirs))
+  assert same >= 99, [(a, b) for a, b in zip(greedy, theirs) if a != b][:3]
+  assert sum(map(len, greedy)) > 5 * len(greedy)  # real output
+  gap = teacher_forced_gap(out, workdir, sentences[:32], greedy[:32])
+  assert gap < 2e-4, gap
+
+
+def teacher_forced_gap(out: pathlib.Path, model_path: pathlib.Path, sources: list[str],
+                       targets: list[str]) -> float:
+  """The largest |logit difference| between jaxformer and transformers' MarianMTModel of the
+  export `out`, teacher-forced on (sources, targets), over the targets' real positions."""
+  torch, transformers = _transformers()
+  params, cfg, spm_model, _ = export.load_model(model_path)
+  tokenizer = data.Tokenizer.from_bytes(spm_model)
+  src = [row + [data.EOS_ID] for row in tokenizer.encode(sources)]
+  tgt = [([data.PAD_ID] + row)[:cfg.max_len] for row in tokenizer.encode(targets)]
+  src_a = np.array([row + [0] * (max(map(len, src)) - len(row)) for row in src], np.int32)
+  tgt_a = np.array([row + [0] * (max(map(len, tgt)) - len(row)) for row in tgt], np.int32)
+  ours = np.asarray(jax.jit(Transformer(cfg).apply)({'params': params}, src_a, tgt_a))
+  model = transformers.MarianMTModel.from_pretrained(out).eval()
+  with torch.no_grad():
+    theirs = model(input_ids=torch.tensor(src_a, dtype=torch.long),
+                   attention_mask=torch.tensor(src_a != 0),
+                   decoder_input_ids=torch.tensor(tgt_a, dtype=torch.long)).logits.numpy()
+  real = np.array([[t < len(row) for t in range(tgt_a.shape[1])] for row in tgt])
+  return float(np.abs(ours - theirs)[real].max())
+
+
+def test_the_card_and_the_configs_say_what_transformers_is_told(workdir, tmp_path):
+  out = tmp_path / 'hf'
+  assert cli.main(['export', '--model', str(workdir), str(out), '--format', 'huggingface']) == 0
+  cfg = export.load_model(workdir)[1]
+  marian = json.loads((out / 'config.json').read_text())
+  assert (marian['d_model'], marian['encoder_layers'], marian['vocab_size'],
+          marian['max_position_embeddings'], marian['activation_function'],
+          marian['scale_embedding'], marian['decoder_start_token_id']) == (
+              cfg.d_model, cfg.num_layers, cfg.vocab_size, cfg.max_len, 'relu', True, 0)
+  generation = json.loads((out / 'generation_config.json').read_text())
+  assert (generation['num_beams'], generation['length_penalty'], generation['max_length'],
+          generation['bad_words_ids']) == (4, 0.6, cfg.max_len + 1, [[0]])
+  vocab = json.loads((out / 'vocab.json').read_text())
+  tokenizer = data.Tokenizer(workdir / 'spm.model')
+  assert list(vocab) == tokenizer.pieces(range(cfg.vocab_size))
+  assert list(vocab.values()) == list(range(cfg.vocab_size))
+  done = subprocess.run([sys.executable, '-c', 'import jaxformer.formats.huggingface, sys; '
+                         'sys.exit("torch" in sys.modules or "transformers" in sys.modules)'],
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr  # exporting needs neither
