@@ -2,22 +2,21 @@
 checked against transformers itself (greedy outputs and teacher-forced logits)."""
 
 import json
-import os
-import pathlib
 import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
-from helpers import one_line_error
+from helpers import TESTS, one_line_error
 
 from jaxformer import cli, config, data, export, files, formats, train, translation
 from jaxformer.formats import huggingface
-from jaxformer.model import Transformer, sinusoidal_positions
+from jaxformer.model import sinusoidal_positions
 
-# transformers reads nothing from the network here: everything is in the exported folder.
-OFFLINE = {'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1'}
+sys.path.insert(0, str(TESTS.parent / 'experiments'))
+import huggingface_parity  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
 
 
 def test_the_registry_gives_the_command_its_formats_and_each_folder_its_kind(workdir, tmp_path):
@@ -81,21 +80,13 @@ def test_the_permutation_puts_jaxformers_table_in_marians_order():
   np.testing.assert_allclose(ours[:, huggingface.permutation(d)], marian, atol=1e-5)
 
 
-def _transformers():
-  for name, value in OFFLINE.items():
-    os.environ.setdefault(name, value)
-  import torch  # pylint: disable=g-import-not-at-top  (test dependencies)
-  import transformers  # pylint: disable=g-import-not-at-top
-  transformers.logging.set_verbosity_error()
-  return torch, transformers
-
-
 def test_transformers_generates_what_jaxformer_does_and_its_logits_agree(demo_sized, tmp_path):
   """The demo-sized model's 100 test sentences: MarianTokenizer gives jaxformer's ids,
   MarianMTModel's greedy outputs (with jaxformer's length limit, min(input + 50, max_len)) are
   jaxformer's for at least 99 of them, and teacher-forced logits agree to 2e-4 (measured:
   docs/BENCHMARKS.md; the layer norms' epsilons differ, 1e-5 against 1e-6)."""
-  torch, transformers = _transformers()
+  torch, transformers = huggingface_parity.torch, huggingface_parity.transformers
+  transformers.logging.set_verbosity_error()
   workdir, sentences = demo_sized
   out = tmp_path / 'hf'
   assert cli.main(['export', '--model', str(workdir), str(out), '--format', 'huggingface']) == 0
@@ -115,29 +106,8 @@ def test_transformers_generates_what_jaxformer_does_and_its_logits_agree(demo_si
   same = sum(a == b for a, b in zip(greedy, theirs))
   assert same >= 99, [(a, b) for a, b in zip(greedy, theirs) if a != b][:3]
   assert sum(map(len, greedy)) > 5 * len(greedy)  # real output
-  gap = teacher_forced_gap(out, workdir, sentences[:32], greedy[:32])
+  gap = huggingface_parity.teacher_forced_gap(out, workdir, sentences[:32], greedy[:32])
   assert gap < 2e-4, gap
-
-
-def teacher_forced_gap(out: pathlib.Path, model_path: pathlib.Path, sources: list[str],
-                       targets: list[str]) -> float:
-  """The largest |logit difference| between jaxformer and transformers' MarianMTModel of the
-  export `out`, teacher-forced on (sources, targets), over the targets' real positions."""
-  torch, transformers = _transformers()
-  params, cfg, spm_model, _ = export.load_model(model_path)
-  tokenizer = data.Tokenizer.from_bytes(spm_model)
-  src = [row + [data.EOS_ID] for row in tokenizer.encode(sources)]
-  tgt = [([data.PAD_ID] + row)[:cfg.max_len] for row in tokenizer.encode(targets)]
-  src_a = np.array([row + [0] * (max(map(len, src)) - len(row)) for row in src], np.int32)
-  tgt_a = np.array([row + [0] * (max(map(len, tgt)) - len(row)) for row in tgt], np.int32)
-  ours = np.asarray(jax.jit(Transformer(cfg).apply)({'params': params}, src_a, tgt_a))
-  model = transformers.MarianMTModel.from_pretrained(out).eval()
-  with torch.no_grad():
-    theirs = model(input_ids=torch.tensor(src_a, dtype=torch.long),
-                   attention_mask=torch.tensor(src_a != 0),
-                   decoder_input_ids=torch.tensor(tgt_a, dtype=torch.long)).logits.numpy()
-  real = np.array([[t < len(row) for t in range(tgt_a.shape[1])] for row in tgt])
-  return float(np.abs(ours - theirs)[real].max())
 
 
 def test_the_card_and_the_configs_say_what_transformers_is_told(workdir, tmp_path):

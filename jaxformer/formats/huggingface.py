@@ -10,7 +10,7 @@ padding token). What differs, and how it is bridged:
 - Marian's position table holds the sines in the first half of the dimensions and the cosines
   in the second; jaxformer interleaves them (sin at 2i, cos at 2i + 1). transformers never
   reads a saved table (it makes its own), so the model's d_model basis is permuted instead,
-  through every weight that reads or writes it (`_PERMUTED`): jaxformer's dimension perm[k]
+  through every weight that reads or writes it (`tensors`): jaxformer's dimension perm[k]
   becomes Marian's k. Layer norms are equivariant under it, so the model computes the same.
 - Marian's LayerNorms keep torch's epsilon, 1e-5 (jaxformer's: 1e-6); MarianConfig cannot set
   it. docs/BENCHMARKS.md measures what it moves.
@@ -24,8 +24,10 @@ import json
 import pathlib
 from typing import Any
 
+import jax
 import numpy as np
 import safetensors.numpy
+from flax import traverse_util
 
 from jaxformer import checkpoint, files
 from jaxformer.config import TransformerConfig
@@ -41,8 +43,9 @@ def cannot(config: TransformerConfig) -> str | None:
     return 'model.learned_positions=true (Marian makes its sinusoids itself)'
   if config.attention_window is not None:
     return f'model.attention_window={config.attention_window} (Marian attends to every position)'
-  if config.d_model % 2 or config.num_heads * config.key_dim != config.d_model or \
-      config.key_dim != config.value_dim:
+  if config.d_model % 2:
+    return f'model.d_model={config.d_model} (odd: Marian\'s table pairs the dimensions)'
+  if config.num_heads * config.key_dim != config.d_model or config.key_dim != config.value_dim:
     return (f'model.qk_dim={config.key_dim}, model.v_dim={config.value_dim} (Marian\'s heads '
             f'are d_model / h = {config.d_model / config.num_heads:g} wide)')
   return None
@@ -83,7 +86,7 @@ def _ffn(params: dict, perm: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
 
 def tensors(params: Any, config: TransformerConfig) -> dict[str, np.ndarray]:
   """MarianMTModel's state dict (the names save_pretrained writes) of jaxformer's params."""
-  params = _as_numpy(params)
+  params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
   perm = permutation(config.d_model)
   embedding = params['embed']['embedding']
   layers: dict[str, Any] = {}
@@ -102,22 +105,8 @@ def tensors(params: Any, config: TransformerConfig) -> dict[str, np.ndarray]:
         **_ffn(p['ffn'], perm), 'final_layer_norm': _norm(p['residuals_2']['norm'], perm)}
   flat = {'model.shared.weight': embedding[:, perm],
           'final_logits_bias': np.zeros((1, config.vocab_size), np.float32)}
-  flat.update(_flatten(layers))
-  return {name: np.ascontiguousarray(value, np.float32) for name, value in flat.items()}
-
-
-def _as_numpy(tree: Any) -> Any:
-  if isinstance(tree, dict):
-    return {k: _as_numpy(v) for k, v in tree.items()}
-  return np.asarray(tree, np.float32)
-
-
-def _flatten(tree: dict, prefix: str = '') -> dict[str, np.ndarray]:
-  flat = {}
-  for key, value in tree.items():
-    name = f'{prefix}{key}'
-    flat.update(_flatten(value, name + '.') if isinstance(value, dict) else {name: value})
-  return flat
+  flat.update(traverse_util.flatten_dict(layers, sep='.'))
+  return {name: np.ascontiguousarray(value) for name, value in flat.items()}
 
 
 def model_config(config: TransformerConfig) -> dict[str, Any]:
