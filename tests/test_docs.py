@@ -66,6 +66,7 @@ def sandbox(tmp_path_factory, workdir, shared_data) -> pathlib.Path:
   params, cfg, spm_model, step = checkpoint.load(str(workdir / 'average-last2'))
   for name in ('demo', 'mine'):
     export.save(folder / 'exported' / name, params, cfg, spm_model, step=step)
+  export.save_as('huggingface', workdir / 'average-last2', folder / 'exported' / 'mine-hf')
   text = data.read_parallel_text(folder / 'train.en', folder / 'train.de')
   tokenizer = data.train_tokenizer(text.src[:2000] + text.tgt[:2000], folder / 'ct2.model',
                                    vocab_size=500)
@@ -115,8 +116,9 @@ def test_data_guide_python_runs(sandbox, monkeypatch):
 
 def test_evaluation_guide_python_runs(sandbox, monkeypatch, capsys):
   ns = _run_python('evaluation.md', sandbox, monkeypatch)
-  assert ns['model'].__class__.__name__ == 'Translator'  # CTranslate2's
-  assert len(capsys.readouterr().out.splitlines()) == 1  # its one translation
+  assert ns['model'].__class__.__name__ == 'Translator'  # CTranslate2's, the last
+  marian, ctranslate2 = capsys.readouterr().out.splitlines()  # one translation each
+  assert marian.startswith("['") and marian.endswith("']") and ctranslate2
 
 
 def _shell(run: bool) -> list[tuple[str, str]]:
