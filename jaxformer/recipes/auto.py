@@ -170,7 +170,7 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
                  'pairs are dropped and counted')
   if pairs < MEASURED_PAIRS:
     reasons.insert(0, f'corpus       {pairs:,} pairs: fewer than {MEASURED_PAIRS:,}, the fewest '
-                   'the rules were measured on (10 BLEU on Multi30k); ' + (
+                   'the rules were measured on; ' + (
                        'a corpus this small cannot teach a translation model, and the epochs '
                        f'stop growing at those of {MEASURED_PAIRS:,} pairs' if parent is None
                        else f'the epochs stop growing at those of {MEASURED_PAIRS:,} pairs'))
@@ -216,8 +216,8 @@ def _schedule(corpus: Corpus, twice: bool) -> tuple[int, int, str]:
                + ('; twice that on a GPU' if twice else ''))
   why_warmup = (f"the multi30k recipe's {least} at least, longer than the run: the learning "
                 'rate rises throughout and never peaks' if warmup >= steps else
-                f"at least the multi30k recipe's {least}: a shorter one peaks higher, and "
-                'diverged on 4k pairs' if warmup == least else
+                f"at least the multi30k recipe's {least}: a shorter one peaks higher "
+                '(docs/own-data.md)' if warmup == least else
                 "22% of the steps, as the multi30k recipe's 400 of 1800")
   return steps, warmup, (f'schedule     {steps:,} steps of {TOKENS_PER_BATCH:,} tokens, about '
                          f'{steps * TOKENS_PER_BATCH / epoch_tokens:,.0f} epochs of '

@@ -5,8 +5,8 @@ Run:      make demo   (python experiments/demo.py --workdir workdirs/demo; or ju
 Recipe:   N=3, d_model 128, d_ff 512, h 4, P_drop 0.1, eps_ls 0.1, Adam + the paper's lrate with
           warmup 200; 60k generated training pairs, ~4k+4k tokens per step in rows of 64 (the
           pairs are at most 31 pieces; attention's cost grows with the row), 330 steps, checkpoints
-          every 30 steps, the last 5 averaged; beam 4, alpha 0.6 on the held-out test split.
-          (450 steps in rows of 128 took ~7.5 min on 2 cores; warmup 100 stalled at loss 3.5.)
+          every 30 steps, the last 5 averaged; beam 4, alpha 0.6 on the held-out test split
+          (docs/benchmarks-log.md, "The recipes' choices", has what the other choices did).
 Expected: docs/BENCHMARKS.md gives the measured BLEU and wall time on 2 CPU cores.
 """
 
