@@ -379,8 +379,9 @@ def check_fine_tune_workdir(workdir: str | pathlib.Path, init_from: str | None) 
   if not files.has_checkpoints(workdir):
     return
   record = tokenizer_lib.record_near(workdir) or {}
-  origin = record.get('inherited_from')
-  if record.get('parent', str(origin).partition(' (step ')[0]) == str(parent):
+  origin = record.get('inherited_from')  # (a record from before 'parent': its path as given)
+  recorded = record.get('parent') or str(origin).partition(' (step ')[0]
+  if origin and pathlib.Path(recorded).resolve() == parent:
     log.info('resuming %s, whose run already starts from %s', workdir, init_from)
     return
   holds = f'a fine-tuning run of {origin}' if origin else 'a run trained from scratch'

@@ -34,6 +34,7 @@ SMALL_PAIRS = 10_000      # below this, dropout 0.3 (docs/own-data.md has the ru
 MEASURED_PAIRS = 2_000    # the fewest the rules were measured on: below, the epochs stop growing
 MIN_PAIRS = 100           # below this, no recipe: too few pairs to learn a translation from
 MIN_STEPS = 300           # the fewest updates the recipe trains (a warmup needs room to act)
+TOKENS_PER_BATCH = 8192   # the multi30k recipes'
 LONG_SHARE = 0.999        # max_len covers this share of the sentences,
 OUTLIERS = 5              # but leaves out at least this many of the longest (a small corpus's
                           # 99.9th percentile is its longest line, however long)
@@ -193,9 +194,6 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
            'average_last': 5, 'eval_every_steps': evaluate,
            'log_every_steps': max(10, every // 2)}
   return Choice(model.replace(max_len=max_len), train, OptimConfig(**optim), tuple(reasons))
-
-
-TOKENS_PER_BATCH = 8192  # the multi30k recipes'
 
 
 def _schedule(corpus: Corpus, twice: bool) -> tuple[int, int, str]:
