@@ -35,7 +35,8 @@ SEARCHES = {'greedy': 1, 'beam4': 4}
 ALPHA = 0.6
 
 
-def _sources(path: str | None) -> list[str]:
+def sources(path: str | None) -> list[str]:
+  """The lines of `path`, or the demo's 1,000 test sentences."""
   if path:
     return pathlib.Path(path).read_text(encoding='utf-8').splitlines()
   sizes = recipes.load('demo').data
@@ -45,7 +46,7 @@ def _sources(path: str | None) -> list[str]:
 
 def decode(model: str, src: str | None, precision: str) -> dict:
   """Each search's piece ids per sentence, and the beam's scores, on this backend."""
-  sentences = _sources(src)
+  sentences = sources(src)
   with jax.default_matmul_precision(precision):
     result = {'backend': jax.default_backend(), 'device': jax.devices()[0].device_kind,
               'jax': jax.__version__, 'precision': precision, 'sources': sentences}

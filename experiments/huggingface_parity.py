@@ -31,8 +31,9 @@ os.environ.setdefault('HF_HUB_OFFLINE', '1')  # everything is in the exported fo
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from jaxformer import data, export, recipes, translation  # noqa: E402
-from jaxformer.data import embedded  # noqa: E402
+import backend_parity  # noqa: E402  (its sources)
+
+from jaxformer import data, export, translation  # noqa: E402
 from jaxformer.model import Transformer  # noqa: E402
 
 
@@ -58,14 +59,6 @@ def teacher_forced_gap(out: pathlib.Path, model_path: pathlib.Path, sources: lis
                    decoder_input_ids=torch.tensor(tgt_a, dtype=torch.long)).logits.numpy()
   real = np.array([[t < len(row) for t in range(tgt_a.shape[1])] for row in tgt])
   return float(np.abs(ours - theirs)[real].max())
-
-
-def _sources(path: str | None) -> list[str]:
-  if path:
-    return pathlib.Path(path).read_text(encoding='utf-8').splitlines()
-  sizes = recipes.load('demo').data
-  return embedded.splits(sizes.train_pairs, sizes.validation_pairs,
-                         sizes.test_pairs)['test'].src[:1000]
 
 
 def _theirs(model, tokenizer, sentences: list[str], beams: int, penalty: float) -> list[str]:
@@ -95,7 +88,7 @@ def main() -> int:
   parser.add_argument('--out', help='write the report here too')
   args = parser.parse_args()
   transformers.logging.set_verbosity_error()
-  sentences = _sources(args.src)
+  sentences = backend_parity.sources(args.src)
   ours = translation.Translator.from_checkpoint(args.model) if export._model_kind(  # pylint: disable=protected-access
       args.model) != 'an exported model' else translation.Translator.from_pretrained(args.model)
   greedy, beam = ours.replace(beam_size=1).translate(sentences), ours.translate(sentences)
