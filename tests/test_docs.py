@@ -59,8 +59,9 @@ def sandbox(tmp_path_factory, workdir, shared_data) -> pathlib.Path:
   (demo / 'average-last5').symlink_to(workdir / 'average-last2')
   for name in ('mine', 'mine-news'):  # the own-data and fine-tuning guides', trained
     (folder / 'workdirs' / name).symlink_to(demo)
-  for lang in ('en', 'de'):  # the fine-tuning guide's new data
+  for lang in ('en', 'de'):  # the fine-tuning guide's new data, and its test pairs
     (folder / f'news.{lang}').symlink_to(folder / f'train.{lang}')
+    (folder / f'news-test.{lang}').symlink_to(folder / f'val.{lang}')
   (demo / 'test.en').write_text('a b c\nd e f\n')
   (demo / 'test.de').write_text('a b c\nd e f\n')
   params, cfg, spm_model, step = checkpoint.load(str(workdir / 'average-last2'))
