@@ -66,7 +66,7 @@ def _positions(stack: dict, config: TransformerConfig) -> np.ndarray:
 
 def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_model: bytes, *,
          overwrite: bool = False, **unused: Any) -> pathlib.Path:
-  """Writes a CTranslate2 model of these weights (float32) into `out` (as `save` does: a new or
+  """Writes a CTranslate2 model of these weights (float32) into `out` (as native.save does: a new or
   empty folder, or with `overwrite` a CTranslate2 model to replace): post-LN (or pre-LN), the
   shared embedding scaled by sqrt(d_model) and tied to the softmax, jaxformer's position table,
   the checkpoint's vocabulary, decoder start = id 0 and EOS = id 1."""
