@@ -8,6 +8,7 @@ import ast
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -173,3 +174,20 @@ def test_every_module_has_its_test_file():
               if not path.stem.startswith('_')} | {'test_recipes.py', 'test_formats.py'}
   missing = sorted(name for name in expected if not (ROOT / 'tests' / name).is_file())
   assert not missing, missing
+
+
+# What a measurement looks like in prose: a date, a time taken on something, a score, a rate.
+MEASURED = re.compile(r'20\d\d-\d\d-\d\d|\d+(\.\d+)? (min|ms|s) (on|of|with) |sacreBLEU \d|'
+                      r'\d[\d,]* (target )?tokens/s|\d(\.\d+)?× ')
+
+
+def test_measured_figures_live_in_the_benchmarks_not_in_the_code():
+  """The house rule (README, STYLE): docstrings and comments say why; a figure that was measured
+  lives in docs/BENCHMARKS.md (and its log), with its command, machine and date, where it can
+  be rerun and replaced. The paper's own figures ("Paper:" lines) are quotations, not ours."""
+  found = [f'{path.relative_to(ROOT)}:{number}: {line.strip()}'
+           for path in sorted((ROOT / 'jaxformer').rglob('*.py'))
+           for number, line in enumerate(path.read_text().splitlines(), 1)
+           if MEASURED.search(line) and not line.lstrip().startswith('Paper:')]
+  assert not found, found
+
