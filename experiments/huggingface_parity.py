@@ -33,7 +33,7 @@ import transformers  # noqa: E402
 
 import backend_parity  # noqa: E402  (its sources)
 
-from jaxformer import data, export, translation  # noqa: E402
+from jaxformer import data, export, files, translation  # noqa: E402
 from jaxformer.model import Transformer  # noqa: E402
 
 
@@ -89,8 +89,9 @@ def main() -> int:
   args = parser.parse_args()
   transformers.logging.set_verbosity_error()
   sentences = backend_parity.sources(args.src)
-  ours = translation.Translator.from_checkpoint(args.model) if export._model_kind(  # pylint: disable=protected-access
-      args.model) != 'an exported model' else translation.Translator.from_pretrained(args.model)
+  ours = (translation.Translator.from_pretrained(args.model)
+          if files.describe(args.model) == files.EXPORT else
+          translation.Translator.from_checkpoint(args.model))
   greedy, beam = ours.replace(beam_size=1).translate(sentences), ours.translate(sentences)
   with tempfile.TemporaryDirectory() as tmp:
     folder = export.save_as('huggingface', args.model, pathlib.Path(tmp) / 'hf')[0]

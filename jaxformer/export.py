@@ -17,14 +17,13 @@ from flax import traverse_util
 from jaxformer import checkpoint, files, formats
 from jaxformer.config import SettingError, TransformerConfig, config_from_dict
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.formats import ctranslate2, native
+from jaxformer.formats import ctranslate2, folders, native
 from jaxformer.model import Transformer
 
 FILES = native.FILES
 MODEL = 'a model (a training workdir, a checkpoint folder or an exported model)'
 save = native.save  # jaxformer's own format
 save_ctranslate2 = ctranslate2.save
-check_destination = formats.check_destination
 
 
 def save_as(fmt: str, path: str | pathlib.Path, out: str | pathlib.Path, *,
@@ -34,7 +33,7 @@ def save_as(fmt: str, path: str | pathlib.Path, out: str | pathlib.Path, *,
   formats.REGISTRY, and its step. What can fail without the params fails before they are read:
   the destination, and a model the format cannot express (one line naming the setting)."""
   chosen = formats.REGISTRY[fmt]
-  formats.check_destination(out, fmt, overwrite)
+  folders.check_destination(out, chosen.kind, overwrite)
   if reason := chosen.cannot(model_config(path)[0]):
     raise checkpoint.CheckpointError(f'the {fmt} format cannot express {reason}.')
   params, config, spm_model, step = load_model(path, average_last)

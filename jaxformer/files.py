@@ -257,15 +257,19 @@ _JSON_NAMES = {int: 'an integer', float: 'a number', str: 'a string', bool: 'tru
                dict: 'an object', list: 'a list', type(None): 'null'}
 
 
-def record_near(model: str | os.PathLike, name: str) -> tuple[pathlib.Path, dict] | None:
-  """The record `name` (e.g. recipe.json) of the training workdir that a model folder is or
-  lies in (WORKDIR, WORKDIR/average-last5, WORKDIR/checkpoints/N), read (read_record), with its
-  path; None where there is none (an exported folder, a run without such a record)."""
+def near(model: str | os.PathLike, name: str) -> pathlib.Path | None:
+  """The file `name` (e.g. recipe.json) of the training workdir that a model folder is or lies
+  in (WORKDIR, WORKDIR/average-last5, WORKDIR/checkpoints/N); None where there is none (an
+  exported folder, a run without such a file)."""
   folder = pathlib.Path(model).absolute()
-  for candidate in (folder, folder.parent, folder.parent.parent):
-    if (candidate / name).is_file():
-      return candidate / name, read_record(candidate / name, f'the {name} record')
-  return None
+  return next((candidate / name for candidate in (folder, folder.parent, folder.parent.parent)
+               if (candidate / name).is_file()), None)
+
+
+def record_near(model: str | os.PathLike, name: str) -> tuple[pathlib.Path, dict] | None:
+  """The record `name` that `near` finds, read (read_record), with its path, or None."""
+  path = near(model, name)
+  return path and (path, read_record(path, f'the {name} record'))
 
 
 def read_record(path: str | os.PathLike, what: str) -> dict[str, Any]:

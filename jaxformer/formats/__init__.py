@@ -6,11 +6,9 @@ below (and, if its folder needs telling apart, its marker file in files.EXPORT_M
 import dataclasses
 import pathlib
 from collections.abc import Callable
-from typing import Any
-
 from jaxformer import files
 from jaxformer.config import TransformerConfig
-from jaxformer.formats import ctranslate2, folders, huggingface, native
+from jaxformer.formats import ctranslate2, huggingface, native
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +30,3 @@ REGISTRY = {f.name: f for f in (
     Format('huggingface', files.HUGGINGFACE, "Hugging Face transformers' MarianMT "
            '(MarianMTModel and MarianTokenizer load it), with a model card', huggingface.cannot,
            huggingface.save))}
-
-
-def check_destination(out: Any, name: str, overwrite: bool) -> None:
-  """folders.check_destination for the format `name`."""
-  folders.check_destination(out, REGISTRY[name].kind, overwrite)

@@ -146,15 +146,16 @@ def _recorded_data(origin: str | pathlib.Path | None) -> tuple[dict[str, Any], l
           files.field(found[1], 'rules', list, str(found[0]), []))
 
 
-def card(origin: str | pathlib.Path | None, config: TransformerConfig, step: int) -> str:
-  """README.md: what the model is, what it was trained on and with (where the workdir recorded
-  it), its last validation BLEU (where measured), how to load it, and what differs."""
-  data, rules = _recorded_data(origin)
+def card(origin: str | pathlib.Path | None, config: TransformerConfig, step: int,
+         data: dict[str, Any], rules: list) -> str:
+  """README.md: what the model is, what it was trained on and with (`data`, `rules`: what its
+  workdir recorded, _recorded_data), its last validation BLEU (where measured), how to load it,
+  and what differs."""
   source, target = data.get('source_language', '?'), data.get('target_language', '?')
   trained_on = (f"`{data.get('train_src')}` / `{data.get('train_tgt')}`"
                 if data.get('train_src') else 'not recorded with the model')
-  recipe = ('the automatic recipe: ' + '; '.join(str(rule).split(':', 1)[0].strip()
-                                                 for rule in rules) if rules else
+  recipe = ('the automatic recipe:' + ''.join(f'\n  - {" ".join(str(rule).split())}'
+                                              for rule in rules) if rules else
             'not recorded with the model (see its training command)')
   bleu = _last_validation_bleu(origin) if origin else 'not measured with the model'
   languages = f'language: [{source}, {target}]\n' if data else ''
@@ -164,7 +165,7 @@ pipeline_tag: translation
 tags: [translation, marian, jaxformer]
 ---
 
-# {f"A {source}→{target}" if data else "A"} Transformer, trained with jaxformer
+# A Transformer{f" for {source}→{target}" if data else ""}, trained with jaxformer
 
 A Transformer (Vaswani et al., 2017) trained with jaxformer (a JAX/Flax reproduction of the paper)
 and exported at step {step:,} as a MarianMT model: N={config.num_layers}, d_model
@@ -198,10 +199,8 @@ print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 
 def _last_validation_bleu(origin: str | pathlib.Path) -> str:
   """The last validation BLEU in the workdir's metrics.jsonl, said with its step, or why not."""
-  found = files.record_near(origin, 'spm.model.json')
-  metrics = found[0].with_name('metrics.jsonl') if found else None
-  last = None
-  if metrics and metrics.is_file():
+  metrics, last = files.near(origin, 'metrics.jsonl'), None
+  if metrics:
     for line in metrics.read_text(encoding='utf-8', errors='replace').splitlines():
       try:
         record = json.loads(line)
@@ -226,7 +225,7 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
     raise checkpoint.CheckpointError(f'the huggingface format cannot express {reason}.')
   out = folders.prepare(out, files.HUGGINGFACE, overwrite)  # before the work: fails at once
   pieces = Tokenizer.from_bytes(spm_model).pieces(range(config.vocab_size))
-  data = _recorded_data(origin)[0]
+  data, rules = _recorded_data(origin)
   with folders.written_whole(out, params, spm_model) as tmp:
     safetensors.numpy.save_file(tensors(params, config), tmp / 'model.safetensors',
                                 metadata={'format': 'pt'})
@@ -244,5 +243,5 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
       (tmp / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + '\n')
     for name in ('source.spm', 'target.spm'):
       (tmp / name).write_bytes(spm_model)
-    (tmp / 'README.md').write_text(card(origin, config, step))
+    (tmp / 'README.md').write_text(card(origin, config, step, data, rules))
   return out
