@@ -4,8 +4,8 @@
 A `jaxformer translate` process pays for importing jax, loading the model and tracing the search
 before its first sentence, even with every program in the compilation cache; a client of a
 running server pays for none of them: it imports only this module and the standard library.
-The server is for the local machine (127.0.0.1 unless told otherwise) and has no
-authentication; it answers one request at a time, each with its Translator's batches.
+The server is for the local machine (127.0.0.1 unless told otherwise, and then only with an
+API key or --allow-no-key); requests that arrive together are searched together (Batcher).
 
 The protocol, for any HTTP client (every field but "src" and "tgt" optional)::
 
@@ -89,7 +89,7 @@ class Server(http.server.ThreadingHTTPServer):
                         'another --port or --host.') from None
     self.model, self.limits, self.api_key = model, limits, api_key
     self.info = {**(info or {}), **dataclasses.asdict(model.decoding)}
-    self.batcher = Batcher(model, limits.max_batch)
+    self.batcher = Batcher(model, limits.max_batch, limits.batch_wait)
     self.connections = threading.BoundedSemaphore(limits.max_connections)
     self.state = 'warming up'  # then 'ready', then 'stopping'
     self._answering, self._lock = 0, threading.Lock()
@@ -229,13 +229,14 @@ class _Job(typing.NamedTuple):
 
 class Batcher:
   """Requests given to one model together: a thread takes every request that queued while the
-  last search ran (up to max_batch sentences), and searches those with the same key (the same
-  kind and settings) as one input, which the Translator sorts into length buckets. Each request
+  last search ran and those its clients send next (up to max_batch sentences, waiting at most
+  batch_wait seconds for them: _gather), and searches those with the same key (the same kind
+  and settings) as one input, which the Translator sorts into length buckets. Each request
   gets what it would alone: a sentence's search does not depend on its batch
   (tests/test_serving.py)."""
 
-  def __init__(self, model: Any, max_batch: int):
-    self.model, self.max_batch = model, max_batch
+  def __init__(self, model: Any, max_batch: int, batch_wait: float):
+    self.model, self.max_batch, self.batch_wait = model, max_batch, batch_wait
     self._queue: queue.Queue = queue.Queue()
     self._thread = threading.Thread(target=self._run, name='batcher', daemon=True)
     self._thread.start()
@@ -253,20 +254,40 @@ class Batcher:
     return future
 
   def _run(self) -> None:
+    expected, patience = 1, 0.0
     while (job := self._queue.get()) is not None:
-      jobs, sentences = [job], len(job.inputs[0])
-      while sentences < self.max_batch and self._queue.qsize():
-        if (job := self._queue.get()) is None:
-          self._queue.put(None)  # (seen at the top, after these)
-          break
-        jobs.append(job)
-        sentences += len(job.inputs[0])
+      jobs = self._gather(job, expected, patience)
+      start = time.monotonic()
       groups: dict[tuple[Any, ...], list[_Job]] = {}
       for job in jobs:
         if job.future.set_running_or_notify_cancel():  # (not one that stopped waiting)
           groups.setdefault(job.key, []).append(job)
       for group in groups.values():
         self._answer(group)
+      # The clients just answered come back (a closed loop), beside those who queued meanwhile.
+      expected = len(jobs) + self._queue.qsize()
+      patience = min(self.batch_wait, (time.monotonic() - start) / 2)
+
+  def _gather(self, first: _Job, expected: int, patience: float) -> list[_Job]:
+    """`first` and the requests queued behind it, up to max_batch sentences; until `expected`
+    are gathered (those the last search answered, and those that queued while it ran), it waits
+    for more for at most `patience` seconds. Without the wait, clients that send again as soon
+    as they are answered split into two groups that take turns: the first to come back starts
+    a search, and the others queue behind it."""
+    jobs, sentences = [first], len(first.inputs[0])
+    deadline = time.monotonic() + patience
+    while sentences < self.max_batch:
+      wait = deadline - time.monotonic() if len(jobs) < expected else 0.0
+      try:
+        job = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
+      except queue.Empty:
+        break
+      if job is None:
+        self._queue.put(None)  # (seen at the top, after these)
+        break
+      jobs.append(job)
+      sentences += len(job.inputs[0])
+    return jobs
 
   def _answer(self, group: list[_Job]) -> None:
     """One search for the group's requests; each alone when together they fail as a request
@@ -308,6 +329,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
   message (those of http.server's own checks too), and a line in the log for each."""
   server: Server
   protocol_version = 'HTTP/1.1'
+  # An answer goes out in two writes (headers, body): with Nagle's algorithm, a client that
+  # keeps its connection would get the body only after its delayed ACK, some 40 ms later.
+  disable_nagle_algorithm = True
   PAGES = 'POST /translate, POST /score, GET /health, or GET /'
 
   def setup(self) -> None:

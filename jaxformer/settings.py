@@ -154,12 +154,16 @@ class ServerLimits:
   max_sentences: int = setting(4096, 'sentences a request (413 above)')
   max_chars: int = setting(10_000, 'characters a sentence (413 above)')
   max_batch: int = setting(1024, 'sentences of several requests searched together')
+  batch_wait: float = setting(0.01, 'seconds the next search may wait for the clients the last '
+                              "one answered to send again, so that they are searched together "
+                              "(at most half the last search's time; never for a lone client)",
+                              metavar='SECONDS')
   drain_timeout: float = setting(30.0, 'seconds Ctrl-C or SIGTERM waits for the requests in '
                                  'flight before the server stops', metavar='SECONDS')
 
   RANGES = {'max_connections': AT_LEAST_1, 'idle_timeout': POSITIVE, 'max_wait': POSITIVE,
             'max_sentences': AT_LEAST_1, 'max_chars': AT_LEAST_1, 'max_batch': AT_LEAST_1,
-            'drain_timeout': AT_LEAST_0}
+            'batch_wait': AT_LEAST_0, 'drain_timeout': AT_LEAST_0}
 
   def __post_init__(self):
     check_fields(self, 'server', self.RANGES)

@@ -1,6 +1,7 @@
 """jaxformer.serving: `jaxformer serve` and its client, `jaxformer translate --server`."""
 
 import contextlib
+import http.client
 import http.server
 import json
 import logging
@@ -339,6 +340,52 @@ def test_requests_that_wait_together_are_searched_together(translator):
       thread.join(timeout=120)
   assert gate.searches == [1, 5]  # the first alone, then the three waiting as one search
   assert answers == [translator.translate(a) for a in asks]
+
+
+def test_clients_answered_together_are_searched_together_again(translator):
+  # A closed loop: each client sends again once answered. A comes back after its search while
+  # B and C queued behind it; without the wait, B and C would start a search that A queues
+  # behind, and the clients would take turns in two groups for ever.
+  gate = _Gate(translator)
+  asks = {name: [LINES[i]] for name, i in (('A', 0), ('A again', 4), ('B', 3), ('C', 2))}
+  answers: dict = {}
+  with _serving(gate, batch_wait=30) as server:
+    def ask(*names: str) -> None:
+      for name in names:
+        answers[name] = serving.translate(server.url, asks[name], timeout=120)
+    threads = [threading.Thread(target=ask, args=names)
+               for names in (('A', 'A again'), ('B',), ('C',))]
+    threads[0].start()
+    assert gate.entered.wait(60)  # A's search has begun
+    for thread in threads[1:]:
+      thread.start()
+    while server.batcher._queue.qsize() < 2:  # B and C wait behind it
+      time.sleep(0.01)
+    time.sleep(1)  # A's search lasts a second: the next may wait half of it (under batch_wait)
+    gate.open.set()
+    for thread in threads:
+      thread.join(timeout=120)
+  assert gate.searches == [1, 3]  # A, then B, C and A again as one search
+  assert answers == {name: translator.translate(sentences) for name, sentences in asks.items()}
+
+
+def test_a_kept_connection_is_answered_at_once(server, monkeypatch):
+  # Each answer is two writes (headers, body): with Nagle's algorithm on, a client that keeps
+  # its connection would wait for its delayed ACK (some 40 ms) before the body came.
+  nodelay = []
+  setup = serving._Handler.setup
+
+  def spy(handler):
+    setup(handler)
+    nodelay.append(handler.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+  monkeypatch.setattr(serving._Handler, 'setup', spy)
+  connection = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+  for _ in range(3):
+    connection.request('POST', '/translate', json.dumps({'src': [LINES[0]]}))
+    response = connection.getresponse()
+    assert response.status == 200 and json.load(response)['translations']
+  connection.close()
+  assert len(nodelay) == 1 and nodelay[0]  # one connection for the three, without Nagle's delay
 
 
 def test_a_request_waits_for_the_model_at_most_max_wait(translator):
