@@ -327,3 +327,30 @@ def test_backend_parity_explains_each_difference_by_teacher_forced_scores(workdi
     np.testing.assert_array_equal(lp[:len(hyp), 1:].argmax(-1) + 1, hyp)
   assert case['score'][1] != pytest.approx(case['score'][0])
   assert case['gap_at_part'] == pytest.approx(abs(np.subtract(*case['piece_log_prob'])))
+
+
+def test_bench_serve_load_runs_its_clients_apart_and_checks_every_answer(translator):
+  """bench --only serve's clients (serve_load.py, a process of their own): kept or fresh
+  connections, every request counted; an answer short of its sentences fails the run."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  from bench import serve as bench_serve  # pylint: disable=g-import-not-at-top
+
+  class Short:  # answers one sentence fewer than it is given
+    decoding = translator.decoding
+
+    def translate(self, sentences, **unused):
+      return ['x'] * (len(sentences) - 1)
+
+  clients = [[['the man sees a dog'], ['a red cat', 'the dog walks']]] * 3
+  with bench_serve._served(translator) as url:  # pylint: disable=protected-access
+    for keep_alive in (True, False):
+      result = bench_serve._load(url, clients, keep_alive)  # pylint: disable=protected-access
+      assert (result['clients'], result['requests'], result['sentences']) == (3, 6, 9)
+      assert result['keep_alive'] is keep_alive
+      assert 0 < result['p50_s'] <= result['p99_s'] < result['seconds']
+  with bench_serve._served(Short()) as url, pytest.raises(  # pylint: disable=protected-access
+      SystemExit, match='3 client.s. failed; the first: ValueError: HTTP 200'):
+    bench_serve._load(url, clients)  # pylint: disable=protected-access
+  engine = bench_serve._engine(  # pylint: disable=protected-access
+      translator, ['the man sees a dog', 'a red cat'], count=32)
+  assert set(engine) == {'1_at_a_time', '16_at_a_time'} and min(engine.values()) > 0

@@ -1,16 +1,21 @@
 """`jaxformer serve` under load: 1, 4, 16 and 64 clients at once sending one sentence each, and
 a mixed load (one-sentence and 100-sentence requests), through real sockets on 127.0.0.1:
-requests/s, sentences/s, p50 and p99 latency. CTranslate2 on the same exported weights is
-served by the same server code (serving.Server with its Batcher) in the same run, so that
-the ratio compares the engines, not the HTTP.
+requests/s, sentences/s, p50 and p99 latency. The clients run in a process of their own
+(serve_load.py) and keep their connections, as an HTTP library's session does; one row opens a
+connection a request, as curl does. CTranslate2 on the same exported weights is served by the
+same server code (serving.Server with its Batcher) in the same run, so that the ratio compares
+the engines, not the HTTP. Beside them: jaxformer serving the 16 clients one request a search
+(--max-batch 1), and each engine in-process given the sentences one and 16 at a time (what
+gathering requests can gain at most).
 
   python experiments/bench --only serve --demo-model workdirs/demo/average-last5
 """
 
-import concurrent.futures
 import contextlib
+import json
 import pathlib
-import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -18,11 +23,12 @@ from typing import Any
 
 from jaxformer import checkpoint, data, export, serving
 from jaxformer.config import DecodingConfig
+from jaxformer.settings import ServerLimits
 from jaxformer.data import embedded
 from jaxformer.translation import Translator
 
 CLIENTS = (1, 4, 16, 64)
-REQUESTS = 256  # one-sentence requests of each concurrency, shared among its clients
+REQUESTS = 1024  # one-sentence requests of each concurrency, shared among its clients
 MIXED = {'one': (12, 16), 'hundred': (4, 2)}  # kind: (clients, requests each)
 
 
@@ -52,8 +58,8 @@ class CTranslate2Model:
 
 
 @contextlib.contextmanager
-def _served(model: Any):
-  with serving.Server(model, ('127.0.0.1', 0)) as server:
+def _served(model: Any, **limits: Any):
+  with serving.Server(model, ('127.0.0.1', 0), limits=ServerLimits(**limits)) as server:
     server.state = 'ready'
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -63,27 +69,22 @@ def _served(model: Any):
       server.shutdown()
 
 
-def _load(url: str, batches: list[list[list[str]]]) -> dict[str, Any]:
-  """Each client (a list of requests, each a list of sentences) sends its requests one after
-  another, all clients at once: the rates and the latencies."""
-  latencies: list[float] = []
+def _load(url: str, clients: list[list[list[str]]], keep_alive: bool = True) -> dict[str, Any]:
+  """serve_load.run in a process of its own (the clients do not share this one's lock)."""
+  result = subprocess.run([sys.executable, str(pathlib.Path(__file__).with_name('serve_load.py'))],
+                          input=json.dumps({'url': url, 'clients': clients,
+                                            'keep_alive': keep_alive}),
+                          capture_output=True, text=True, timeout=1800, check=False)
+  if result.returncode:
+    raise SystemExit(f'serve_load.py failed: {result.stderr.strip()[-500:]}')
+  return json.loads(result.stdout)
 
-  def client(requests: list[list[str]]) -> None:
-    for sentences in requests:
-      start = time.perf_counter()
-      serving.translate(url, sentences, timeout=600)
-      latencies.append(time.perf_counter() - start)
-  start = time.perf_counter()
-  with concurrent.futures.ThreadPoolExecutor(len(batches)) as pool:
-    list(pool.map(client, batches))
-  seconds = time.perf_counter() - start
-  ordered = sorted(latencies)
-  sentences = sum(len(r) for requests in batches for r in requests)
-  return {'clients': len(batches), 'requests': len(ordered), 'sentences': sentences,
-          'seconds': round(seconds, 3), 'requests_per_s': round(len(ordered) / seconds, 1),
-          'sentences_per_s': round(sentences / seconds, 1),
-          'p50_s': round(statistics.median(ordered), 4),
-          'p99_s': round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 4)}
+
+def _one_sentence_clients(sentences: list[str], clients: int) -> list[list[list[str]]]:
+  """REQUESTS one-sentence requests shared among `clients`."""
+  per = REQUESTS // clients
+  return [[[sentences[(c * per + i) % len(sentences)]] for i in range(per)]
+          for c in range(clients)]
 
 
 def _warm_up(url: str, sentences: list[str]) -> None:
@@ -99,18 +100,32 @@ def _warm_up(url: str, sentences: list[str]) -> None:
 
 def _measure(url: str, sentences: list[str]) -> dict[str, Any]:
   _warm_up(url, sentences)
-  results = {}
-  for clients in CLIENTS:
-    per = REQUESTS // clients
-    results[f'{clients}_clients'] = _load(url, [[[sentences[(c * per + i) % len(sentences)]]
-                                                 for i in range(per)] for c in range(clients)])
+  results = {f'{clients}_clients': _load(url, _one_sentence_clients(sentences, clients))
+             for clients in CLIENTS}
+  results['16_clients_new_connections'] = _load(url, _one_sentence_clients(sentences, 16),
+                                                keep_alive=False)
   one, hundred = MIXED['one'], MIXED['hundred']
-  batches = [[[sentences[(c * 16 + i) % len(sentences)]] for i in range(one[1])]
-             for c in range(one[0])]
-  batches += [[sentences[i * 100:(i + 1) * 100] for i in range(hundred[1])]
-              for _ in range(hundred[0])]
-  results['mixed'] = _load(url, batches)
+  mixed = [[[sentences[(c * 16 + i) % len(sentences)]] for i in range(one[1])]
+           for c in range(one[0])]
+  mixed += [[sentences[i * 100:(i + 1) * 100] for i in range(hundred[1])]
+            for _ in range(hundred[0])]
+  _load(url, mixed)  # (its merged batches' shapes compiled, as a long-running server has them)
+  results['mixed'] = _load(url, mixed)
   return results
+
+
+def _engine(model: Any, sentences: list[str], count: int = REQUESTS) -> dict[str, float]:
+  """Sentences/s of the model itself, in this process, given `count` sentences one at a time
+  and 16 at a time: what gathering 16 requests can gain at most."""
+  rates, load = {}, [sentences[i % len(sentences)] for i in range(count)]
+  for size in (1, 16):
+    batches = [load[i:i + size] for i in range(0, count, size)]
+    model.translate(batches[0])
+    start = time.perf_counter()
+    for batch in batches:
+      model.translate(batch)
+    rates[f'{size}_at_a_time'] = round(count / (time.perf_counter() - start), 1)
+  return rates
 
 
 def run(demo_model: str | None = None) -> dict:
@@ -130,10 +145,23 @@ def run(demo_model: str | None = None) -> dict:
     for name, model in engines.items():
       with _served(model) as url:
         results[name] = _measure(url, sentences)
+      results[name]['engine'] = _engine(model, sentences)
+    with _served(engines['jaxformer'], max_batch=1) as url:  # one request a search
+      results['jaxformer']['16_clients_one_request_at_a_time'] = _load(
+          url, _one_sentence_clients(sentences, 16))
   ours, theirs = results['jaxformer'], results['ctranslate2']
-  results['jaxformer_16_over_1_clients'] = round(
-      ours['16_clients']['sentences_per_s'] / ours['1_clients']['sentences_per_s'], 2)
-  results['ratio_to_ctranslate2'] = {
-      case: round(ours[case]['sentences_per_s'] / theirs[case]['sentences_per_s'], 3)
-      for case in ours}
+
+  def rate(engine: dict[str, Any], case: str) -> float:
+    return engine[case]['sentences_per_s']
+  results['jaxformer_16_over_1_clients'] = round(rate(ours, '16_clients')
+                                                 / rate(ours, '1_clients'), 2)
+  results['jaxformer_16_clients_batched_over_one_request_at_a_time'] = round(
+      rate(ours, '16_clients') / rate(ours, '16_clients_one_request_at_a_time'), 2)
+  results['engine_16_over_1_at_a_time'] = {
+      name: round(results[name]['engine']['16_at_a_time']
+                  / results[name]['engine']['1_at_a_time'], 2) for name in engines}
+  results['ratio_to_ctranslate2'] = {case: round(rate(ours, case) / rate(theirs, case), 3)
+                                     for case in theirs if case != 'engine'}
+  results['ratio_to_ctranslate2']['engine_16_at_a_time'] = round(
+      ours['engine']['16_at_a_time'] / theirs['engine']['16_at_a_time'], 3)
   return results
