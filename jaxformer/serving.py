@@ -254,9 +254,9 @@ class Batcher:
     return future
 
   def _run(self) -> None:
-    expected, patience = 1, 0.0
+    expected, deadline = 1, 0.0
     while (job := self._queue.get()) is not None:
-      jobs = self._gather(job, expected, patience)
+      jobs = self._gather(job, expected, deadline)
       start = time.monotonic()
       groups: dict[tuple[Any, ...], list[_Job]] = {}
       for job in jobs:
@@ -266,16 +266,17 @@ class Batcher:
         self._answer(group)
       # The clients just answered come back (a closed loop), beside those who queued meanwhile.
       expected = len(jobs) + self._queue.qsize()
-      patience = min(self.batch_wait, (time.monotonic() - start) / 2)
+      end = time.monotonic()
+      deadline = end + min(self.batch_wait, (end - start) / 2)
 
-  def _gather(self, first: _Job, expected: int, patience: float) -> list[_Job]:
+  def _gather(self, first: _Job, expected: int, deadline: float) -> list[_Job]:
     """`first` and the requests queued behind it, up to max_batch sentences; until `expected`
     are gathered (those the last search answered, and those that queued while it ran), it waits
-    for more for at most `patience` seconds. Without the wait, clients that send again as soon
-    as they are answered split into two groups that take turns: the first to come back starts
-    a search, and the others queue behind it."""
+    for more until `deadline` (time.monotonic: the last search's end + batch_wait, at most half
+    its time). Without the wait, clients that send again as soon as they are answered split
+    into two groups that take turns: the first to come back starts a search, and the others
+    queue behind it."""
     jobs, sentences = [first], len(first.inputs[0])
-    deadline = time.monotonic() + patience
     while sentences < self.max_batch:
       wait = deadline - time.monotonic() if len(jobs) < expected else 0.0
       try:

@@ -154,10 +154,10 @@ class ServerLimits:
   max_sentences: int = setting(4096, 'sentences a request (413 above)')
   max_chars: int = setting(10_000, 'characters a sentence (413 above)')
   max_batch: int = setting(1024, 'sentences of several requests searched together')
-  batch_wait: float = setting(0.01, 'seconds the next search may wait for the clients the last '
-                              "one answered to send again, so that they are searched together "
-                              "(at most half the last search's time; never for a lone client)",
-                              metavar='SECONDS')
+  batch_wait: float = setting(0.01, 'seconds after a search during which the next waits for the '
+                              'clients it answered to send again, so that they are searched '
+                              "together (at most half the search's time; a lone client's next "
+                              'request never waits)', metavar='SECONDS')
   drain_timeout: float = setting(30.0, 'seconds Ctrl-C or SIGTERM waits for the requests in '
                                  'flight before the server stops', metavar='SECONDS')
 
