@@ -24,8 +24,8 @@ from typing import Any
 
 from jaxformer import checkpoint, data, export, serving
 from jaxformer.config import DecodingConfig
-from jaxformer.settings import ServerLimits
 from jaxformer.data import embedded
+from jaxformer.settings import ServerLimits
 from jaxformer.translation import Translator
 
 CLIENTS = (1, 4, 16, 64)
