@@ -1,8 +1,14 @@
-"""The PyTorch peer of the bench's train section: nn.Transformer on the same shapes; prints JSON.
+"""The PyTorch peer of the bench's train section, as PyTorch users write a Transformer today:
+nn.Transformer (its attention is F.scaled_dot_product_attention, the causal one by its is_causal
+hint), bfloat16 autocast on GPU, fused Adam and torch.compile; on the same shapes; prints JSON.
 
-  python experiments/bench_torch.py [--case base --case big] [--compile/--no-compile]
+  python experiments/bench_torch.py [--case base --case big] [--compile/--no-compile] [--eager]
   (make bench runs it beside jaxformer's train cases when torch is installed: pip install
   'jaxformer[bench]', and prints the ratio jaxformer / torch per case)
+
+'cases' holds the peer as its users run it (compiled on GPU by default; --compile elsewhere),
+'cases_eager' the same model and optimiser without torch.compile (the second row; on GPU by
+default, --eager elsewhere), so that a ratio says which peer it is against.
 
 The same model and recipe as jaxformer's: PyTorch's nn.Transformer (post-LN, ReLU) at the
 case's dimensions (a preset's or a recipe's), one embedding shared by source, target and the
@@ -11,8 +17,8 @@ after the ReLU the config's own rates (nn.Transformer's one rate would drop them
 label smoothing 0.1, Adam(0.9, 0.98, 1e-9) on the paper's lrate. nn.Transformer also puts a
 LayerNorm after each stack (jaxformer's post-LN stacks have none): 2 x d_model extra work per
 token, negligible. bfloat16 autocast on GPU,
-float32 on CPU; torch.compile by default on GPU (--compile to try it elsewhere; a compile that
-fails falls back to eager and says so). Timed as the bench times jaxformer: the same rows of
+float32 on CPU; Adam's fused kernel (fused=True) on both. A compile that fails falls back to
+eager and says so ('compiled': false). Timed as the bench times jaxformer: the same rows of
 random tokens, two warm-up steps (and compilation) excluded, then the median of the timed steps.
 """
 
@@ -82,7 +88,7 @@ def time_case(cfg: config.TransformerConfig, rows: int, length: int, accum_steps
   torch.manual_seed(0)
   model = PaperTransformer(cfg).to(device)
   optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(OPTIM.adam_b1, OPTIM.adam_b2),
-                               eps=OPTIM.adam_eps)
+                               eps=OPTIM.adam_eps, fused=True)  # one kernel for all params
   schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lrate(cfg))
   tokens = torch.from_numpy(np.random.default_rng(0).integers(
       3, cfg.vocab_size, (rows, length)).astype(np.int64)).to(device)
@@ -123,7 +129,8 @@ def time_case(cfg: config.TransformerConfig, rows: int, length: int, accum_steps
   return {'rows': rows, 'row_len': length, 'accum_steps': accum_steps,
           'target_tokens_per_step': rows * length,
           'dtype': 'bfloat16 autocast' if device.type == 'cuda' else 'float32',
-          'compiled': compiled, 'first_step_s': round(first_s, 2), 'timed_steps': timed_steps,
+          'compiled': compiled, 'fused_adam': optimizer.defaults['fused'],
+          'first_step_s': round(first_s, 2), 'timed_steps': timed_steps,
           'step_s_median': round(median, 4),
           'step_s_range': [round(min(times), 4), round(max(times), 4)],
           'target_tokens_per_s': round(rows * length / median, 1)}
@@ -135,22 +142,30 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument('--case', action='append',
                       help="only these of the bench's train cases (repeatable; default: all)")
   parser.add_argument('--compile', action=argparse.BooleanOptionalAction,
-                      help='torch.compile the model (default: on GPU only)')
+                      help="'cases': torch.compile'd (default: on GPU only)")
+  parser.add_argument('--eager', action=argparse.BooleanOptionalAction,
+                      help="also 'cases_eager', the model without torch.compile (default: on "
+                      'GPU only)')
   args = parser.parse_args(argv)
   device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
   compile_model = device.type == 'cuda' if args.compile is None else args.compile
+  eager_row = compile_model and (device.type == 'cuda' if args.eager is None else args.eager)
   cases = TRAIN_CASES['gpu' if device.type == 'cuda' else 'cpu']
   known = [name for name, *_ in cases]
   if args.case and set(args.case) - set(known):
     parser.error(f'unknown case(s) {sorted(set(args.case) - set(known))}; choose from {known}')
   results = {'torch': torch.__version__, 'device': torch.cuda.get_device_name() if
-             device.type == 'cuda' else 'cpu', 'threads': torch.get_num_threads(), 'cases': {}}
+             device.type == 'cuda' else 'cpu', 'threads': torch.get_num_threads(), 'cases': {},
+             **({'cases_eager': {}} if eager_row else {})}
   for name, preset, rows, length, accum, remat, timed in cases:
     if (args.case and name not in args.case) or remat:  # remat: a jaxformer memory option
       continue
-    result = time_case(case_config(preset), rows, length, accum, timed, device, compile_model)
-    results['cases'][name] = result
-    print(f'torch {name}: {result["target_tokens_per_s"]} tokens/s', file=sys.stderr, flush=True)
+    for row, compiled in (('cases', compile_model), ('cases_eager', False)):
+      if row in results:
+        result = time_case(case_config(preset), rows, length, accum, timed, device, compiled)
+        results[row][name] = result
+        print(f'torch {name} ({"compiled" if result["compiled"] else "eager"}): '
+              f'{result["target_tokens_per_s"]} tokens/s', file=sys.stderr, flush=True)
   print(json.dumps(results, indent=2))
   return 0
 

@@ -23,9 +23,11 @@
 #   multi30k   the multi30k_gpu recipe and a narrow variant side by side (train, then BLEU on
 #              val, which chooses, and on test_2016_flickr)
 #   auto       the automatic recipe on all of Multi30k, as docs/own-data.md runs it (train
-#              without --config, eval on test_2016_flickr, export), timed from the files to the
-#              export, beside the multi30k_gpu recipe run as `multi30k` runs it (auto.txt,
-#              multi30k_recipe.txt)
+#              without --config, eval on test_2016_flickr, export), alone on the GPU, timed from
+#              the files to the export, each compile logged (JAX_LOG_COMPILES), then the eval
+#              again in a fresh process (the compilation cache's saving): auto.txt
+#   peer       the shipped base and big steps (PEER_CASES) beside the PyTorch peer as its users
+#              run it (torch.compile, bf16 autocast, SDPA, fused Adam) and its eager row: peer.json
 #   scale      the data path at WMT14 EN-DE size (4.5M synthetic pairs) on this host's cores,
 #              with the base recipe's 8-device batches (bench --only scale, on the CPU backend)
 #   parity     decoding on this GPU against the CPU, sentence by sentence (backend_parity.py):
@@ -77,10 +79,9 @@ multi30k_run() {  # multi30k_run NAME TRAIN_OPTION...: train, then eval the last
   done
   echo "== multi30k $name: done at ${SECONDS} s" >&2
 }
-auto_run() {  # the own-data guide's three commands on all of Multi30k, each one timed
+auto_run() {  # the own-data guide's commands on all of Multi30k, each one timed, alone on the GPU
   local work m=$data/multi30k
   work=$(mktemp -d)
-  export XLA_PYTHON_CLIENT_MEM_FRACTION=0.4  # beside the multi30k_gpu recipe
   echo "== auto ($(date -u +%T))" >&2
   {
     PYTHONPATH=$path timeout 420 "$py" -m jaxformer.cli train --workdir "$work/mine" \
@@ -96,6 +97,11 @@ auto_run() {  # the own-data guide's three commands on all of Multi30k, each one
       "$work/exported" || echo "== auto export: exit $?"
     echo "== auto: exported at ${SECONDS} s"
     cat "$work/mine/recipe.json"
+    # The same eval in a fresh process again: what the compilation cache saves.
+    PYTHONPATH=$path timeout 90 "$py" -m jaxformer.cli eval --model "$work/mine/average-last5" \
+      --src "$m/test_2016_flickr.en" --ref "$m/test_2016_flickr.de" --target-language de \
+      || echo "== auto eval again: exit $?"
+    echo "== auto: evaluated again at ${SECONDS} s"
   } > "$out/auto.txt" 2>&1
   grep '^== auto' "$out/auto.txt" >&2
 }
@@ -146,11 +152,11 @@ for step in $steps; do
         --set model.dropout_rate=0.2 --set model.warmup_steps=400 &
       wait
       echo "== multi30k: ${SECONDS} s in all" >&2 ;;
-    auto) SECONDS=0
-      multi30k_run recipe --config multi30k_gpu &
-      auto_run &
-      wait
+    auto) SECONDS=0  # alone on the GPU; JAX_LOG_COMPILES: each program's compile time
+      JAX_LOG_COMPILES=1 auto_run
       echo "== auto: ${SECONDS} s in all" >&2 ;;
+    peer) PYTHONPATH=$path run 300 peer.json "${bench[@]}" --only train \
+            $(printf -- '--train-case %s ' ${PEER_CASES:-base big}) ;;
     parity)
       tmp=$(mktemp -d)
       for precision in ${PARITY_PRECISIONS:-default}; do

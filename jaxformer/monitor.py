@@ -190,6 +190,37 @@ class MetricsSink:
     self.close()
 
 
+# --- where a run's time goes ---------------------------------------------------------------------
+
+
+class Stopwatch:
+  """Wall seconds of a run by part: `with watch('eval'): ...` adds the block's time to 'eval'.
+  The train loop times its steps, its first step (which compiles) and each periodic action, so
+  that a run says how much of its time the device spent on steps and what stalled it."""
+
+  def __init__(self):
+    self.seconds: collections.Counter = collections.Counter()
+    self._start = time.monotonic()
+
+  @contextlib.contextmanager
+  def __call__(self, part: str):
+    start = time.monotonic()
+    try:
+      yield
+    finally:
+      self.seconds[part] += time.monotonic() - start
+
+  def report(self, steps: int) -> dict[str, float]:
+    """{'total_s', each part's '<part>_s', and 'steps_per_s': the steps after the first over
+    the run's time after it}, rounded to milliseconds."""
+    total = time.monotonic() - self._start
+    after_first = total - self.seconds['first_step']
+    out = {'total_s': total, **{f'{part}_s': s for part, s in sorted(self.seconds.items())}}
+    if steps > 1 and after_first > 0:
+      out['steps_per_s'] = (steps - 1) / after_first
+    return {key: round(value, 3) for key, value in out.items()}
+
+
 # --- the save clock ------------------------------------------------------------------------------
 
 

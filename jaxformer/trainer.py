@@ -508,6 +508,7 @@ class Run:
     self.translator: Translator | None = None  # made at the first evaluation that translates
     self.last_save, self.data_state = time.monotonic(), None
     self.patience, self.stop_early = Patience(train_cfg.patience), False
+    self.watch = monitor.Stopwatch()  # where the loop's time goes (the summary's 'time')
 
   def actions(self) -> list[Action]:
     """The loop's periodic actions, this run's methods (evaluate only with a validation set)."""
@@ -578,6 +579,7 @@ class Run:
                         skipped_updates=self.reader.skipped,
                         checkpoint=str(self.manager.directory / str(self.manager.latest_step())))
     _average(self.workdir, self.manager, self.train_cfg, self.summary)
+    self.summary['time'] = self.watch.report(self.summary['step'] - self.start_step)
     return self.summary
 
 
@@ -599,18 +601,24 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
   run = Run.start(config, train_cfg, pathlib.Path(workdir), pipeline, optim or OptimConfig(),
                   init_params)
   actions, device_batches = run.actions(), pipeline.device_batches()
+  watch = run.watch
   try:
     with run.sink, monitor.PreemptionGuard() as guard:
       run.sink.start(run.start_step, run.facts, describe_run(run.facts), run.hparams)
       for step in range(run.start_step + 1, train_cfg.num_steps + 1):
-        run.train_step(step, *next(device_batches))
+        with watch('first_step' if step == run.start_step + 1 else 'steps'):
+          run.train_step(step, *next(device_batches))
+          if step == run.start_step + 1:  # its compile and run, apart from the steps' rate
+            run.sink.progress.update(run.reader.read())
         preempted, timed_save = _agree(guard, run.last_save, train_cfg) if host_sync_due(
             step, train_cfg, jax.process_count()) else (False, False)
         now = due(actions, step, train_cfg.num_steps, save_signal=preempted or timed_save)
         if now:  # never report or save past an unchecked update
-          run.sink.progress.update(run.reader.read())
+          with watch('steps'):
+            run.sink.progress.update(run.reader.read())
         for action in now:
-          action.run(step)
+          with watch(action.name):
+            action.run(step)
         if run.stop_early or preempted:
           run.stop(step, guard.signal)
           break
@@ -618,5 +626,6 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
     raise _nonfinite_error(e, run.manager) from None
   finally:
     device_batches.close()
-    _finish_saves(run.manager, train_cfg.keep_train_state)
+    with watch('save'):
+      _finish_saves(run.manager, train_cfg.keep_train_state)
   return run.finish()

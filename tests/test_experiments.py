@@ -136,7 +136,8 @@ def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):
   a failed peer is reported, not raised."""
   sys.path.insert(0, str(ROOT / 'experiments'))
   from bench import train as bench_train  # pylint: disable=g-import-not-at-top
-  peer = {'torch': 'x', 'cases': {'tiny': {'target_tokens_per_s': 400.0}}}
+  peer = {'torch': 'x', 'cases': {'tiny': {'target_tokens_per_s': 400.0}},
+          'cases_eager': {'tiny': {'target_tokens_per_s': 800.0}}}
   calls, exits = [], [0, 1]
 
   def fake_run(command, **kwargs):
@@ -153,12 +154,15 @@ def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):
   assert bench_train.torch_peer() == {
       'error': 'bench_torch.py exited with 1: torch.OutOfMemoryError: CUDA out of memory'}
   assert results['tiny']['ratio_to_torch'] == 2.5 and 'ratio_to_torch' not in results['base']
+  assert results['tiny']['ratio_to_torch_eager'] == 1.25
 
 
-def test_torch_peer_matches_jaxformer():
+def test_torch_peer_matches_jaxformer(monkeypatch):
   """Where torch is installed (jaxformer[bench]): the peer has jaxformer's parameters plus the
-  two stack LayerNorms nn.Transformer adds, the paper's lrate, the config's dropout rates, and
-  times the tiny case."""
+  two stack LayerNorms nn.Transformer adds, the paper's lrate, the config's dropout rates, its
+  attention is PyTorch's fused scaled_dot_product_attention (the decoder's by its causal hint,
+  with no mask), its Adam the fused one, and it times the tiny case (eager on a CPU: its
+  torch.compile takes most of a minute here, and runs on GPU hosts)."""
   pytest.importorskip('torch')
   from jaxformer import optim  # pylint: disable=g-import-not-at-top
   from jaxformer.model import parameter_count  # pylint: disable=g-import-not-at-top
@@ -178,11 +182,25 @@ def test_torch_peer_matches_jaxformer():
   assert (decoder.dropout1.p, decoder.self_attn.dropout, decoder.multihead_attn.dropout,
           decoder.dropout.p) == (0.3, 0.1, 0.1, 0.0)
   assert core.encoder.layers[0].self_attn.dropout == 0.1
+  import torch  # pylint: disable=g-import-not-at-top
+  calls = []
+  sdpa = torch.nn.functional.scaled_dot_product_attention
+
+  def counted(q, k, v, mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+    calls.append((mask is None, is_causal))
+    return sdpa(q, k, v, mask, dropout_p, is_causal, **kwargs)
+  monkeypatch.setattr(torch.nn.functional, 'scaled_dot_product_attention', counted)
+  tokens = torch.randint(3, cfg.vocab_size, (2, 8))
+  bench_torch.PaperTransformer(cfg)(tokens, tokens)
+  layers = cfg.num_layers
+  assert sorted(calls) == sorted([(True, False)] * 2 * layers + [(True, True)] * layers)
   result = subprocess.run([sys.executable, str(ROOT / 'experiments' / 'bench_torch.py'),
                            '--case', 'tiny'], capture_output=True, text=True, check=True,
                           timeout=300)
   tiny = json.loads(result.stdout)['cases']['tiny']
   assert tiny['target_tokens_per_step'] == 2048 and tiny['dtype'] == 'float32'
+  assert tiny['fused_adam'] and not tiny['compiled']
+  assert 'cases_eager' not in json.loads(result.stdout)  # the second row: GPU (or --eager)
   assert tiny['target_tokens_per_s'] == pytest.approx(2048 / tiny['step_s_median'], rel=1e-2)
 
 

@@ -178,14 +178,17 @@ def run(*, fast_path: bool | None = None, only: list[str] | None = None,
 
 
 def add_ratios(results: dict, peer: dict) -> dict:
-  """Adds jaxformer / torch (`ratio_to_torch`) to each case of `results` that the peer timed
-  (CASE@changes too); returns the peer."""
+  """Adds jaxformer / torch per case of `results` that the peer timed (CASE@changes too):
+  `ratio_to_torch` against the peer as its users run it (compiled on GPU), and
+  `ratio_to_torch_eager` against its eager row where it has one; returns the peer."""
   for name, result in results.items():
-    case = peer.get('cases', {}).get(name.split('@')[0])  # CASE@changes: the peer's CASE
-    if case:
-      ratio = result['target_tokens_per_s'] / case['target_tokens_per_s']
-      result['ratio_to_torch'] = round(ratio, 3)
-      print(f'train {name}: jaxformer / torch = {ratio:.2f}', file=sys.stderr, flush=True)
+    for row, key in (('cases', 'ratio_to_torch'), ('cases_eager', 'ratio_to_torch_eager')):
+      case = peer.get(row, {}).get(name.split('@')[0])  # CASE@changes: the peer's CASE
+      if case:
+        ratio = result['target_tokens_per_s'] / case['target_tokens_per_s']
+        result[key] = round(ratio, 3)
+        print(f'train {name}: jaxformer / torch{" eager" if "eager" in row else ""} = '
+              f'{ratio:.2f}', file=sys.stderr, flush=True)
   return peer
 
 
