@@ -19,14 +19,18 @@ The `jaxformer` command and the experiments scripts call it with a per-user fold
 of the process's beyond jax's cache settings.
 """
 
+import concurrent.futures
 import contextlib
 import logging
 import os
 import pathlib
 import re
 import tempfile
+import threading
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
@@ -90,3 +94,62 @@ class _OneLineCacheErrors:
       log.warning('compilation cache: %s; this run compiles what it cannot load or store',
                   reason)
     return None
+
+
+# --- compiled programs, ahead of their first call ---------------------------------------------
+
+
+class Programs:
+  """A jitted (or pmapped) function's compiled programs, one per argument shapes and static
+  arguments, each compiled once, counted and timed in the log. The first argument is the
+  params (or the train state), which the log line leaves out.
+
+  `compile(*args, **static)` compiles the program for these arguments (arrays, or
+  jax.ShapeDtypeStruct's of the same shardings) without running it: called in a background
+  thread, it takes a program's compile off the path of its first call (a run's first
+  validation compiles while the train step does). A call, from any thread, waits for a
+  compile of its program already under way rather than compiling it twice. `compiled` holds
+  (description, seconds) per program, in the order they were compiled."""
+
+  def __init__(self, name: str, transformed: Any):
+    self.name, self.transformed = name, transformed  # jax.jit(...) or jax.pmap(...)
+    self.compiled: list[tuple[str, float]] = []
+    self._programs: dict[Any, concurrent.futures.Future] = {}
+    self._lock = threading.Lock()
+
+  def __call__(self, *args: Any, **static: Any) -> Any:
+    return self.compile(*args, **static)(*args)
+
+  def __len__(self) -> int:
+    """How many programs it has compiled."""
+    return len(self.compiled)
+
+  def compile(self, *args: Any, **static: Any) -> Callable[..., Any]:
+    """The compiled program for `args` (shapes and dtypes) and `static`, compiled now if no
+    call or compile has done it yet."""
+    leaves, tree = jax.tree.flatten(args)
+    key = (tree, tuple((x.shape, x.dtype, getattr(x, 'sharding', None))  # (what it takes)
+                       if hasattr(x, 'shape') else x for x in leaves),
+           tuple(sorted(static.items())))
+    with self._lock:
+      future, owner = self._programs.get(key), False
+      if future is None:
+        future = self._programs[key] = concurrent.futures.Future()
+        owner = True
+    if owner:
+      try:
+        start = time.perf_counter()
+        future.set_result(self.transformed.lower(*args, **static).compile())
+      except BaseException as e:  # the waiting callers get it too
+        future.set_exception(e)
+        with self._lock:
+          del self._programs[key]  # a later call tries again
+        raise
+      seconds = time.perf_counter() - start
+      shapes = ', '.join('x'.join(map(str, x.shape)) for x in jax.tree.leaves(args[1:])
+                         if getattr(x, 'shape', ()))  # (args[0]: the params or the state)
+      what = f'{self.name} [{shapes}]' + ''.join(f' {k}={v}' for k, v in sorted(static.items())
+                                                 if v is not None)
+      self.compiled.append((what, seconds))
+      log.info('compiled %s in %.1f s', what, seconds)
+    return future.result()

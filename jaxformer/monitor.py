@@ -346,10 +346,12 @@ class MetricReader:
     """Queues a dispatched step's metrics, still on the device, for `read`."""
     self._pending.append((step, metrics))
 
-  def read(self) -> int:
-    """Reads every pending step (waiting for the device); returns how many."""
-    count = len(self._pending)
-    while self._pending:
+  def read(self, keep: int = 0) -> int:
+    """Reads every pending step but the newest `keep` (waiting for the device only for those:
+    the loop keeps a few steps in flight, so that the device always has work queued while the
+    host reads); returns how many it read."""
+    count = max(len(self._pending) - keep, 0)
+    for _ in range(count):
       step, metrics = self._pending.pop(0)
       metrics = jax.device_get(jax.tree.map(lambda x: x[0], metrics))  # device 0's copy
       if metrics['nonfinite']:

@@ -7,6 +7,7 @@ resumes from its workdir's newest checkpoint.
 """
 
 import collections
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -20,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer import checkpoint, export, files, monitor, parallel, scoring
+from jaxformer import checkpoint, compilation, export, files, monitor, parallel, scoring
 from jaxformer import data as data_lib
 from jaxformer import optim as optim_lib
 from jaxformer.config import (OptimConfig, SettingError, TrainConfig, TransformerConfig,
@@ -255,11 +256,9 @@ def _save(manager: Any, step: int, state: TrainState, rng: Array, meta: dict[str
     checkpoint.drop_old_train_state(manager, keep_train_state, saving=step)
 
 
-def _finish_saves(manager: Any, keep_train_state: int) -> None:
-  """Waits for the last save to commit, then removes the optimiser state it made redundant."""
-  checkpoint.wait_until_finished(manager)
-  if jax.process_index() == 0:
-    checkpoint.drop_old_train_state(manager, keep_train_state)
+# A copy of a (replicated) state on its devices, queued behind the steps before it: what a
+# background save reads while the next step, which donates the state, runs.
+_device_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
 
 
 def _average(workdir: pathlib.Path, manager: Any, train_cfg: TrainConfig, summary: dict) -> None:
@@ -294,9 +293,8 @@ def _average(workdir: pathlib.Path, manager: Any, train_cfg: TrainConfig, summar
 def validation_metrics(p_eval_step: Any, p_state: TrainState,
                        pipeline: pipeline_lib.Pipeline) -> dict[str, float]:
   """Loss, perplexity and token accuracy over one pass of the validation set (all hosts)."""
-  totals = collections.Counter()
-  for batch in pipeline.validation_batches():
-    sums = jax.device_get(p_eval_step(p_state, batch))
+  totals = collections.Counter()  # (every batch queued, then one read: no wait per batch)
+  for sums in jax.device_get([p_eval_step(p_state, b) for b in pipeline.validation_batches()]):
     totals.update({k: float(np.sum(v)) for k, v in sums.items()})
   totals = parallel.all_hosts(np.array([totals[k] for k in ('loss_sum', 'nll_sum', 'correct',
                                                             'tokens')])).sum(0)
@@ -437,18 +435,27 @@ def report_coverage(tokenizer: data_lib.Tokenizer, pairs: data_lib.PairSource,
   return now
 
 
+# Steps the loop dispatches ahead of the metrics it reads: the device has work queued while the
+# host reads a step's metrics, logs or fetches the next batch.
+STEPS_IN_FLIGHT = 4
+
+
 @functools.lru_cache(maxsize=8)
 def _pmapped_steps(config: TransformerConfig, optim: OptimConfig, accum_steps: int,
                    skip_nonfinite: bool) -> tuple[Any, Any]:
   """The train step (donating its state) and the eval step of these settings, pmapped over the
   local devices; made once per process and settings, so that a second run in it with equal
-  settings reuses their compiled programs."""
+  settings reuses their compiled programs. With one process the eval step is a
+  compilation.Programs, which Run.compile_ahead compiles before the first evaluation."""
   p_train_step = jax.pmap(
       functools.partial(train_step, config=config, optim=optim, axis_name=parallel.AXIS,
                         accum_steps=accum_steps, skip_nonfinite=skip_nonfinite),
       axis_name=parallel.AXIS, donate_argnums=0)
-  return p_train_step, jax.pmap(functools.partial(eval_step, config=config, optim=optim),
-                                axis_name=parallel.AXIS)
+  p_eval_step = jax.pmap(functools.partial(eval_step, config=config, optim=optim),
+                         axis_name=parallel.AXIS)
+  if jax.process_count() > 1:  # (a pmap's compiled program, called, checks each host's shards
+    return p_train_step, p_eval_step  # against the global shapes it was compiled for)
+  return p_train_step, compilation.Programs('the eval step', p_eval_step)
 
 
 def _on_skip(step: int, skipped: int) -> None:
@@ -505,8 +512,13 @@ class Run:
     self.sink = monitor.MetricsSink(workdir, enabled=jax.process_index() == 0,
                                     start_step=self.start_step, total_steps=train_cfg.num_steps)
     self.summary: dict[str, Any] = {'preempted': False, 'train': {}}
-    self.translator: Translator | None = None  # made at the first evaluation that translates
-    self.last_save, self.data_state = time.monotonic(), None
+    self.translator = Translator(None, config, pipeline.tokenizer)  # params at each evaluation
+    self.last_save, self.data_state, self.saved_step = time.monotonic(), None, None
+    # Work off the loop's thread: compiling the validation's programs ahead, and saving (the
+    # device-to-host copy and orbax's part of a save, which its own threads then finish).
+    self._compiler = concurrent.futures.ThreadPoolExecutor(1, 'jaxformer-compile')
+    self._saver = concurrent.futures.ThreadPoolExecutor(1, 'jaxformer-save')
+    self._saving: concurrent.futures.Future | None = None
     self.patience, self.stop_early = Patience(train_cfg.patience), False
     self.watch = monitor.Stopwatch()  # where the loop's time goes (the summary's 'time')
 
@@ -522,8 +534,37 @@ class Run:
     progress bar."""
     self.data_state = position
     self.p_state, metrics = self.p_train_step(self.p_state, batch, self.p_rng)
-    self.sink.progress.update(self.reader.read())
+    self.sink.progress.update(self.reader.read(keep=STEPS_IN_FLIGHT))
     self.reader.push(step, metrics)
+
+  def _translates(self) -> int:
+    """Validation sentences each evaluation translates (BLEU, samples) on this process."""
+    train_cfg = self.train_cfg
+    if self.pipeline.validation is None or not self.sink.enabled:
+      return 0
+    return max(train_cfg.bleu_sentences, train_cfg.sample_translations)
+
+  def compile_ahead(self) -> None:
+    """Starts compiling the validation's programs (the eval step, and the search of the
+    sentences it translates) in a background thread, from the shapes alone: they compile while
+    the train step does, instead of stalling the loop at the first evaluation. A failure there
+    is left to the evaluation, which compiles (and reports) as it would have."""
+    if self.pipeline.validation is None or jax.process_count() > 1:
+      return
+    shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)  # noqa: E731
+    state, batch = jax.tree.map(shape, self.p_state), self.pipeline.validation_batch_shapes()
+    translator = self.translator.replace(params=jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.p_state.params))
+    sentences = self.pipeline.validation_text.src[:self._translates()]
+
+    def compile_all() -> None:
+      try:
+        self.p_eval_step.compile(state, batch)
+        if sentences:
+          translator.compile_ahead(sentences)
+      except Exception as e:  # pylint: disable=broad-except  (the evaluation compiles again)
+        log.debug('compiling the validation ahead failed: %s', e)
+    self._compiler.submit(compile_all)
 
   def log(self, step: int) -> None:
     """The interval's train metrics to TensorBoard, metrics.jsonl and the progress bar."""
@@ -540,9 +581,7 @@ class Run:
     result = self.summary['eval'] = validation_metrics(self.p_eval_step, self.p_state,
                                                        self.pipeline)
     self.stop_early = self.patience.update(result['loss'])  # the same on every host
-    if (train_cfg.bleu_sentences or train_cfg.sample_translations) and self.sink.enabled:
-      self.translator = self.translator or Translator(None, self.config,
-                                                      self.pipeline.tokenizer)
+    if self._translates():
       _translate_validation(self.translator, parallel.unreplicate(self.p_state.params),
                             self.pipeline.validation_text, train_cfg, result, self.sink, step)
     self.sink.scalars(step, 'eval', result)
@@ -552,12 +591,40 @@ class Run:
 
   def save(self, step: int, metrics: dict[str, float] | None = None) -> None:
     """Starts an async save of this step (with the validation `metrics` that rank it, if any)
-    and restarts the save clock; nothing if this step was saved already."""
-    if self.manager.latest_step() == step:  # saved already at this step's evaluation
+    and restarts the save clock; nothing if this step was saved already. With one process the
+    save reads a copy of the state made on the device, in a background thread, so that the
+    loop goes on at once; with several, orbax's barriers and the loop's all-gathers must keep
+    one order on every host, and the loop saves on its own thread."""
+    if self.saved_step == step:  # saved already at this step's evaluation
       return
-    _save(self.manager, step, parallel.unreplicate(self.p_state), self.rng, self.meta,
-          self.data_state, self.train_cfg.keep_train_state, metrics)
-    self.last_save = time.monotonic()
+    self.saved_step, self.last_save = step, time.monotonic()
+    save = functools.partial(_save, self.manager, step, rng=self.rng, meta=self.meta,
+                             data_state=self.data_state,
+                             keep_train_state=self.train_cfg.keep_train_state, metrics=metrics)
+    if jax.process_count() > 1:
+      save(parallel.unreplicate(self.p_state))
+      return
+    self.wait_for_save()  # (the last one's error, if any, raised here on the loop's thread)
+    snapshot = _device_copy(self.p_state)
+    self._saving = self._saver.submit(lambda: save(parallel.unreplicate(snapshot)))
+
+  def wait_for_save(self) -> None:
+    """Waits for the background part of the last save (raising its error, if any)."""
+    if self._saving is not None:
+      saving, self._saving = self._saving, None
+      saving.result()
+
+  def finish_saves(self) -> None:
+    """Waits for the last save to commit, then removes the optimiser state it made redundant;
+    stops the background threads."""
+    try:
+      self.wait_for_save()
+      checkpoint.wait_until_finished(self.manager)
+      if jax.process_index() == 0:
+        checkpoint.drop_old_train_state(self.manager, self.train_cfg.keep_train_state)
+    finally:
+      self._saver.shutdown()
+      self._compiler.shutdown(cancel_futures=True)
 
   def stop(self, step: int, signal: str | None) -> None:
     """Ends the loop early: out of patience (saving this step), or preempted (its save
@@ -568,6 +635,7 @@ class Run:
       log.info('step %d: no better validation loss in %d evaluations (best %.4f): stopped '
                'early.', step, self.patience.since, self.patience.best)
     else:
+      self.wait_for_save()
       checkpoint.wait_until_finished(self.manager)
       self.summary['preempted'], self.summary['signal'] = True, signal
       log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
@@ -602,6 +670,7 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
                   init_params)
   actions, device_batches = run.actions(), pipeline.device_batches()
   watch = run.watch
+  run.compile_ahead()
   try:
     with run.sink, monitor.PreemptionGuard() as guard:
       run.sink.start(run.start_step, run.facts, describe_run(run.facts), run.hparams)
@@ -627,5 +696,5 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
   finally:
     device_batches.close()
     with watch('save'):
-      _finish_saves(run.manager, train_cfg.keep_train_state)
+      run.finish_saves()
   return run.finish()

@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxformer import cache as cache_lib
-from jaxformer import checkpoint, decode, export
+from jaxformer import checkpoint, compilation, decode, export
 from jaxformer.config import DecodingConfig, SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.errors import DataError
@@ -100,19 +100,39 @@ def _rows(sentences: int, batch_size: int) -> int:
   return min(batch_size, 1 << (sentences - 1).bit_length())
 
 
+def fixed_shapes(backend: str | None = None) -> bool:
+  """Whether searches and scores on `backend` (default: jax's) take one shape, batch_size rows
+  of the model's max_len tokens, whatever the batch holds. On an accelerator a program's
+  compile costs seconds (XLA autotunes its kernels) and padding costs little, so one program
+  for every batch of every call, the run's validations included, beats a program per length
+  bucket; a CPU compiles in a fraction of that and pays for every padded row and column, so
+  there a batch is cut to its length bucket (_bucket) and rows (_rows)."""
+  return (backend or jax.default_backend()) != 'cpu'
+
+
+def _shape(lengths: Sequence[int], count: int, batch_size: int, max_len: int, fixed: bool
+           ) -> tuple[int, int]:
+  """(rows, width) of a batch of `count` sequences whose longest has max(lengths) tokens."""
+  if fixed:
+    return batch_size, max_len
+  return _rows(count, batch_size), min(_bucket(max(lengths)), max_len)
+
+
 @functools.lru_cache(maxsize=32)  # (a server's requests may ask for several sampling settings)
-def _jitted_search(config: TransformerConfig, decoding: DecodingConfig) -> Any:
+def _jitted_search(config: TransformerConfig, decoding: DecodingConfig) -> compilation.Programs:
   """decode_batch jitted for one model shape and search, made once per process: Translators of
   equal settings (a run's evaluations, a second run) reuse its compiled programs. `decoding`
   comes without its seed, which the programs take as an input."""
-  return jax.jit(functools.partial(decode_batch, config=config, decoding=decoding),
-                 static_argnames=('max_len', 'num_results'))
+  return compilation.Programs('the search', jax.jit(
+      functools.partial(decode_batch, config=config, decoding=decoding),
+      static_argnames=('max_len', 'num_results')))
 
 
 @functools.lru_cache(maxsize=8)
-def _jitted_scores(config: TransformerConfig) -> Any:
+def _jitted_scores(config: TransformerConfig) -> compilation.Programs:
   """target_log_probs jitted for one model shape, made once per process."""
-  return jax.jit(functools.partial(target_log_probs, config=config))
+  return compilation.Programs('the scores', jax.jit(
+      functools.partial(target_log_probs, config=config)))
 
 
 MAX_WORKERS = 8  # each batch in flight holds a decoding cache of its own: memory grows with them
@@ -169,6 +189,7 @@ class Translator:
     self.workers = default_workers() if workers is None else workers
     self._search = _jitted_search(config, self.decoding.replace(seed=None))
     self._scores = _jitted_scores(config)
+    self.fixed_shapes = fixed_shapes()
 
   @classmethod
   def from_checkpoint(cls, path: str, average_last: int | None = None,
@@ -239,30 +260,44 @@ class Translator:
     ids = self._sources(sentences)
     forced = self._prefixes(prefixes, len(sentences), first_index)
     todo = [i for i, x in enumerate(ids) if x or forced[i]]
-    cfg, decoding = self.config, self.decoding
-    seed = np.uint32(decoding.seed or 0)
 
     def search(chosen: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
-      rows = [ids[i] + [EOS_ID] for i in chosen]
-      width = min(_bucket(max(max(len(rows[r]), len(forced[i]) + 1)
-                              for r, i in enumerate(chosen))), cfg.max_len)
-      size = _rows(len(rows), decoding.batch_size)  # (few shapes: few compiled programs)
-      src = _padded(rows, (size, width))
-      max_len = min(width + decoding.extra_length, cfg.max_len)
-      max_lengths = _padded([[max(len(row), len(forced[i]) + 1) + decoding.extra_length]
-                             for row, i in zip(rows, chosen)], (size, 1))[:, 0]
-      prefix = None if not any(forced) else _padded([forced[i] for i in chosen], (size, max_len))
-      sentence_ids = _padded([[first_index + i] for i in chosen], (size, 1))[:, 0]
-      result = jax.device_get(self._search(self.params, src, np.minimum(max_lengths, max_len),
-                                           prefix, seed, sentence_ids, max_len=max_len,
-                                           num_results=num_results))
+      args, static = self._search_arguments(chosen, ids, forced, first_index, num_results)
+      result = jax.device_get(self._search(*args, **static))
       if num_results is None:
-        return result[:len(rows)], None
-      return result[0][:len(rows)], result[1][:len(rows)]
+        return result[:len(chosen)], None
+      return result[0][:len(chosen)], result[1][:len(chosen)]
 
     for chosen, (found, scores) in self._run(todo, [len(x) for x in ids], search, progress,
                                              'translating'):
       yield chosen, found, scores
+
+  def compile_ahead(self, sentences: Sequence[str], num_results: int | None = None) -> None:
+    """Compiles the searches that translating `sentences` takes (translate, or translate_nbest
+    with num_results) without running them, e.g. in a background thread: a training run's
+    first validation then finds its search compiled."""
+    ids = self._sources(sentences)
+    forced = [[] for _ in ids]
+    for chosen in self._groups([i for i, x in enumerate(ids) if x], [len(x) for x in ids]):
+      args, static = self._search_arguments(chosen, ids, forced, 0, num_results)
+      self._search.compile(*args, **static)
+
+  def _search_arguments(self, chosen: list[int], ids: list[list[int]], forced: list[list[int]],
+                        first_index: int, num_results: int | None
+                        ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """decode_batch's arguments and static arguments for the sentences `chosen` of `ids`."""
+    cfg, decoding = self.config, self.decoding
+    rows = [ids[i] + [EOS_ID] for i in chosen]
+    size, width = _shape([max(len(row), len(forced[i]) + 1) for row, i in zip(rows, chosen)],
+                         len(rows), decoding.batch_size, cfg.max_len, self.fixed_shapes)
+    max_len = min(width + decoding.extra_length, cfg.max_len)
+    max_lengths = _padded([[max(len(row), len(forced[i]) + 1) + decoding.extra_length]
+                           for row, i in zip(rows, chosen)], (size, 1))[:, 0]
+    prefix = None if not any(forced) else _padded([forced[i] for i in chosen], (size, max_len))
+    sentence_ids = _padded([[first_index + i] for i in chosen], (size, 1))[:, 0]
+    return ((self.params, _padded(rows, (size, width)), np.minimum(max_lengths, max_len), prefix,
+             np.uint32(decoding.seed or 0), sentence_ids),
+            {'max_len': max_len, 'num_results': num_results})
 
   def _sources(self, sentences: Sequence[str]) -> list[list[int]]:
     """The sentences' pieces, each cut to the model's max_len with its EOS (with a warning)."""
@@ -294,15 +329,19 @@ class Translator:
                         'and EOS.')
     return ids
 
-  def _run(self, todo: list[int], lengths: list[int], run: Callable[[list[int]], Any],
-           progress: bool, desc: str) -> Iterator[tuple[list[int], Any]]:
-    """run(batch) over `todo`'s indices in batches of batch_size, longest first (the longest
-    start first, so that workers finish together), by the workers side by side; (batch, its
-    result) in that order. Fewer sentences than the workers' batches are shared among the
-    workers, so that none idles (a server's few requests)."""
+  def _groups(self, todo: list[int], lengths: list[int]) -> list[list[int]]:
+    """`todo`'s indices in batches of at most batch_size, longest first (the longest start
+    first, so that workers finish together); fewer sentences than the workers' batches are
+    shared among the workers, so that none idles (a server's few requests)."""
     todo = sorted(todo, key=lambda i: -lengths[i])
     size = min(self.decoding.batch_size, -(-len(todo) // self.workers))
-    groups = [todo[start:start + size] for start in range(0, len(todo), size)]
+    return [todo[start:start + size] for start in range(0, len(todo), size)]
+
+  def _run(self, todo: list[int], lengths: list[int], run: Callable[[list[int]], Any],
+           progress: bool, desc: str) -> Iterator[tuple[list[int], Any]]:
+    """run(batch) over `todo`'s batches (_groups) by the workers side by side; (batch, its
+    result) in that order."""
+    groups = self._groups(todo, lengths)
     workers = min(self.workers, len(groups))
     pool = concurrent.futures.ThreadPoolExecutor(workers) if workers > 1 else None
     try:
@@ -345,10 +384,10 @@ class Translator:
     def run(chosen: list[int]) -> np.ndarray:
       src = [src_ids[i] + [EOS_ID] for i in chosen]
       tgt = [tgt_ids[i] + [EOS_ID] for i in chosen]
-      size = _rows(len(chosen), self.decoding.batch_size)
-      width = lambda rows: min(_bucket(max(map(len, rows))), limit)  # noqa: E731
-      return np.asarray(self._scores(self.params, _padded(src, (size, width(src))),
-                                     _padded(tgt, (size, width(tgt)))))
+      shape = lambda rows: _shape(list(map(len, rows)), len(rows), self.decoding.batch_size,  # noqa: E731
+                                  limit, self.fixed_shapes)
+      return np.asarray(self._scores(self.params, _padded(src, shape(src)),
+                                     _padded(tgt, shape(tgt))))
 
     todo = [i for i, s in enumerate(out) if s is None]
     lengths = [len(s) + len(t) for s, t in zip(src_ids, tgt_ids)]

@@ -187,3 +187,19 @@ def test_a_record_file_cut_short_is_set_aside_not_glued_to(tmp_path, caplog):
   with monitor.open_records(tmp_path / 'new.jsonl') as f:
     f.write('{"step": 1}\n')
   assert len(path.read_text().splitlines()) == 3 and not caplog.text
+
+
+def test_the_stopwatch_sums_each_part_and_rates_the_steps_after_the_first(monkeypatch):
+  """A run's 'time': each part's wall seconds, and the steps after the first (which compiles)
+  over the run's time after it."""
+  clock = iter([0.0, 0.0, 5.0, 5.0, 7.0, 7.0, 8.0, 10.0])
+  monkeypatch.setattr(monitor.time, 'monotonic', lambda: next(clock))
+  watch = monitor.Stopwatch()  # starts at 0
+  with watch('first_step'):  # 0 -> 5
+    pass
+  with watch('steps'):  # 5 -> 7
+    pass
+  with watch('eval'):  # 7 -> 8
+    pass
+  assert watch.report(steps=5) == {'total_s': 10.0, 'eval_s': 1.0, 'first_step_s': 5.0,
+                                   'steps_s': 2.0, 'steps_per_s': 0.8}

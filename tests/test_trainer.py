@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -79,7 +80,7 @@ def test_each_action_of_a_run_works_alone(tmp_path):
     assert run.stop_early
     run.stop(2, None)
   batches.close()
-  checkpoint.wait_until_finished(run.manager)
+  run.finish_saves()
   assert run.summary['stopped_early'] and run.manager.all_steps() == [2]
   assert run.finish()['step'] == 2
 
@@ -134,6 +135,50 @@ def test_each_evaluation_writes_sample_translations_to_tensorboard(trained):
                        zip(validation.src, hypotheses, validation.tgt)]
 
 
+def test_the_validation_compiles_ahead_and_saves_leave_the_loop_at_once(tmp_path, monkeypatch):
+  """Run.compile_ahead compiles the eval step and the search of the sentences an evaluation
+  translates in a background thread, from shapes alone: the evaluation then compiles nothing.
+  A save copies the state on the device and writes it from a background thread: the loop goes
+  on at once (here: while the write is held), and a write's error reaches the loop at the
+  next save."""
+  cfg = CFG.replace(dropout_rate=0.125)  # programs of its own in this process
+  tc = _tc(num_steps=2, sample_translations=2, bleu_sentences=0, keep_train_state=1)
+  pipeline = data.pipeline.build(tmp_path, cfg, tc, TEXT, synthetic_text(20, seed=1))
+  run = trainer.Run.start(cfg, tc, tmp_path, pipeline, config.OptimConfig())
+  run.compile_ahead()
+  run._compiler.shutdown(wait=True)  # pylint: disable=protected-access
+  compiled = (len(run.p_eval_step), len(run.translator._search))  # pylint: disable=protected-access
+  assert compiled[0] == 1 and compiled[1] >= 1  # (on CPU: a program per length bucket)
+  batches = pipeline.device_batches()
+  with run.sink:
+    run.train_step(1, *next(batches))
+    run.evaluate(1)
+    assert (len(run.p_eval_step), len(run.translator._search)) == compiled  # pylint: disable=protected-access
+    held, written = threading.Event(), []
+    save = trainer._save  # pylint: disable=protected-access
+
+    def held_save(*args, **kwargs):
+      held.wait(timeout=60)
+      written.append(args[1])
+      return save(*args, **kwargs)
+    monkeypatch.setattr(trainer, '_save', held_save)
+    run.save(1)
+    assert written == []  # the loop has it back before the write
+    held.set()
+    run.wait_for_save()
+    assert written == [1]
+
+    def full_disk(*args, **kwargs):
+      raise files.no_space(tmp_path, 'checkpoint 2', 1)
+    monkeypatch.setattr(trainer, '_save', full_disk)
+    run.save(2)  # (the error is the background thread's)
+    with pytest.raises(files.DiskFullError):
+      run.save(3)
+  batches.close()
+  run.finish_saves()
+  assert run.manager.all_steps() == [1]
+
+
 def test_a_run_has_one_translator_and_later_evaluations_compile_nothing(tmp_path, monkeypatch):
   """Validation BLEU and sample translations reuse the run's translator (over each
   evaluation's params: one search program): beam search is compiled at the first evaluation
@@ -144,7 +189,7 @@ def test_a_run_has_one_translator_and_later_evaluations_compile_nothing(tmp_path
   def spy(self, sentences, progress=False):
     made.append(self) if self not in made else None
     out = translate(self, sentences, progress)
-    compiled.append(self._search._cache_size())  # pylint: disable=protected-access
+    compiled.append(len(self._search))  # pylint: disable=protected-access
     return out
 
   monkeypatch.setattr(translation.Translator, 'translate', spy)

@@ -37,6 +37,42 @@ def test_batch_padding_does_not_change_a_translation(translator):
   assert len(set(together)) > 1
 
 
+def test_an_accelerators_one_shape_changes_no_output_and_compiles_one_program(translator):
+  """translation.fixed_shapes (on a GPU): every batch in batch_size rows of max_len tokens. The
+  translations, n-best scores and target scores are those of the CPU's length buckets, and a
+  call of many lengths and batch sizes compiles one search and one scoring program."""
+  sentences = SENTENCES + [' '.join(SENTENCES)] * 3  # lengths in several buckets
+  bucketed = translation.Translator(translator.params, translator.config, translator.tokenizer,
+                                    batch_size=4, workers=1)
+  fixed = translation.Translator(translator.params, translator.config, translator.tokenizer,
+                                 batch_size=4, workers=1, beam_size=3)
+  fixed.fixed_shapes = True
+  bucketed = bucketed.replace(beam_size=3)  # (the two share their programs: fixed's first)
+  before = len(fixed._search.compiled)
+  translations = fixed.translate(sentences), fixed.translate(sentences[:1])
+  assert len(fixed._search.compiled) == before + 1
+  assert translations == (bucketed.translate(sentences), bucketed.translate(sentences[:1]))
+  for (text, score), (text2, score2) in zip(sum(fixed.translate_nbest(sentences, 2), []),
+                                            sum(bucketed.translate_nbest(sentences, 2), [])):
+    assert text == text2 and score == pytest.approx(score2, abs=1e-4)
+  targets = (SENTENCES[::-1] * 2)[:len(sentences)]
+  assert [s.log_prob for s in fixed.score(sentences, targets)] == pytest.approx(
+      [s.log_prob for s in bucketed.score(sentences, targets)], abs=1e-4)
+  assert translation.fixed_shapes('gpu') and not translation.fixed_shapes('cpu')
+
+
+def test_a_search_compiled_ahead_is_not_compiled_again(translator):
+  """compile_ahead (a run's first validation, in a background thread) compiles the programs
+  that translating the sentences takes; translating them then compiles nothing."""
+  model = translation.Translator(translator.params, translator.config, translator.tokenizer,
+                                 batch_size=2, workers=1, beam_size=2, alpha=0.3)
+  model.compile_ahead(SENTENCES)
+  compiled = list(model._search.compiled)
+  assert len(compiled) == 2 and all('the search' in what for what, _ in compiled)
+  model.translate(SENTENCES)
+  assert model._search.compiled == compiled
+
+
 def test_workers_search_batches_side_by_side_and_keep_the_order(translator, monkeypatch):
   sentences = [f'{s} {n}' for n in range(3) for s in SENTENCES]  # 12: six batches of two
   one = translation.Translator(translator.params, translator.config, translator.tokenizer,

@@ -149,7 +149,8 @@ def run(demo_model: str | None = None) -> dict:
     model_dir = export.save_ctranslate2(pathlib.Path(tmp, 'ct2'), params, cfg, spm_model)
     engines = {'jaxformer': Translator(params, cfg, tokenizer),
                'ctranslate2': CTranslate2Model(model_dir, tokenizer, cfg.max_len)}
-    programs = {'jaxformer': engines['jaxformer']._search._cache_size,  # pylint: disable=protected-access
+    searches = engines['jaxformer']._search  # pylint: disable=protected-access
+    programs = {'jaxformer': lambda: len(searches),
                 'ctranslate2': lambda: 0}  # (it compiles nothing)
     for name, model in engines.items():
       with _served(model) as url:

@@ -85,6 +85,13 @@ class Pipeline:
     background threads (parallel.prefetch); close it to stop them."""
     return parallel.prefetch(self.train)
 
+  def validation_batch_shapes(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """The shapes and dtypes of every validation batch (to compile the eval step ahead)."""
+    batches = PackedBatches(
+        self.validation, src_len=self.src_len, tgt_len=self.tgt_len, rows_per_device=self.rows,
+        num_devices=jax.local_device_count(), shuffle=False, num_epochs=1)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), batches.empty_batch())
+
   def validation_batches(self) -> Iterator[dict[str, np.ndarray]]:
     """One pass of the validation pairs in batches of the training shapes; every host yields
     the same number of batches (the largest share, padded with empty batches), so that every
