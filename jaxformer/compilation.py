@@ -146,8 +146,8 @@ class Programs:
           del self._programs[key]  # a later call tries again
         raise
       seconds = time.perf_counter() - start
-      shapes = ', '.join('x'.join(map(str, x.shape)) for x in jax.tree.leaves(args[1:])
-                         if getattr(x, 'shape', ()))  # (args[0]: the params or the state)
+      arrays = [x for x in jax.tree.leaves(args[1:]) if getattr(x, 'shape', ())]  # (not params)
+      shapes = ', '.join(dict.fromkeys('x'.join(map(str, x.shape)) for x in arrays))
       what = f'{self.name} [{shapes}]' + ''.join(f' {k}={v}' for k, v in sorted(static.items())
                                                  if v is not None)
       self.compiled.append((what, seconds))
