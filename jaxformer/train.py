@@ -33,11 +33,27 @@ class TrainState(struct.PyTreeNode):
 
 def create_train_state(config: TransformerConfig, rng: Array, src_len: int = 8,
                        tgt_len: int = 8, *, optim: OptimConfig | None = None) -> TrainState:
-  """Initialises the model's params and the optimiser of `optim` (default: the paper's)."""
-  dummy_src = jnp.ones((1, src_len), jnp.int32)
-  dummy_tgt = jnp.ones((1, tgt_len), jnp.int32)
-  params = _jitted_init(config)(rng, dummy_src, dummy_tgt)['params']
-  return train_state_from_params(config, params, optim=optim)
+  """Initialises the model's params and the optimiser of `optim` (default: the paper's).
+
+  The params are drawn on the host's CPU, by the model computed the plain way (the values do
+  not depend on config.execution): flax shapes them by tracing a forward pass, and on a GPU
+  compiling that program (autotuned, with its fused attention) cost most of a small run's
+  start (docs/BENCHMARKS.md). The caller puts the state where it trains (parallel.replicate)."""
+  plain = config.replace(execution=type(config.execution)())
+  with jax.default_device(_host_cpu()):
+    dummy_src = jnp.ones((1, src_len), jnp.int32)
+    dummy_tgt = jnp.ones((1, tgt_len), jnp.int32)
+    params = _jitted_init(plain)(rng, dummy_src, dummy_tgt)['params']
+    return train_state_from_params(config, params, optim=optim)
+
+
+def _host_cpu() -> jax.Device | None:
+  """The host's first CPU device (jax has one beside any accelerator); None where the CPU
+  backend is switched off (JAX_PLATFORMS=cuda): then the default device."""
+  try:
+    return jax.local_devices(backend='cpu')[0]
+  except RuntimeError:
+    return None
 
 
 def train_state_from_params(config: TransformerConfig, params: Any, *,
