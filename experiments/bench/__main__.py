@@ -2,9 +2,10 @@
 
   make bench   (or: python experiments/bench --only train --train-case base)
 Sections, one module each of this package (its docstring says what it measures): data, train,
-checkpoint, memory, decode, and, only when asked for, scale (--only scale), startup (--only
-startup [--demo-model M]), score (--only score --multi30k-model M: scoring against greedy
-translation, in decode.py) and serve (--only serve --demo-model M: the server under load);
+checkpoint, memory, decode, and, only when asked for, scale (--only scale), loop (--only loop:
+a training run's time outside its steps), startup (--only startup [--demo-model M]), score
+(--only score --multi30k-model M: scoring against greedy translation, in decode.py) and serve
+(--only serve --demo-model M: the server under load);
 common.py holds the timing, matmul-peak, RSS and batch helpers.
 """
 
@@ -24,7 +25,7 @@ sys.path[0] = str(pathlib.Path(__file__).resolve().parents[1])  # experiments/: 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bench import checkpoint, data, decode, memory, scale, serve, startup, train  # noqa: E402
+from bench import checkpoint, data, decode, loop, memory, scale, serve, startup, train  # noqa: E402
 from bench.common import ROOT, turn  # noqa: E402
 from jaxformer.cli import positive_int  # noqa: E402
 
@@ -36,6 +37,7 @@ SECTIONS = {
                                        'peer': args.peer, 'lock': args.time_lock,
                                        'compiler_options': dict(args.compiler_option or [])}),
     'checkpoint': (checkpoint.run, lambda args: {}),
+    'loop': (loop.run, lambda args: {}),
     'decode': (decode.run, lambda args: {'data_dir': args.data_dir,
                                          'demo_model': args.demo_model,
                                          'multi30k_model': args.multi30k_model}),
@@ -101,8 +103,8 @@ def main() -> int:
       open(args.time_lock, 'a', encoding='utf-8').close()
     except OSError as error:
       parser.error(f'--time-lock: cannot open {args.time_lock}: {error.strerror}')
-  # scale: minutes, GBs of disk; startup: minutes, and a trained model
-  sections = args.only or sorted(set(SECTIONS) - {'scale', 'startup', 'score', 'serve'})
+  # scale: minutes, GBs of disk; loop and startup: minutes; serve and score: a trained model
+  sections = args.only or sorted(set(SECTIONS) - {'scale', 'loop', 'startup', 'score', 'serve'})
   needs_data = {'data', 'decode', 'scale', 'startup', 'score'} & set(sections)
   if needs_data and not (args.data_dir / 'multi30k').is_dir():
     print(f'error: {args.data_dir}/multi30k not found; pass --data-dir', file=sys.stderr)
