@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from jaxformer.settings import DecodingConfig, Range, ServerLimits, SettingError
+from jaxformer.settings import MAX_NBEST, DecodingConfig, Range, ServerLimits, SettingError
 
 
 class Formatter(argparse.RawDescriptionHelpFormatter):
@@ -157,8 +157,9 @@ def add_translate_flags(parser: argparse.ArgumentParser) -> None:
   add_model_flags(parser)
   parser.add_argument('--input', type=path_arg, help='a UTF-8 text file (default: stdin)')
   parser.add_argument('--output', type=path_arg, help='where to write (default: stdout)')
-  parser.add_argument('--nbest', type=positive_int, help='the N best translations with scores '
-                      '(with --sampling: N samples)')
+  parser.add_argument('--nbest', type=in_range(int, Range(1, MAX_NBEST, high_open=False)),
+                      metavar='N', help='the N best translations with scores (with --sampling: '
+                      f'N samples; at most {MAX_NBEST})')
   parser.add_argument('--prefix', type=path_arg, metavar='FILE',
                       help='target prefixes, a line for each input line (an empty line: none): '
                       'each output starts with its prefix, searched from there')
@@ -183,14 +184,20 @@ def api_key(path: str | None, environ: typing.Mapping[str, str]) -> str | None:
   """An API key from a file (its first line) or else $JAXFORMER_API_KEY: never from the
   command line, where other users of the machine can read it. None if neither is given."""
   if path is None:
-    return environ.get('JAXFORMER_API_KEY') or None
-  try:
-    with open(path, encoding='utf-8') as f:
-      key = f.readline().strip()
-  except (OSError, UnicodeDecodeError) as e:
-    raise SettingError(f'--api-key-file {path}: cannot read it ({e}).') from None
-  if not key:
-    raise SettingError(f'--api-key-file {path}: the file holds no key on its first line.')
+    key, where = environ.get('JAXFORMER_API_KEY') or None, 'JAXFORMER_API_KEY'
+  else:
+    try:
+      with open(path, encoding='utf-8') as f:
+        key, where = f.readline().strip(), f'--api-key-file {path}'
+    except (OSError, UnicodeDecodeError) as e:
+      raise SettingError(f'--api-key-file {path}: cannot read it ({e}).') from None
+    if not key:
+      raise SettingError(f'--api-key-file {path}: the file holds no key on its first line.')
+  # The key travels in an HTTP header, which carries printable ASCII only: another character
+  # would be accepted here and then refuse every request (401) in the server and its client.
+  if key is not None and not (key.isascii() and key.isprintable()):
+    raise SettingError(f'{where}: the API key holds a character an HTTP header cannot carry '
+                       '(only printable ASCII: letters, digits, punctuation).')
   return key
 
 

@@ -16,6 +16,7 @@ import pathlib
 import signal
 import sys
 import textwrap
+import threading
 import typing
 from typing import Any
 
@@ -268,8 +269,8 @@ def _eval(args: argparse.Namespace) -> int:
   model, step = translator(args.model, args)
   text = _test_set(args, lang)
   output = args.output and pathlib.Path(args.output)
-  if output and not output.parent.is_dir():  # found out before the translation, not after
-    return _fail(f'{output.parent}: no such folder for the hypotheses.')
+  if output:  # found out before the translation, not after
+    files.check_output(output, 'the hypotheses')
   try:
     hypotheses = model.translate(text.src, progress=True)
   except KeyboardInterrupt:
@@ -316,6 +317,8 @@ def _translate(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
+  if args.output:  # found out before the scoring, not after
+    files.check_output(args.output, 'the scores')
   pairs = data.read_parallel_text(args.src, args.tgt)  # before the model: found out at once
   if empty := [n for n, line in enumerate(pairs.tgt, 1) if not line.strip()]:
     raise data.DataError(f'{args.tgt}:{empty[0]}: an empty target line ({len(empty)} in all): '
@@ -374,10 +377,12 @@ def _serve(args: argparse.Namespace) -> int:
                        'could use the server. Set JAXFORMER_API_KEY (or --api-key-file), or '
                        'give --allow-no-key to serve it open.')
   model, step = translator(args.model, args)
-  previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # stops as Ctrl-C does
+  # SIGTERM (a service manager's stop) drains and ends with 0, as asked; Ctrl-C keeps 130.
+  stop = threading.Event()
+  previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
   try:
     serving.serve(model, args.host, args.port, info={'model': args.model, 'step': step},
-                  limits=limits, api_key=key)
+                  limits=limits, api_key=key, stop=stop)
   finally:
     signal.signal(signal.SIGTERM, previous)
   return 0

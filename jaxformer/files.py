@@ -45,10 +45,16 @@ class Kind(enum.StrEnum):
   CHECKPOINTS = 'a checkpoint folder'
   EMPTY = 'an empty folder'
   FOLDER = 'a folder'
+  PARTIAL = ('an unfinished export (its writing was stopped; export into it again, with or '
+             'without --overwrite)')
 
 
 # (the names other modules use)
-MISSING, EMPTY, FOLDER = Kind.MISSING, Kind.EMPTY, Kind.FOLDER
+MISSING, EMPTY, FOLDER, PARTIAL = Kind.MISSING, Kind.EMPTY, Kind.FOLDER, Kind.PARTIAL
+# The file an export writes into an existing folder before it moves its files in, and removes
+# after: a folder that still holds it is an export whose writing was stopped (PARTIAL).
+UNFINISHED = '.jaxformer-unfinished'
+
 WORKDIR, CHECKPOINTS, EXPORT, CTRANSLATE2, HUGGINGFACE = (
     Kind.WORKDIR, Kind.CHECKPOINTS, Kind.EXPORT, Kind.CTRANSLATE2, Kind.HUGGINGFACE)
 # The file beside config.json that tells an export of another format from jaxformer's own
@@ -57,7 +63,8 @@ EXPORT_MARKERS = {'model.bin': Kind.CTRANSLATE2, 'model.safetensors': Kind.HUGGI
 
 
 def describe(path: str | os.PathLike) -> Kind:
-  """What `path` is: MISSING, FILE, FIFO, DEVICE, EXPORT (a config.json of jaxformer's;
+  """What `path` is: MISSING, FILE, FIFO, DEVICE, PARTIAL (an export stopped while its files
+  moved in: UNFINISHED), EXPORT (a config.json of jaxformer's;
   `export.load` says what else it lacks), CTRANSLATE2 or HUGGINGFACE (EXPORT_MARKERS), WORKDIR
   (checkpoints/, or the vocabulary a run writes first), CHECKPOINTS (numbered step folders, e.g.
   WORKDIR/average-last5), EMPTY, or FOLDER (anything else)."""
@@ -66,6 +73,8 @@ def describe(path: str | os.PathLike) -> Kind:
     return Kind.MISSING
   if not path.is_dir():
     return Kind.FILE if path.is_file() else Kind.FIFO if path.is_fifo() else Kind.DEVICE
+  if (path / UNFINISHED).exists():
+    return Kind.PARTIAL
   if (path / 'config.json').is_file():
     return next((kind for marker, kind in EXPORT_MARKERS.items() if (path / marker).is_file()),
                 EXPORT)
@@ -178,6 +187,16 @@ def respect_umask(path: str | os.PathLike) -> None:
   mask = os.umask(0)
   os.umask(mask)
   os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~mask)
+
+
+def check_output(path: str | os.PathLike, what: str) -> None:
+  """WriteError, in one line, when `what` could not be written to the file `path` (no such
+  folder, or a folder at its place): called before the work that fills it, not after."""
+  path = pathlib.Path(path)
+  if path.is_dir():
+    raise WriteError(f'{path}: a folder, where the file for {what} belongs.')
+  if not path.parent.is_dir():
+    raise WriteError(f'{path.parent}: no such folder for {what}.')
 
 
 def write_atomically(path: str | os.PathLike, content: bytes, what: str) -> None:

@@ -50,14 +50,13 @@ from tqdm import tqdm
 
 from jaxformer import arguments, text
 from jaxformer.errors import JaxformerError, exit_code
-from jaxformer.settings import DecodingConfig, ServerLimits
+from jaxformer.settings import MAX_NBEST, DecodingConfig, ServerLimits
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8228
 MAX_REQUEST_BYTES = 64 << 20  # a larger request is refused (413): send a file in parts
 CLIENT_LINES = 1024  # lines a request, from a file or pipe (from a terminal: each line)
-MAX_NBEST = 100  # translations a sentence in one answer (samples; the beam bounds n-best)
 
 
 class ServerError(JaxformerError):
@@ -162,7 +161,11 @@ class Server(http.server.ThreadingHTTPServer):
     src = self._sentences(request, 'src')
     if path == '/score':
       tgt = self._sentences(request, 'tgt')
-      with_tokens = request.get('token_log_probs', False) is True
+      text.check_pairs(src, tgt)  # before it is merged with other requests
+      with_tokens = request.get('token_log_probs', False)
+      if type(with_tokens) is not bool:
+        raise RequestError('"token_log_probs" must be true or false, got '
+                           f'{json.dumps(with_tokens)[:60]}.')
       scores = self._wait(self.batcher.submit(('score',), (src, tgt)))
       return {'scores': [s.as_dict(with_tokens) for s in scores]}
     nbest, first = request.get('nbest'), request.get('first_index', 0)
@@ -319,10 +322,16 @@ class Batcher:
       for job in group:
         job.future.set_exception(e)
       return
+    counts = [len(job.inputs[0]) for job in group]
+    if len(found) != sum(counts):  # a merge that would not come apart as it went in
+      error = RuntimeError(f'the search of {sum(counts)} sentences gave {len(found)} answers')
+      for job in group:
+        job.future.set_exception(error)
+      return
     start = 0
-    for job in group:
-      job.future.set_result(found[start:start + len(job.inputs[0])])
-      start += len(job.inputs[0])
+    for job, count in zip(group, counts):
+      job.future.set_result(found[start:start + count])
+      start += count
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -81,6 +81,18 @@ def _is_a(value: Any, kind: type) -> bool:
   return isinstance(value, (int, float) if kind is float else kind)
 
 
+# Upper bounds of the sizes a user gives a search, the command's and the server's alike. A
+# search holds batch_size x beam (or x samples) hypotheses, each with a decoding cache of the
+# model's max_len: at the largest of these, a base model's cache alone is some GBs, and a beam
+# or batch beyond them only fails for memory (a beam of 100,000 asked for about 20 TB). Outputs
+# never pass the model's max_len, so a longer extra_length changes nothing; its bound keeps
+# lengths far inside int32.
+MAX_BEAM = 256
+MAX_BATCH = 4096
+MAX_NBEST = 100  # translations (samples; n-best is also bounded by the beam) a sentence
+MAX_EXTRA_LENGTH = 100_000
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodingConfig:
   """How a model's outputs are chosen: by default the paper's beam search (§6.1: beam 4,
@@ -94,11 +106,12 @@ class DecodingConfig:
   own, made from (seed, i, j) and the step: the same seed gives the same samples whatever the
   batch size, the order of the batches and the number of workers.
   """
-  beam_size: int = setting(4, 'beam size (1: greedy search)', flag='beam')
+  beam_size: int = setting(4, f'beam size (1: greedy search; at most {MAX_BEAM})', flag='beam')
   alpha: float = setting(0.6, "length penalty exponent: scores are log-probability / "
                          "((5 + length) / 6)^alpha (GNMT's, §6.1)")
-  extra_length: int = setting(50, 'an output stops at its input length + this many tokens')
-  batch_size: int = setting(32, 'sentences searched together')
+  extra_length: int = setting(50, 'an output stops at its input length + this many tokens (and '
+                             f"at the model's max_len; at most {MAX_EXTRA_LENGTH:,})")
+  batch_size: int = setting(32, f'sentences searched together (at most {MAX_BATCH})')
   sampling: bool = setting(False, "draw each output token from the model's distribution "
                            'instead of searching (with --nbest N: N samples a sentence)')
   temperature: float = setting(1.0, 'sampling: the logits are divided by this (below 1: '
@@ -109,8 +122,10 @@ class DecodingConfig:
                          metavar='P')
   seed: int | None = setting(None, "sampling's seed (none: 0)")
 
-  RANGES = {'beam_size': AT_LEAST_1, 'alpha': AT_LEAST_0, 'extra_length': AT_LEAST_0,
-            'batch_size': AT_LEAST_1, 'temperature': POSITIVE, 'top_k': AT_LEAST_0,
+  RANGES = {'beam_size': Range(1, MAX_BEAM, high_open=False), 'alpha': AT_LEAST_0,
+            'extra_length': Range(0, MAX_EXTRA_LENGTH, high_open=False),
+            'batch_size': Range(1, MAX_BATCH, high_open=False), 'temperature': POSITIVE,
+            'top_k': AT_LEAST_0,
             'top_p': Range(0, 1, low_open=True, high_open=False), 'seed': SEEDS}
   SAMPLING = ('temperature', 'top_k', 'top_p', 'seed')  # what only sampling reads
   SEARCH = ('beam_size', 'alpha')                      # what only beam search reads

@@ -126,6 +126,15 @@ def chunks(stream: Iterable[bytes], name: str, size: int) -> Iterator[list[str]]
 Translate = Callable[[list[str], int, list[str] | None], Sequence[Any]]
 
 
+def check_pairs(sources: Sequence[str], targets: Sequence[str]) -> None:
+  """DataError unless there is one target a source: what scoring pairs, and what a server
+  checks of each request before it merges requests (merged, two wrong counts could pair one
+  request's sources with another's targets)."""
+  if len(sources) != len(targets):
+    raise DataError(f'{len(sources)} sources and {len(targets)} targets: scoring needs one '
+                    'target a source.')
+
+
 def translate_lines(input_path: str | None, output: str | None, prefix_path: str | None,
                     chunk: int, translate: Translate, nbest: int | None) -> None:
   """`jaxformer translate`'s input and output, with a model here or a server's: the input file

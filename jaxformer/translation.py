@@ -20,11 +20,12 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxformer import cache as cache_lib
-from jaxformer import checkpoint, compilation, decode, export
+from jaxformer import checkpoint, compilation, decode, export, text
 from jaxformer.config import DecodingConfig, SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.errors import DataError
 from jaxformer.model import Transformer
+from jaxformer.settings import MAX_NBEST
 
 Array = jax.Array
 log = logging.getLogger(__name__)
@@ -246,6 +247,8 @@ class Translator:
     if n < 1 or (not self.decoding.sampling and n > self.decoding.beam_size):
       raise SettingError(f'n-best needs 1 <= n <= the beam size ({self.decoding.beam_size}), '
                          f'got {n}.' if n >= 1 else f'n-best needs n >= 1, got {n}.')
+    if n > MAX_NBEST:
+      raise SettingError(f'{n} samples a sentence: at most {MAX_NBEST}.')
     out: list[list[tuple[str, float]]] = [[] for _ in sentences]
     for chosen, ids, scores in self._searches(sentences, progress, n, prefixes, first_index):
       texts = self.tokenizer.decode(ids.reshape(-1, ids.shape[-1]))
@@ -333,6 +336,8 @@ class Translator:
     """`todo`'s indices in batches of at most batch_size, longest first (the longest start
     first, so that workers finish together); fewer sentences than the workers' batches are
     shared among the workers, so that none idles (a server's few requests)."""
+    if not todo:  # nothing to search (blank lines, or pairs all too long): no batch at all
+      return []
     todo = sorted(todo, key=lambda i: -lengths[i])
     size = min(self.decoding.batch_size, -(-len(todo) // self.workers))
     return [todo[start:start + size] for start in range(0, len(todo), size)]
@@ -363,9 +368,7 @@ class Translator:
     TargetScore a pair, in order. A pair whose source or target (with EOS) is longer than the
     model's max_len is not scored but marked (`skipped` says why), never dropped. DataError for
     a count that differs or an empty target (a blank source is scored as an empty one)."""
-    if len(sources) != len(targets):
-      raise DataError(f'{len(sources)} sources and {len(targets)} targets: scoring needs one '
-                      'target a source.')
+    text.check_pairs(sources, targets)
     src_ids, tgt_ids = self.tokenizer.encode(sources), self.tokenizer.encode(targets)
     if empty := [i + 1 for i, t in enumerate(tgt_ids) if not t]:
       raise DataError(f'target {empty[0]} is empty ({len(empty)} empty in all): there is '

@@ -50,8 +50,22 @@ def _ctrl_c_in_vocabulary_sample() -> None:
   tokenizer.sample = interrupted
 
 
+def _killed_mid_export_move() -> None:
+  """The process killed (as by kill -9: no cleanup) after an export moved its first file into
+  a folder that held an export already."""
+  from jaxformer.formats import folders  # pylint: disable=g-import-not-at-top
+  move, moved = folders.move, []
+
+  def killed(*args):
+    if moved:
+      os._exit(137)  # pylint: disable=protected-access
+    moved.append(move(*args))
+  folders.move = killed
+
+
 POINTS = {'none': lambda: None, 'cache-read-only': _cache_read_only, 'cache-full': _cache_full,
-          'ctrl-c-in-vocabulary-sample': _ctrl_c_in_vocabulary_sample}
+          'ctrl-c-in-vocabulary-sample': _ctrl_c_in_vocabulary_sample,
+          'killed-mid-export-move': _killed_mid_export_move}
 
 
 def main() -> int:

@@ -118,7 +118,23 @@ def test_cli_refuses_non_positive_counts_in_one_line(capsys, argv):
     cli.main(argv)
   assert exit_info.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert err[-1].startswith('jaxformer ') and 'must be an integer >= 1, got' in err[-1]
+  assert err[-1].startswith('jaxformer ') and re.search(
+      r'must be an integer (>= 1|in \[1, \d+\]), got', err[-1]), err[-1]
+
+
+@pytest.mark.parametrize('flag, value, bound', [
+    ('--beam', '100000', 'an integer in [1, 256]'), ('--batch-size', '100000',
+                                                     'an integer in [1, 4096]'),
+    ('--extra-length', '10000000000', 'an integer in [0, 100000]'),
+    ('--extra-length', '1e10', 'an integer'), ('--nbest', '100000', 'an integer in [1, 100]')])
+def test_the_search_refuses_sizes_past_their_bounds_in_one_line(capsys, flag, value, bound):
+  """Sizes that could only fail for memory (a beam of 100,000: about 20 TB) or overflow int32
+  (an extra length of 1e10) are refused before anything loads; the server's n-best bound is
+  the command's (settings.MAX_NBEST)."""
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(['translate', '--model', 'w', flag, value])
+  assert exit_info.value.code == 2
+  assert f'argument {flag}: must be {bound}' in capsys.readouterr().err.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize('value', ['nan', 'inf', '-inf', '-0.5'])
@@ -224,6 +240,18 @@ def test_eval_checks_the_output_folder_before_translating(workdir, tmp_path, cap
   assert 'translating' not in err
   assert err.strip().splitlines() == [
       f'error: {tmp_path / "missing"}: no such folder for the hypotheses.']
+
+
+def test_score_checks_its_output_before_reading_or_scoring(tmp_path, capsys):
+  """files.check_output, the one check of an output path, comes before the work: the model
+  named here does not exist, and the output's missing folder is what is said (it was said
+  after every pair was scored); a folder in the output's place likewise."""
+  for output, said in ((tmp_path / 'missing' / 'scores.jsonl',
+                        f'{tmp_path / "missing"}: no such folder for the scores.'),
+                       (tmp_path, f'{tmp_path}: a folder, where the file for the scores belongs.')):
+    assert cli.main(['score', '--model', str(tmp_path / 'no-model'), '--src', 'a', '--tgt', 'b',
+                     '--output', str(output)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f'error: {said}']
 
 
 def test_eval_scores_any_target_language_and_says_when_the_model_is_undertrained(

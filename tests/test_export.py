@@ -7,12 +7,13 @@ import pathlib
 import re
 import socket
 import stat
+import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
-from helpers import hold_lock, synthetic_text
+from helpers import hold_lock, one_line_error, synthetic_text
 
 from jaxformer import checkpoint, cli, config, data, export, train, translation
 
@@ -187,3 +188,26 @@ def test_one_export_into_a_folder_at_a_time(workdir, tmp_path, capsys):
     holder.kill()
     holder.wait()
   assert cli.main(['export', '--model', str(workdir), str(out)]) == 0
+
+
+def test_an_export_killed_while_its_files_move_in_is_replaced_by_the_next(workdir, tmp_path):
+  """A new export is one rename of its whole folder. Into a folder that held an export, the
+  files move in under a marker: killed between two moves (tests/faults.py), the folder is
+  'an unfinished export' in one line wherever a model is read, and the next export, without
+  --overwrite, replaces it (it was refused as 'a folder', the user cleaning up by hand)."""
+  out = tmp_path / 'export'
+  assert cli.main(['export', '--model', str(workdir), str(out)]) == 0
+  assert not (tmp_path / '.export.partial').exists()  # (renamed whole into place)
+  killed = subprocess.run([sys.executable, str(ROOT / 'tests' / 'faults.py'),
+                           'killed-mid-export-move', 'export', '--model', str(workdir),
+                           str(out), '--overwrite'], capture_output=True, text=True, timeout=300)
+  assert killed.returncode == 137, killed.stderr[-2000:]
+  said = (f'{out}: is an unfinished export (its writing was stopped; export into it again, '
+          'with or without --overwrite), where')
+  for argv in (['translate', '--model', str(out)], ['score', '--model', str(out), '--src',
+                                                    str(out / 'config.json'), '--tgt',
+                                                    str(out / 'config.json')]):
+    assert one_line_error(*argv).startswith(f'error: {said}')
+  assert cli.main(['export', '--model', str(workdir), str(out)]) == 0
+  assert not (out / '.jaxformer-unfinished').exists()
+  assert translation.Translator.from_pretrained(str(out)).translate(['the dog'])

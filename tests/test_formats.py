@@ -130,3 +130,18 @@ def test_the_card_and_the_configs_say_what_transformers_is_told(workdir, tmp_pat
                          'sys.exit("torch" in sys.modules or "transformers" in sys.modules)'],
                         capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr  # exporting needs neither
+
+
+def test_the_model_card_reads_the_metrics_as_records_another_tool_wrote(tmp_path):
+  """A BLEU of null (what JSON tools write for NaN) is no measurement: the card says the last
+  number (it was a traceback); a BLEU that is no number is a one-line RecordError."""
+  from jaxformer.formats import huggingface  # pylint: disable=g-import-not-at-top
+  lines = [{'split': 'eval', 'step': 2, 'bleu': 12.5}, {'split': 'train', 'step': 3},
+           {'split': 'eval', 'step': 4, 'bleu': None}]
+  (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
+  assert huggingface._last_validation_bleu(tmp_path).startswith(  # pylint: disable=protected-access
+      '12.50 sacreBLEU at step 2, on the first validation sentences')
+  (tmp_path / 'metrics.jsonl').write_text(json.dumps({'split': 'eval', 'bleu': 'high'}) + '\n')
+  with pytest.raises(files.RecordError, match=r'metrics\.jsonl:1: "bleu" must be an integer or '
+                     r'a number or null, got "high"\.$'):
+    huggingface._last_validation_bleu(tmp_path)  # pylint: disable=protected-access

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from helpers import one_line_error
 
 from jaxformer import cli, serving
 from jaxformer.settings import ServerLimits
@@ -114,6 +115,12 @@ def test_the_server_scores_samples_and_prefixes_as_its_translator(server, transl
     ('/score', b'{"src": ["a"], "tgt": ["a", "b"]}', 400,
      'bad request: 1 sources and 2 targets'),
     ('/score', b'{"src": ["a"]}', 400, 'bad request: the request needs "tgt": a list of strings'),
+    ('/score', b'{"src": ["a"], "tgt": ["b"], "token_log_probs": "yes"}', 400,
+     'bad request: "token_log_probs" must be true or false, got "yes".'),
+    ('/score', b'{"src": ["a"], "tgt": ["b"], "token_log_probs": 1}', 400,
+     'bad request: "token_log_probs" must be true or false, got 1.'),
+    ('/translate', b'{"src": ["a"], "sampling": "yes"}', 400,
+     'bad request: decoding.sampling must be bool, got str'),
 ])
 def test_bad_requests_get_a_status_and_one_line(server, page, body, status, message):
   code, answer = _http(server.url + page, body)
@@ -204,7 +211,8 @@ def test_the_client_command_imports_no_jax_and_writes_what_the_local_command_wri
 @pytest.mark.parametrize('stop', [signal.SIGINT, signal.SIGTERM])
 def test_serve_command_serves_until_ctrl_c_or_sigterm(workdir, translator, stop):
   """`jaxformer serve --port 0` logs its address once it answers (and /health says ready);
-  Ctrl-C or SIGTERM ends it (130), with a line for each request and one for the stop."""
+  Ctrl-C ends it (130), SIGTERM too, draining, with 0 (a service manager's stop, not a
+  failure), with a line for each request and one for the stop."""
   process = subprocess.Popen(
       [sys.executable, '-m', 'jaxformer', 'serve', '--model', str(workdir), '--batch-size', '4',
        '--port', '0'], stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -220,11 +228,11 @@ def test_serve_command_serves_until_ctrl_c_or_sigterm(workdir, translator, stop)
     assert _http(url + '/health') == (200, {'status': 'ready'})
     assert serving.translate(url, LINES) == translator.translate(LINES)
     process.send_signal(stop)
-    assert process.wait(timeout=60) == 130
+    assert process.wait(timeout=60) == (130 if stop == signal.SIGINT else 0)
     rest = process.stderr.read()
     assert re.search(r'127\.0\.0\.1 POST /translate 200 \d+\.\d+ s', rest), rest
     assert 'stopped (0 request(s) still in flight)' in rest
-    assert rest.strip().endswith('interrupted')
+    assert rest.strip().endswith('interrupted') == (stop == signal.SIGINT), rest[-500:]
   finally:
     watchdog.cancel()
     process.kill()
@@ -340,6 +348,38 @@ def test_requests_that_wait_together_are_searched_together(translator):
       thread.join(timeout=120)
   assert gate.searches == [1, 5]  # the first alone, then the three waiting as one search
   assert answers == [translator.translate(a) for a in asks]
+
+
+def test_score_requests_are_checked_whole_before_they_wait_together(translator):
+  """Two /score requests whose counts differ, sent while a search runs: each is refused in
+  one line. Merged, 1 + 2 sources and 2 + 1 targets would pair; both were answered 200, one
+  request's sources scored against the other's targets."""
+  gate = _Gate(translator)
+  with _serving(gate) as server:
+    busy = threading.Thread(target=lambda: serving.translate(server.url, [LINES[0]], timeout=120))
+    busy.start()
+    assert gate.entered.wait(60)  # a search under way: the next requests would queue
+    answers = [_http(server.url + '/score', json.dumps(body).encode()) for body in (
+        {'src': ['a'], 'tgt': ['x', 'y']}, {'src': ['b', 'c'], 'tgt': ['z']})]
+    gate.open.set()
+    busy.join(timeout=120)
+  assert [code for code, _ in answers] == [400, 400]
+  assert answers[0][1]['error'] == ('bad request: 1 sources and 2 targets: scoring needs one '
+                                    'target a source.')
+  assert answers[1][1]['error'].startswith('bad request: 2 sources and 1 targets')
+
+
+def test_a_merged_search_that_does_not_come_apart_as_it_went_in_is_an_error(translator):
+  """The batcher checks that a merged search answers each sentence once before it splits it:
+  a search that loses or adds answers fails each of its requests (500), never shifts them."""
+  class Short:  # a model whose search drops one answer
+    decoding = translator.decoding
+
+    def translate(self, sentences, **kwargs):
+      return translator.translate(sentences, **kwargs)[1:]
+  with _serving(Short()) as server:
+    code, answer = _http(server.url + '/translate', b'{"src": ["a", "b"]}')
+  assert code == 500 and 'the search of 2 sentences gave 1 answers' in answer['error'], answer
 
 
 def test_clients_answered_together_are_searched_together_again(translator):
@@ -479,6 +519,21 @@ def test_a_key_guards_every_page_but_health(translator, tmp_path, monkeypatch, c
         assert capsys.readouterr().out == translator.translate(['a b'])[0] + '\n'
     finally:
       server.shutdown()
+
+
+def test_a_key_an_http_header_cannot_carry_is_refused_at_start(tmp_path, monkeypatch):
+  """A non-ASCII key was accepted at start, then every request was 401 and the client said
+  the server was not `jaxformer serve`: now the command and the client refuse it in one line,
+  from the environment or a file."""
+  key_file = tmp_path / 'key'
+  key_file.write_text('clé-secrète\n', encoding='utf-8')
+  said = 'the API key holds a character an HTTP header cannot carry (only printable ASCII'
+  assert one_line_error('serve', '--model', str(tmp_path), '--api-key-file',
+                        str(key_file)) == f'error: --api-key-file {key_file}: {said}: letters, ' \
+      'digits, punctuation).'
+  monkeypatch.setenv('JAXFORMER_API_KEY', 'tab\there')
+  assert one_line_error('translate', '--server', 'http://127.0.0.1:9', '--input',
+                        str(key_file)).startswith(f'error: JAXFORMER_API_KEY: {said}')
 
 
 def test_serve_refuses_another_address_without_a_key(capsys, monkeypatch):

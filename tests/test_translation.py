@@ -126,6 +126,20 @@ def test_blank_lines_stay_blank_and_counts_are_kept(translator):
   assert out[1] == translator.translate([SENTENCES[0]])[0]
 
 
+def test_nothing_to_search_is_an_empty_answer(translator):
+  """Blank lines only, no sentence at all, or pairs all too long to score: empty answers in
+  the inputs' counts, and no search of zero rows (it raised 'range() arg 3 must not be
+  zero')."""
+  for lines in (['', '  ', '\t'], []):
+    assert translator.translate(lines) == [''] * len(lines)
+    assert translator.translate_nbest(lines, 2) == [[]] * len(lines)
+    assert translator.replace(sampling=True).translate(lines) == [''] * len(lines)
+  assert translator.score([], []) == []
+  too_long = ' '.join(['the dog'] * translator.config.max_len)
+  scores = translator.score([too_long, 'the dog'], ['the dog', too_long])
+  assert [bool(s.skipped) for s in scores] == [True, True]
+
+
 def test_outputs_respect_the_length_limit(workdir):
   short = translation.Translator.from_checkpoint(str(workdir), batch_size=4, extra_length=2)
   ids = short.tokenizer.encode(short.translate(SENTENCES))

@@ -20,6 +20,8 @@ def check_destination(out: str | os.PathLike, kind: files.Kind, overwrite: bool)
   load the export instead of the newer checkpoints; over an export of another format, the
   folder would load as neither."""
   found = files.describe(out)
+  if found == files.PARTIAL:  # a stopped write of some export: the next one replaces it
+    return
   if found == kind and not overwrite:
     raise checkpoint.CheckpointError(f'{out}: is {found} already: pass --overwrite to replace '
                                      'it.')
@@ -43,25 +45,41 @@ def prepare(out: str | os.PathLike, kind: files.Kind, overwrite: bool) -> pathli
 
 @contextlib.contextmanager
 def written_whole(out: pathlib.Path, params: Any, spm_model: bytes) -> Iterator[pathlib.Path]:
-  """A temporary folder beside `out` to write the export of `params` into; its files replace
-  `out`'s once all are written. One writer at a time (a second export into `out` meanwhile is a
-  CheckpointError naming the first). Checks the space first. On a full disk, or any failure,
-  the temporary folder goes, `out` keeps what it had, and an `out` left empty is removed."""
+  """A temporary folder beside `out` to write the export of `params` into, which becomes `out`
+  once all is written: by one rename when `out` is empty (prepare made it), else by moving its
+  files in while `out` holds files.UNFINISHED, so that a process killed meanwhile leaves an
+  export every reader calls unfinished and the next export replaces. One writer at a time (a
+  second export into `out` meanwhile is a CheckpointError naming the first). Checks the space
+  first. On a full disk, or any failure, the temporary folder goes, `out` keeps what it had,
+  and an `out` left empty is removed."""
   size = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(params)) + len(spm_model)
   tmp = out.parent / f'.{out.name}.partial'  # the lock makes it this writer's own
   with files.locked(out.parent, out.name, f'writing {out.name}'):
     try:
       files.check_space(out, size, 'the export')
-      tmp.mkdir(exist_ok=True)
+      shutil.rmtree(tmp, ignore_errors=True)  # (a killed writer's)
+      tmp.mkdir()
       yield tmp
+      if not any(out.iterdir()):
+        out.rmdir()
+        os.rename(tmp, out)
+        return
+      unfinished = out / files.UNFINISHED
+      unfinished.touch()
       for written in tmp.iterdir():
-        os.replace(written, out / written.name)
+        move(written, out / written.name)
+      unfinished.unlink()
     except Exception as e:
       shutil.rmtree(tmp, ignore_errors=True)  # before the free space is measured
-      if not any(out.iterdir()):
+      if out.is_dir() and not any(out.iterdir()):
         out.rmdir()
       if files.disk_full(e):
         raise files.no_space(out, 'the export', size) from None
       raise
     finally:
       shutil.rmtree(tmp, ignore_errors=True)
+
+
+def move(written: pathlib.Path, into: pathlib.Path) -> None:
+  """One written file of an export into its folder (os.replace: atomic for each file)."""
+  os.replace(written, into)

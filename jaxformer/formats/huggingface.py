@@ -21,6 +21,7 @@ padding token). What differs, and how it is bridged:
 """
 
 import json
+import math
 import pathlib
 from typing import Any
 
@@ -198,21 +199,27 @@ print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 
 
 def _last_validation_bleu(origin: str | pathlib.Path) -> str:
-  """The last validation BLEU in the workdir's metrics.jsonl, said with its step, or why not."""
+  """The last validation BLEU in the workdir's metrics.jsonl, said with its step, or why not.
+  Its fields are read as any record another tool may have written (files.field): a BLEU of
+  null (what JSON tools write for NaN) is no measurement, a string a one-line RecordError."""
   metrics, last = files.near(origin, 'metrics.jsonl'), None
   if metrics:
-    for line in metrics.read_text(encoding='utf-8', errors='replace').splitlines():
+    lines = metrics.read_text(encoding='utf-8', errors='replace').splitlines()
+    for number, line in enumerate(lines, 1):
       try:
         record = json.loads(line)
       except ValueError:
         continue
       if isinstance(record, dict) and record.get('split') == 'eval' and 'bleu' in record:
-        last = record
+        where = f'{metrics}:{number}'
+        bleu = files.field(record, 'bleu', (int, float, type(None)), where)
+        if bleu is not None and math.isfinite(bleu):
+          last = (bleu, files.field(record, 'step', int, where, None))
   if last is None:
     return 'not measured with the model (score it with `jaxformer eval`)'
-  return (f"{float(last['bleu']):.2f} sacreBLEU at step {last.get('step')}, on the first "
-          "validation sentences of its training run (train.bleu_sentences), beam 4; score it on "
-          'a test set with `jaxformer eval`')
+  return (f'{float(last[0]):.2f} sacreBLEU at step {last[1]}, on the first validation '
+          'sentences of its training run (train.bleu_sentences), beam 4; score it on a test '
+          'set with `jaxformer eval`')
 
 
 def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_model: bytes, *,
