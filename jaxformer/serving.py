@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import queue
+import socket
 import sys
 import threading
 import time
@@ -92,6 +93,7 @@ class Server(http.server.ThreadingHTTPServer):
     self.connections = threading.BoundedSemaphore(limits.max_connections)
     self.state = 'warming up'  # then 'ready', then 'stopping'
     self._answering, self._lock = 0, threading.Lock()
+    self._idle: dict[socket.socket, float] = {}  # connection: since when it waits
 
   @property
   def url(self) -> str:
@@ -100,8 +102,9 @@ class Server(http.server.ThreadingHTTPServer):
     return f'http://{host}:{port}'
 
   def process_request(self, request: Any, client_address: Any) -> None:
-    """A thread for the connection, or past max_connections an immediate 503."""
-    if self.connections.acquire(blocking=False):
+    """A thread for the connection (at max_connections, in the place of the longest-idle
+    one: _admit), or, when every connection is busy with a request, an immediate 503."""
+    if self._admit():
       super().process_request(request, client_address)
       return
     body = json.dumps({'error': f'the server is busy ({self.limits.max_connections} '
@@ -112,6 +115,33 @@ class Server(http.server.ThreadingHTTPServer):
                       b'application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s'
                       % (len(body), body))
     self.shutdown_request(request)
+
+  def _admit(self) -> bool:
+    """A connection's slot: a free one, else the slot of the connection idle the longest (kept
+    alive between requests, or silent since it opened), which is closed for it. So idle
+    connections never lock new clients out, and a thread a connection costs is one that
+    answers."""
+    if self.connections.acquire(blocking=False):
+      return True
+    with self._lock:
+      oldest = min(self._idle, key=self._idle.get, default=None)
+      self._idle.pop(oldest, None)
+    if oldest is None:
+      return False
+    with contextlib.suppress(OSError):
+      oldest.shutdown(socket.SHUT_RDWR)  # its handler reads the end and frees the slot
+    return self.connections.acquire(timeout=self.limits.idle_timeout)
+
+  @contextlib.contextmanager
+  def idle(self, connection: socket.socket) -> Iterator[None]:
+    """Within: `connection` waits for its next request, and may give its slot away (_admit)."""
+    with self._lock:
+      self._idle[connection] = time.monotonic()
+    try:
+      yield
+    finally:
+      with self._lock:
+        self._idle.pop(connection, None)
 
   def process_request_thread(self, request: Any, client_address: Any) -> None:
     try:
@@ -348,6 +378,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     self.timeout = self.server.limits.idle_timeout  # (StreamRequestHandler sets it on the socket)
     super().setup()
 
+  def handle_one_request(self) -> None:
+    """As http.server's, the connection counted idle (Server.idle) until the first byte of its
+    next request is here (a byte already read counts: peek returns the buffer's first)."""
+    try:
+      with self.server.idle(self.connection):
+        arrived = self.rfile.peek(1)[:1]
+    except (TimeoutError, OSError) as e:  # silent past idle_timeout, or closed for another
+      log.info('%s: connection closed (%s)', self.client_address[0], type(e).__name__)
+      arrived = b''
+    if not arrived:
+      self.close_connection = True
+      return
+    super().handle_one_request()
+
   def do_GET(self) -> None:  # pylint: disable=invalid-name
     path = self.path.split('?')[0]
     if path == '/health':
@@ -502,15 +546,42 @@ def score(url: str, sources: list[str], targets: list[str], token_log_probs: boo
                               'token_log_probs': token_log_probs}, timeout, api_key)['scores']
 
 
+# Seconds the client gives a server's GET /health before it sends its first work there: a
+# server that accepts connections but answers nothing (stopped, stuck) is found in this time,
+# not after the request's own --timeout, which a long translation needs.
+PROBE_TIMEOUT = 5.0
+_probed: set[str] = set()  # the servers this process found answering
+
+
+def _probe(url: str, opener: urllib.request.OpenerDirector) -> None:
+  """ServerError unless `url` answers GET /health (any status) within PROBE_TIMEOUT; once a
+  server per process."""
+  if url in _probed:
+    return
+  try:
+    opener.open(url.rstrip('/') + '/health', timeout=PROBE_TIMEOUT).close()
+  except urllib.error.HTTPError as e:  # (503: warming up or stopping; it answers)
+    e.close()
+  except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+    reason = getattr(e, 'reason', e)
+    if isinstance(reason, TimeoutError):
+      raise ServerError(f'{url} accepts connections but did not answer GET /health within '
+                        f'{PROBE_TIMEOUT:g} s: is the server stopped or stuck?') from None
+    raise ServerError(f'no jaxformer server answers at {url} ({reason}); start one with '
+                      '`jaxformer serve --model DIR`.') from None
+  _probed.add(url)
+
+
 def _ask(url: str, path: str, request: dict[str, Any], timeout: float, api_key: str | None
          ) -> dict[str, Any]:
-  """The server's JSON answer at url + path to `request`. Proxies are not used: the server is
-  meant to be local."""
+  """The server's JSON answer at url + path to `request`, once the server answered a probe
+  (_probe). Proxies are not used: the server is meant to be local."""
   headers = {'Content-Type': 'application/json',
              **({'Authorization': f'Bearer {api_key}'} if api_key else {})}
   http_request = urllib.request.Request(url.rstrip('/') + path, data=json.dumps(request).encode(),
                                         headers=headers)
   opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+  _probe(url, opener)
   try:
     with opener.open(http_request, timeout=timeout) as response:
       answer = json.load(response)

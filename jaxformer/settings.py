@@ -159,8 +159,9 @@ class DecodingConfig:
 class ServerLimits:
   """What `jaxformer serve` bounds: every wait has a timeout, every input a size, every pool a
   maximum, and each limit answers with a status and a one-line JSON error."""
-  max_connections: int = setting(128, 'connections served at once; one more is answered 503 '
-                                 '(with Retry-After) at once')
+  max_connections: int = setting(128, 'connections served at once; one more takes the place of '
+                                 'the connection idle the longest, or, when all are answering, '
+                                 'is answered 503 (with Retry-After) at once')
   idle_timeout: float = setting(60.0, 'seconds a connection may stay silent (idle between '
                                 'requests, or sending one) before the server closes it',
                                 metavar='SECONDS')

@@ -300,17 +300,29 @@ def _raw(server, data: bytes, timeout: float = 10) -> bytes:
     return raw.makefile('rb').read()
 
 
-def test_idle_connections_are_closed_and_past_the_cap_answered_503(translator):
-  with _serving(translator, idle_timeout=0.5, max_connections=2) as server:
+def test_idle_connections_give_way_to_new_ones_and_busy_ones_past_the_cap_get_503(translator):
+  """At max_connections, a new client takes the place of the connection idle the longest
+  (closed for it: it was answered 503 while the idle ones held every slot); idle connections
+  are closed after idle_timeout; with every slot answering a request, a new one is 503."""
+  with _serving(translator, idle_timeout=5, max_connections=2) as server:
     idle = [socket.create_connection(server.server_address[:2], timeout=10) for _ in range(2)]
-    time.sleep(0.1)  # (both accepted: the cap is reached)
+    time.sleep(0.2)  # (both accepted and waiting: the cap is reached)
+    assert _http(server.url + '/health') == (200, {'status': 'ready'})
+    assert idle[0].recv(100) == b''  # the longest idle gave its place, closed
+    idle[1].close()
+  gate = _Gate(translator)
+  with _serving(gate, idle_timeout=0.5, max_connections=1) as server:
+    busy = threading.Thread(target=lambda: serving.translate(server.url, [LINES[0]], timeout=60))
+    busy.start()
+    assert gate.entered.wait(60)  # the one slot answers a request: nothing idle to give
     refused = _raw(server, b'GET /health HTTP/1.1\r\nHost: x\r\n\r\n')
     assert refused.startswith(b'HTTP/1.1 503 ') and b'Retry-After: 1' in refused
-    assert b'the server is busy (2 connections)' in refused
-    for connection in idle:  # closed by the server within its idle timeout: read gives b''
-      assert connection.recv(100) == b''
-      connection.close()
-    assert _http(server.url + '/health') == (200, {'status': 'ready'})  # slots free again
+    assert b'the server is busy (1 connections)' in refused
+    gate.open.set()
+    busy.join(timeout=60)
+    silent = socket.create_connection(server.server_address[:2], timeout=10)
+    assert silent.recv(100) == b''  # closed by the server within its idle timeout
+    silent.close()
 
 
 def test_many_clients_at_once_are_all_answered_as_alone(translator):
@@ -487,15 +499,26 @@ def test_a_client_gone_mid_body_is_one_line_in_the_log(server, caplog):
   assert 'Traceback' not in caplog.text
 
 
-def test_a_silent_server_is_a_timeout_for_the_client():
+def test_a_silent_server_is_found_in_seconds_and_a_slow_answer_waits_its_timeout(
+    translator, monkeypatch):
+  """A server that accepts connections and answers nothing is found by the client's GET
+  /health probe (serving.PROBE_TIMEOUT), not after the request's --timeout; a server that
+  answers its probe gets the request's whole --timeout, and past it, says so."""
+  monkeypatch.setattr(serving, 'PROBE_TIMEOUT', 0.5)
   with socket.socket() as silent:  # accepts connections (the backlog) and never answers
     silent.bind(('127.0.0.1', 0))
     silent.listen()
     url = f'http://127.0.0.1:{silent.getsockname()[1]}'
     start = time.monotonic()
-    with pytest.raises(serving.ServerError, match=r'did not answer within 0\.5 s \(--timeout\)'):
-      serving.translate(url, ['a'], timeout=0.5)
+    with pytest.raises(serving.ServerError, match=r'accepts connections but did not answer GET '
+                       r'/health within 0\.5 s: is the server stopped or stuck\?'):
+      serving.translate(url, ['a'], timeout=600)
     assert time.monotonic() - start < 30
+  gate = _Gate(translator)
+  with _serving(gate) as server:
+    with pytest.raises(serving.ServerError, match=r'did not answer within 1 s \(--timeout\)'):
+      serving.translate(server.url, ['a'], timeout=1)  # (its search waits at the gate)
+    gate.open.set()
 
 
 def test_a_key_guards_every_page_but_health(translator, tmp_path, monkeypatch, capsys):
