@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import matplotlib
 import numpy as np
 
+from jaxformer import files
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID
 from jaxformer.translation import Translator
@@ -104,11 +105,18 @@ def save_positional_encoding(d_model: int, path: str | pathlib.Path, length: int
 def save_learning_curve(metrics_jsonl: str | pathlib.Path, path: str | pathlib.Path) -> None:
   """Train and validation loss against step, with the learning rate on a second axis, from a
   training run's metrics.jsonl."""
-  import json  # pylint: disable=g-import-not-at-top
-  rows = [json.loads(line) for line in pathlib.Path(metrics_jsonl).read_text().splitlines()]
-  train = [(r['step'], r['loss'], r['lr']) for r in rows  # an interval of skipped steps has no loss
-           if r['split'] == 'train' and 'loss' in r]
-  evals = [(r['step'], r['loss']) for r in rows if r['split'] == 'eval']
+  train, evals = [], []
+  number = (int, float, type(None))  # (null: what JSON tools write for NaN)
+  for where, record in _records(metrics_jsonl):
+    split = files.field(record, 'split', str, where, None)
+    loss = files.field(record, 'loss', number, where, None)  # (skipped steps: none)
+    if split not in ('train', 'eval') or loss is None:
+      continue
+    step = files.field(record, 'step', int, where)
+    if split == 'train':
+      train.append((step, loss, files.field(record, 'lr', number, where)))
+    else:
+      evals.append((step, loss))
   fig, ax = plt.subplots(figsize=(8, 4.5))
   if train:
     steps, loss, lr = zip(*train)
@@ -127,3 +135,20 @@ def save_learning_curve(metrics_jsonl: str | pathlib.Path, path: str | pathlib.P
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
+
+
+def _records(path: str | pathlib.Path) -> list[tuple[str, dict]]:
+  """(where, record) for each line of a JSON-lines file, as a record another tool may have
+  written or edited: a line that is no JSON object is a one-line files.RecordError."""
+  import json  # pylint: disable=g-import-not-at-top
+  out = []
+  for number, line in enumerate(pathlib.Path(path).read_text(encoding='utf-8').splitlines(), 1):
+    where = f'{path}:{number}'
+    try:
+      record = json.loads(line)
+    except ValueError:
+      record = None
+    if not isinstance(record, dict):
+      raise files.RecordError(f'{where}: not a JSON object.')
+    out.append((where, record))
+  return out

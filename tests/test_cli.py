@@ -177,6 +177,22 @@ def test_translate_command_keeps_lines_and_non_ascii(workdir):
   assert out[:-1] == translator.translate(lines)
 
 
+def test_nothing_to_search_is_an_empty_answer_from_the_command(workdir, tmp_path):
+  """Blank lines only, with and without --nbest, and a score whose every pair is too long:
+  exit 0 with the answers' lines (each was 'range() arg 3 must not be zero')."""
+  command = [sys.executable, '-m', 'jaxformer', 'translate', '--model', str(workdir)]
+  for extra, expected in (([], '\n\n\n'), (['--nbest', '2'], '')):
+    result = subprocess.run(command + extra, input='\n  \n\t\n', capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout == expected, result.stderr[-2000:]
+  (tmp_path / 'long').write_text(' '.join(['the dog'] * 200) + '\n')
+  result = subprocess.run([sys.executable, '-m', 'jaxformer', 'score', '--model', str(workdir),
+                           '--src', str(tmp_path / 'long'), '--tgt', str(tmp_path / 'long')],
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert json.loads(result.stdout)['skipped'].startswith('the source has')
+
+
 def test_translate_command_missing_checkpoint_is_one_line(tmp_path):
   result = subprocess.run([sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir',
                            str(tmp_path / 'none')], input='x\n', capture_output=True, text=True,

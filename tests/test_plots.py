@@ -1,11 +1,13 @@
 """jaxformer.plots: attention maps, the positional encoding and learning curves, as images."""
 
 import json
+import re
 
 import numpy as np
+import pytest
 from matplotlib import image
 
-from jaxformer import plots
+from jaxformer import files, plots
 
 SENTENCE = 'the man sees a small dog'
 
@@ -49,3 +51,14 @@ def test_learning_curve_reads_metrics_jsonl_with_a_skipped_interval(tmp_path):
   (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
   plots.save_learning_curve(tmp_path / 'metrics.jsonl', tmp_path / 'curve.png')
   _picture(tmp_path / 'curve.png')
+  # A record another tool wrote: a null loss (JSON's NaN) is no point; a string, or a line that
+  # is no JSON object, is one line naming the file and the line.
+  records.append({'step': 40, 'split': 'eval', 'loss': None})
+  (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records))
+  plots.save_learning_curve(tmp_path / 'metrics.jsonl', tmp_path / 'curve.png')
+  for bad, said in (({'step': 50, 'split': 'eval', 'loss': 'low'}, '"loss" must be an integer or '
+                     'a number or null, got "low".'), ([1, 2], 'not a JSON object.')):
+    (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in records[:2]
+                                                    + [bad]))
+    with pytest.raises(files.RecordError, match=re.escape(f'metrics.jsonl:3: {said}')):
+      plots.save_learning_curve(tmp_path / 'metrics.jsonl', tmp_path / 'curve.png')

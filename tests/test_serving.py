@@ -362,6 +362,16 @@ def test_requests_that_wait_together_are_searched_together(translator):
   assert answers == [translator.translate(a) for a in asks]
 
 
+def test_nothing_to_search_is_an_empty_answer_from_the_server(server):
+  """No sentence, or blank ones only: 200 with as many empty answers (it was a 500)."""
+  for src, expected in (([], []), (['', '  '], ['', ''])):
+    assert _http(server.url + '/translate', json.dumps({'src': src}).encode()) == (
+        200, {'translations': expected})
+    assert _http(server.url + '/translate', json.dumps({'src': src, 'nbest': 2}).encode()) == (
+        200, {'nbest': [[] for _ in src]})
+  assert _http(server.url + '/score', b'{"src": [], "tgt": []}') == (200, {'scores': []})
+
+
 def test_score_requests_are_checked_whole_before_they_wait_together(translator):
   """Two /score requests whose counts differ, sent while a search runs: each is refused in
   one line. Merged, 1 + 2 sources and 2 + 1 targets would pair; both were answered 200, one
