@@ -82,11 +82,11 @@ def _is_a(value: Any, kind: type) -> bool:
 
 
 # Upper bounds of the sizes a user gives a search, the command's and the server's alike. A
-# search holds batch_size x beam (or x samples) hypotheses, each with a decoding cache of the
-# model's max_len: at the largest of these, a base model's cache alone is some GBs, and a beam
-# or batch beyond them only fails for memory (a beam of 100,000 asked for about 20 TB). Outputs
-# never pass the model's max_len, so a longer extra_length changes nothing; its bound keeps
-# lengths far inside int32.
+# search holds batch_size x beam (or x samples) hypotheses, each with a decoding cache of up to
+# the model's max_len positions in every layer: a beam of 256 in the default batch of 32 is
+# 8,192 hypotheses, tens of gigabytes of cache for a base model: past the bounds no search
+# could run, and they refuse it before the model loads. Outputs never pass the model's max_len,
+# so a longer extra_length changes nothing; its bound keeps lengths far inside int32.
 MAX_BEAM = 256
 MAX_BATCH = 4096
 MAX_NBEST = 100  # translations (samples; n-best is also bounded by the beam) a sentence
