@@ -1,6 +1,6 @@
-"""The `jaxformer` command (and `python -m jaxformer`, and jaxformer.cli.main): the one place
-that hands `translate --server URL` to serving.client_main, which imports no jax; every other
-command is jaxformer.cli's."""
+"""The `jaxformer` command (and `python -m jaxformer`): `translate --server URL` goes to
+serving.client_main without importing jax (a client starts in a fraction of the time), every
+other command to jaxformer.cli.main."""
 
 import sys
 
@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
   if serving.is_client(argv):
     return serving.client_main(argv[1:])
   from jaxformer import cli  # pylint: disable=g-import-not-at-top
-  return cli.run(argv)
+  return cli.main(argv)
 
 
 if __name__ == '__main__':

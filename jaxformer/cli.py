@@ -22,7 +22,6 @@ from typing import Any
 
 import jax
 
-from jaxformer import __main__ as entry
 from jaxformer import (arguments, checkpoint, compilation, data, export, files, formats,
                        monitor, parallel, recipes, scoring, serving, trainer)
 from jaxformer.arguments import (add_model_flags, add_model_path, flag, path_arg, port_number,
@@ -37,11 +36,6 @@ from jaxformer.recipes import auto as auto_recipe
 from jaxformer.translation import Translator
 
 _PRESETS = ('tiny', 'base', 'big')
-
-
-def _fail(error: Exception | str) -> int:
-  print(f'error: {error}', file=sys.stderr)
-  return 1
 
 
 def compilation_cache_dir(environ: typing.Mapping[str, str]) -> pathlib.Path:
@@ -190,8 +184,7 @@ def _train(args: argparse.Namespace) -> int:
   summary = trainer.train_recipe(recipe, args.workdir)
   print(json.dumps(summary, indent=2))
   if summary.get('signal') == 'SIGINT':  # saved; SIGTERM (a preemption) ends with 0
-    print('interrupted', file=sys.stderr)
-    return 130
+    raise KeyboardInterrupt  # (reported as every command's Ctrl-C: errors.exit_code)
   return 0
 
 
@@ -266,16 +259,12 @@ def _eval(args: argparse.Namespace) -> int:
   scoring.check_language(lang)  # before the model is loaded and run
   if not (args.src or args.ref):
     data.sources.require_tfds()  # newstest2014 from tfds (the core install has no TensorFlow)
+  output = args.output and pathlib.Path(args.output)
+  if output:  # found out before the model loads and translates, not after
+    files.check_output(output, 'the hypotheses')
   model, step = translator(args.model, args)
   text = _test_set(args, lang)
-  output = args.output and pathlib.Path(args.output)
-  if output:  # found out before the translation, not after
-    files.check_output(output, 'the hypotheses')
-  try:
-    hypotheses = model.translate(text.src, progress=True)
-  except KeyboardInterrupt:
-    print('interrupted: no hypotheses written', file=sys.stderr)
-    return 130
+  hypotheses = model.translate(text.src, progress=True)  # (Ctrl-C: nothing written)
   if output:
     files.write_atomically(output, ''.join(h + '\n' for h in hypotheses).encode(),
                            'the hypotheses')
@@ -296,10 +285,10 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _translate(args: argparse.Namespace) -> int:
   if given := [name for name in arguments.CLIENT_SIDE if getattr(args, name) is not None]:
-    return _fail(f'--{given[0].replace("_", "-")} is for translating with --server.')
+    raise SettingError(f'--{given[0].replace("_", "-")} is for translating with --server.')
   model = translator(args.model, args)[0]
   if args.nbest and not model.decoding.sampling and args.nbest > model.decoding.beam_size:
-    return _fail(f'--nbest {args.nbest} needs --beam >= {args.nbest} (or --sampling).')
+    raise SettingError(f'--nbest {args.nbest} needs --beam >= {args.nbest} (or --sampling).')
   # From a terminal each line is answered; from a pipe, a batch for each of the workers.
   chunk = 1 if sys.stdin.isatty() else model.decoding.batch_size * model.workers
 
@@ -401,7 +390,7 @@ def _is_loopback(host: str) -> bool:
 
 def _export(args: argparse.Namespace) -> int:
   if (args.model is None) == (args.path is None):
-    return _fail('give the model to export once: jaxformer export --model PATH OUT.')
+    raise SettingError('give the model to export once: jaxformer export --model PATH OUT.')
   path = args.model or args.path
   if args.path is not None:
     print('note: `jaxformer export PATH OUT` is an older spelling of `jaxformer export --model '
@@ -575,13 +564,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-  """The `jaxformer` command (the installed entry point's, jaxformer.__main__.main, the one place
-  that hands `translate --server` to the client)."""
-  return entry.main(argv)
+  """The `jaxformer` command: `translate --server` goes to the client (serving.client_main, as
+  jaxformer.__main__ sends it without importing jax), every other command is `run`; an error
+  leaves it one way, errors.exit_code's line and status."""
+  argv = sys.argv[1:] if argv is None else argv
+  if serving.is_client(argv):
+    return serving.client_main(argv[1:])
+  return exit_code(lambda: run(argv))
 
 
 def run(argv: list[str]) -> int:
-  """Every command but `translate --server`: parsed, then run through errors.exit_code."""
+  """Every command but `translate --server`, parsed and run; what goes wrong is raised (a
+  JaxformerError, KeyboardInterrupt), for `main` to report."""
   parser = build_parser()
   args = parser.parse_args(argv)
   if args.command is None:
@@ -591,12 +585,9 @@ def run(argv: list[str]) -> int:
     _subcommands(parser)[args.command].error('the following arguments are required: --model')
   for line in older_spellings(parser, argv):
     print(line, file=sys.stderr)
-
-  def run() -> int:
-    use_compilation_cache(args)
-    with monitor.Interrupts(), compilation.one_line_cache_errors():
-      return args.run(args)
-  return exit_code(run)
+  use_compilation_cache(args)
+  with monitor.Interrupts(), compilation.one_line_cache_errors():
+    return args.run(args)
 
 
 if __name__ == '__main__':
