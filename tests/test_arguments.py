@@ -23,7 +23,7 @@ def test_every_decoding_field_is_a_flag_with_its_default_in_the_help():
   for field in dataclasses.fields(DecodingConfig):
     spelled = '--' + (field.metadata['flag'] or field.name).replace('_', '-')
     assert spelled in help_text, spelled
-  assert 'beam size (1: greedy search) (default: 4)' in help_text
+  assert 'beam size (1: greedy search; at most 256) (default: 4)' in help_text
   args = parser.parse_args(['--beam', '2', '--extra_length', '7'])  # (an older spelling too)
   assert arguments.decoding_of(args) == DecodingConfig(beam_size=2, extra_length=7)
   assert arguments.decoding_of(parser.parse_args([])) == DecodingConfig()

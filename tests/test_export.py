@@ -168,7 +168,7 @@ def test_options_that_do_not_apply_to_an_exported_folder_are_refused(exported, c
                          capsys).endswith('is an exported folder (one set of params).')
   with pytest.raises(SystemExit):
     cli.main(['translate', '--model', str(exported), '--extra-length', '-1'])
-  assert "--extra-length: must be an integer >= 0, got '-1'" in capsys.readouterr().err
+  assert "--extra-length: must be an integer in [0, 100000], got '-1'" in capsys.readouterr().err
   (exported / 'spm.model').unlink()  # a folder without its vocabulary is not "no checkpoint"
   assert _one_line_error(['export', '--model', str(exported), str(exported.parent / 'again')],
                          capsys).endswith('not an exported model (missing spm.model); '

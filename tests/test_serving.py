@@ -165,11 +165,12 @@ def test_another_kind_of_server_is_said_to_be_one():
     def log_message(self, *args):
       pass
   with http.server.HTTPServer(('127.0.0.1', 0), Page) as other:
-    threading.Thread(target=other.handle_request, daemon=True).start()
+    threading.Thread(target=other.serve_forever, daemon=True).start()  # (the probe, the POST)
     url = f'http://127.0.0.1:{other.server_address[1]}'
     with pytest.raises(serving.ServerError, match=r'answered, but not as `jaxformer serve` '
                        r'does: is it one\?$'):
-      serving.translate(url, ['a'])
+      serving.translate(url, ['a'], timeout=30)
+    other.shutdown()
 
 
 def test_the_client_refuses_the_servers_settings(capsys):
@@ -312,8 +313,8 @@ def test_idle_connections_give_way_to_new_ones_and_busy_ones_past_the_cap_get_50
     idle[1].close()
   gate = _Gate(translator)
   with _serving(gate, idle_timeout=0.5, max_connections=1) as server:
-    busy = threading.Thread(target=lambda: serving.translate(server.url, [LINES[0]], timeout=60))
-    busy.start()
+    busy = threading.Thread(target=_http, args=(server.url + '/translate', b'{"src": ["a"]}'))
+    busy.start()  # (one connection: the client's probe would take the slot first)
     assert gate.entered.wait(60)  # the one slot answers a request: nothing idle to give
     refused = _raw(server, b'GET /health HTTP/1.1\r\nHost: x\r\n\r\n')
     assert refused.startswith(b'HTTP/1.1 503 ') and b'Retry-After: 1' in refused
