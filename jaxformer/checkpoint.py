@@ -148,11 +148,8 @@ def make_manager(directory: str | pathlib.Path, *, max_to_keep: int | None = Non
                        policies.LatestN(n=max_to_keep),
                        policies.BestN(get_metric_fn=rank, reverse=mode == 'min', n=n,
                                       keep_checkpoints_without_metrics=False)])}
-    # What a save does on the caller's thread is what the train loop waits for: the step's
-    # folders are made, and the checkpoints past max_to_keep deleted, in orbax's threads.
-    options = ocp.CheckpointManagerOptions(
-        create=True, enable_async_checkpointing=True, enable_background_delete=True,
-        async_options=ocp.AsyncOptions(create_directories_asynchronously=True), **retention)
+    options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=True,
+                                           **retention)
     return ocp.CheckpointManager(directory, options=options, item_names=items)
   options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
   absl = logging.getLogger('absl')
