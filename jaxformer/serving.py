@@ -130,7 +130,7 @@ class Server(http.server.ThreadingHTTPServer):
       return False
     with contextlib.suppress(OSError):
       oldest.shutdown(socket.SHUT_RDWR)  # its handler reads the end and frees the slot
-    return self.connections.acquire(timeout=self.limits.idle_timeout)
+    return self.connections.acquire(timeout=1.0)  # (the accept loop waits no longer for it)
 
   @contextlib.contextmanager
   def idle(self, connection: socket.socket) -> Iterator[None]:
