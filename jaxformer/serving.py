@@ -567,9 +567,13 @@ def _probe(url: str, opener: urllib.request.OpenerDirector) -> None:
     if isinstance(reason, TimeoutError):
       raise ServerError(f'{url} accepts connections but did not answer GET /health within '
                         f'{PROBE_TIMEOUT:g} s: is the server stopped or stuck?') from None
-    raise ServerError(f'no jaxformer server answers at {url} ({reason}); start one with '
-                      '`jaxformer serve --model DIR`.') from None
+    raise _no_server(url, reason) from None
   _probed.add(url)
+
+
+def _no_server(url: str, reason: Any) -> ServerError:
+  return ServerError(f'no jaxformer server answers at {url} ({reason}); start one with '
+                     '`jaxformer serve --model DIR`.')
 
 
 def _ask(url: str, path: str, request: dict[str, Any], timeout: float, api_key: str | None
@@ -597,8 +601,7 @@ def _ask(url: str, path: str, request: dict[str, Any], timeout: float, api_key: 
     reason = getattr(e, 'reason', e)
     if isinstance(reason, TimeoutError):
       raise ServerError(f'{url} did not answer within {timeout:g} s (--timeout).') from None
-    raise ServerError(f'no jaxformer server answers at {url} ({reason}); start one with '
-                      '`jaxformer serve --model DIR`.') from None
+    raise _no_server(url, reason) from None
   except (ValueError, KeyError, TypeError):  # (JSONDecodeError is a ValueError)
     raise ServerError(f'{url} answered, but not as `jaxformer serve` does: is it one?') from None
 
