@@ -291,11 +291,10 @@ class Translator:
     """decode_batch's arguments and static arguments for the sentences `chosen` of `ids`."""
     cfg, decoding = self.config, self.decoding
     rows = [ids[i] + [EOS_ID] for i in chosen]
-    size, width = _shape([max(len(row), len(forced[i]) + 1) for row, i in zip(rows, chosen)],
-                         len(rows), decoding.batch_size, cfg.max_len, self.fixed_shapes)
+    lengths = [max(len(row), len(forced[i]) + 1) for row, i in zip(rows, chosen)]
+    size, width = _shape(lengths, len(rows), decoding.batch_size, cfg.max_len, self.fixed_shapes)
     max_len = min(width + decoding.extra_length, cfg.max_len)
-    max_lengths = _padded([[max(len(row), len(forced[i]) + 1) + decoding.extra_length]
-                           for row, i in zip(rows, chosen)], (size, 1))[:, 0]
+    max_lengths = _padded([[n + decoding.extra_length] for n in lengths], (size, 1))[:, 0]
     prefix = None if not any(forced) else _padded([forced[i] for i in chosen], (size, max_len))
     sentence_ids = _padded([[first_index + i] for i in chosen], (size, 1))[:, 0]
     return ((self.params, _padded(rows, (size, width)), np.minimum(max_lengths, max_len), prefix,
