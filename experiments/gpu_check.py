@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import uncached_decoding
-from jaxformer import checkpoint, cli, config, parallel, train, translation
+from jaxformer import checkpoint, cli, config, parallel, search, train
 from jaxformer.layout import Layout
 from jaxformer.model import Transformer
 
@@ -206,9 +206,9 @@ def check_decoding(params: dict, cfg: config.TransformerConfig = CFG) -> str:
   correct = []
   for beam in (1, 4):
     cached, uncached = (np.asarray(jax.jit(functools.partial(
-        search, params, src, lengths, config=cfg, max_len=LENGTH + 4,
+        fn, params, src, lengths, config=cfg, max_len=LENGTH + 4,
         decoding=config.DecodingConfig(beam_size=beam)))())
-        for search in (translation.decode_batch, uncached_decoding.decode_batch))
+        for fn in (search.decode_batch, uncached_decoding.decode_batch))
     if not np.array_equal(cached, uncached):
       rows = int((cached != uncached).any(-1).sum())
       raise AssertionError(f'beam {beam}: {rows} of {len(src)} sentences differ')

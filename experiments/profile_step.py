@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench.common import random_batch  # noqa: E402
 from bench.train import case_config  # noqa: E402
-from jaxformer import checkpoint, config, parallel, train, translation  # noqa: E402
+from jaxformer import checkpoint, config, parallel, search, train  # noqa: E402
 
 # (part, pattern on the op's name scope), first match wins.
 PARTS = [('softmax projection + loss', r'chunked|_projected|/while/|closed_call|log_softmax'
@@ -133,7 +133,7 @@ def _train_step(args: argparse.Namespace):
 
 
 def _search(args: argparse.Namespace):
-  """One jitted translation.decode_batch: args.rows sentences of 20 random pieces + EOS, decoding
+  """One jitted search.decode_batch: args.rows sentences of 20 random pieces + EOS, decoding
   to 64 pieces (random weights almost never emit EOS)."""
   cfg = _config(args)
   params = train.create_train_state(cfg, jax.random.key(0)).params
@@ -142,10 +142,10 @@ def _search(args: argparse.Namespace):
   src = np.random.default_rng(0).integers(3, cfg.vocab_size, (args.rows, 21)).astype(np.int32)
   src[:, -1] = 1
   lengths = np.full(args.rows, 64, np.int32)
-  search = jax.jit(functools.partial(
-      translation.decode_batch, config=cfg, max_len=64,
+  jitted = jax.jit(functools.partial(
+      search.decode_batch, config=cfg, max_len=64,
       decoding=config.DecodingConfig(beam_size=1 if args.search == 'greedy' else 4)))
-  compiled = search.lower(params, src, lengths).compile()
+  compiled = jitted.lower(params, src, lengths).compile()
   return compiled, _profile(compiled, lambda: compiled(params, src, lengths), SEARCH_PARTS)
 
 

@@ -19,7 +19,7 @@ Array = jax.Array
 
 def tokens_to_logits(model: Transformer, params: Any, src: Array, encoded: Array
                      ) -> decode.TokensToLogits:
-  """translation.cached_tokens_to_logits's scores without a cache: its cache is the prefix
+  """search.cached_tokens_to_logits's scores without a cache: its cache is the prefix
   buffer {'tokens' [N, L], 'index'}, and each step reruns the decoder over all of it."""
   def fn(tokens, cache):
     buffer = cache['tokens'].at[:, cache['index']].set(tokens[:, 0])
@@ -31,7 +31,7 @@ def tokens_to_logits(model: Transformer, params: Any, src: Array, encoded: Array
 def decode_batch(params: Any, src: Array, max_lengths: Array, prefix: Array | None = None, *,
                  config: TransformerConfig, max_len: int,
                  decoding: DecodingConfig = DecodingConfig()) -> Array:
-  """translation.decode_batch's ids [B, max_len] (greedy when beam_size is 1; beam search),
+  """search.decode_batch's ids [B, max_len] (greedy when beam_size is 1; beam search),
   uncached: each hypothesis holds its own copy of the source and its prefix, reordered with its
   beam."""
   beam_size = decoding.beam_size

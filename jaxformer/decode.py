@@ -19,6 +19,7 @@ token, and the search goes on from there (a forced target prefix, as in CTransla
 target_prefix). max_lengths must leave room after it.
 """
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -49,18 +50,120 @@ def length_penalty(length: Array, alpha: float) -> Array:
   return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
 
 
-# --- greedy --------------------------------------------------------------------------------------
+# --- the searches' common frame ------------------------------------------------------------------
+#
+# A search is a state (a flax dataclass whose per-sentence data travel in it: limits, prefixes,
+# sampling keys and the cache) and three pure functions of it: `step` (one token more), `live`
+# (the sentences whose result may still change) and `results`. `run` steps a state until a
+# given step or until no sentence is live; `complete` runs the whole of it, in stages whose cache
+# grows. Since a sentence that is not live never changes its result, a driver may also stop
+# after a segment of steps, take out the results of the sentences that are done, and go on
+# with the live ones gathered into fewer rows (`take_sentences`): jaxformer.search does that.
+
+
+def take_sentences(state: Any, sentences: Array, count: int) -> Any:
+  """`state` with only the sentences `sentences` [b] (in that order) of its `count`: every
+  array whose leading axis holds the sentences [count, ...] or their hypotheses
+  [count * W, ...] (a sentence's W adjacent) is gathered along it; scalars (a step, a cache
+  position) are kept. The one gather that moves a search to fewer rows."""
+  def take(x: Array) -> Array:
+    if x.ndim == 0:
+      return x
+    per = x.shape[0] // count
+    if per * count != x.shape[0]:
+      raise ValueError(f'an array of {x.shape[0]} rows in a state of {count} sentences')
+    rows = (sentences[:, None] * per + jnp.arange(per)).reshape(-1)
+    return take_rows(x, rows)
+  return jax.tree.map(take, state)
+
+
+def run(search: Any, tokens_to_logits: TokensToLogits, state: Any, until: int | Array) -> Any:
+  """`search.step` while some sentence is live and state.step < until."""
+  return jax.lax.while_loop(
+      lambda s: (s.step < until) & jnp.any(search.live(s)),
+      lambda s: search.step(tokens_to_logits, s), state)
+
+
+def complete(search: Any, tokens_to_logits: TokensToLogits, state: Any, max_len: int,
+             grow_cache: Callable[[Cache, int], Cache] | None = None) -> Any:
+  """The whole search from `state` to max_len tokens; with grow_cache, in the stages of
+  stage_lengths(max_len), the cache grown before each."""
+  if grow_cache is None:
+    return run(search, tokens_to_logits, state, max_len)
+  for room in stage_lengths(max_len):
+    state = run(search, tokens_to_logits, state.replace(cache=grow_cache(state.cache, room)),
+                room)
+  return state
+
+
+# --- greedy search and sampling ------------------------------------------------------------------
 
 
 @flax.struct.dataclass
-class GreedyState:
-  """The loop state of `greedy_search` and `sample_search`: one path per row."""
-  step: Array      # [] tokens generated so far
-  last: Array      # [B] the last token of each row
-  out: Array       # [B, T]
-  log_prob: Array  # [B] the model's log-probability of out (untempered, unfiltered)
-  done: Array      # [B]
+class PathState:
+  """The state of `Path`: one path per row, `per_sentence` rows a sentence (a sentence's
+  samples, adjacent)."""
+  step: Array           # [] tokens generated so far
+  last: Array           # [N] the last token of each row
+  out: Array            # [N, T]
+  log_prob: Array       # [N] the model's log-probability of out (untempered, unfiltered)
+  done: Array           # [N]
+  max_lengths: Array    # [N] the most tokens each row may generate
+  prefix: Array | None  # [N, T] forced tokens, 0 after each row's prefix
+  keys: Array | None    # [N] sampling's keys (None: greedy)
   cache: Cache
+  per_sentence: int = flax.struct.field(pytree_node=False, default=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Path:
+  """One path per row: the argmax token at every step (greedy search), or with `sampling`
+  (temperature, top_k, top_p: filter_logits' settings) a token drawn from the model's
+  next-token distribution, row n's draw at step t with fold_in(keys[n], t), so that a row's
+  sample depends on its key alone, not on the other rows of the batch. `scored`: the path's
+  log-probability is summed (greedy search spares the log-softmax)."""
+  eos_id: int = 1
+  sampling: tuple[float, int, float] | None = None
+  scored: bool = False
+
+  def start(self, cache: Cache, max_lengths: Array, max_len: int, prefix: Array | None = None,
+            keys: Array | None = None, per_sentence: int = 1) -> PathState:
+    rows = max_lengths.shape[0]
+    return PathState(step=jnp.array(0), last=jnp.zeros(rows, jnp.int32),
+                     out=jnp.zeros((rows, max_len), jnp.int32),
+                     log_prob=jnp.zeros(rows, jnp.float32), done=max_lengths <= 0,
+                     max_lengths=max_lengths, prefix=prefix, keys=keys, cache=cache,
+                     per_sentence=per_sentence)
+
+  def live(self, s: PathState) -> Array:
+    """[B] whether each sentence has a row still searching."""
+    return ~jnp.all(s.done.reshape(-1, s.per_sentence), axis=1)
+
+  def step(self, tokens_to_logits: TokensToLogits, s: PathState) -> PathState:
+    logits, cache = tokens_to_logits(s.last[:, None], s.cache)  # --> [N, V]
+    token = self._choose(_no_padding(logits), s)
+    if s.prefix is not None:
+      forced = s.prefix[:, s.step]
+      token = jnp.where(forced > 0, forced, token)
+    token = jnp.where(s.done, 0, token)
+    log_prob = s.log_prob
+    if self.scored:
+      chosen = jax.nn.log_softmax(logits.astype(jnp.float32))
+      log_prob += jnp.where(s.done, 0.0, jnp.take_along_axis(chosen, token[:, None], 1)[:, 0])
+    done = s.done | (token == self.eos_id) | (s.step + 1 >= s.max_lengths)
+    return s.replace(step=s.step + 1, last=token, out=s.out.at[:, s.step].set(token),
+                     log_prob=log_prob, done=done, cache=cache)
+
+  def _choose(self, logits: Array, s: PathState) -> Array:
+    if self.sampling is None:
+      return argmax(logits)
+    step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(s.keys, s.step)
+    filtered = filter_logits(logits, *self.sampling)
+    return jax.vmap(jax.random.categorical)(step_keys, filtered).astype(jnp.int32)
+
+  def results(self, s: PathState) -> tuple[Array, Array]:
+    """(ids [N, T], 0 after EOS or the limit; log_prob [N])."""
+    return s.out, s.log_prob
 
 
 def greedy_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array,
@@ -69,8 +172,10 @@ def greedy_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: A
                   prefix: Array | None = None) -> Array:
   """The argmax token at every step. Returns [B, max_len] ids, 0 after EOS or the limit.
   `grow_cache` as in beam_search; `prefix` as in the module's docstring."""
-  return _one_path(tokens_to_logits, cache, max_lengths, max_len, lambda logits, step: argmax(
-      logits), eos_id, grow_cache, prefix, scored=False).out
+  path = Path(eos_id)
+  final = complete(path, tokens_to_logits, path.start(cache, max_lengths, max_len, prefix),
+                 max_len, grow_cache)
+  return path.results(final)[0]
 
 
 def sample_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array,
@@ -78,21 +183,16 @@ def sample_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: A
                   top_p: float = 1.0, eos_id: int = 1,
                   grow_cache: Callable[[Cache, int], Cache] | None = None,
                   prefix: Array | None = None) -> tuple[Array, Array]:
-  """Each token drawn from the model's next-token distribution, reshaped by `filter_logits`.
-  Row b's draw at step t uses fold_in(keys[b], t), so a row's sample depends on its key alone,
-  not on the other rows of the batch.
+  """Each token drawn from the model's next-token distribution, reshaped by `filter_logits`,
+  row b's draw with keys[b] (see Path).
 
   Returns (ids [B, max_len], 0 after EOS or the limit; log_prob [B], the sum of the drawn
   tokens' log-probabilities under the model itself, before temperature and filtering).
   """
-  def choose(logits: Array, step: Array) -> Array:
-    step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, step)
-    filtered = filter_logits(logits, temperature, top_k, top_p)
-    return jax.vmap(jax.random.categorical)(step_keys, filtered).astype(jnp.int32)
-
-  final = _one_path(tokens_to_logits, cache, max_lengths, max_len, choose, eos_id, grow_cache,
-                    prefix, scored=True)
-  return final.out, final.log_prob
+  path = Path(eos_id, (temperature, top_k, top_p), scored=True)
+  final = complete(path, tokens_to_logits, path.start(cache, max_lengths, max_len, prefix, keys),
+                 max_len, grow_cache)
+  return path.results(final)
 
 
 def sample_keys(seed: Array, sentences: Array, samples: int) -> Array:
@@ -123,62 +223,7 @@ def filter_logits(logits: Array, temperature: float, top_k: int, top_p: float) -
   return logits
 
 
-def _one_path(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array, max_len: int,
-              choose: Callable[[Array, Array], Array], eos_id: int,
-              grow_cache: Callable[[Cache, int], Cache] | None,
-              prefix: Array | None, scored: bool) -> GreedyState:
-  """The search of one path per row: `choose(logits [B, V] without padding, step) -> [B]`
-  picks each token (unless the prefix forces it); with `scored`, the path's log-probability
-  is summed (greedy search spares the log-softmax)."""
-  def cond(s: GreedyState) -> Array:
-    return (s.step < max_len) & ~jnp.all(s.done)
-
-  def body(s: GreedyState) -> GreedyState:
-    logits, cache = tokens_to_logits(s.last[:, None], s.cache)  # --> [B, V]
-    token = choose(_no_padding(logits), s.step)
-    if prefix is not None:
-      forced = prefix[:, s.step]
-      token = jnp.where(forced > 0, forced, token)
-    token = jnp.where(s.done, 0, token)
-    log_prob = s.log_prob
-    if scored:
-      chosen = jax.nn.log_softmax(logits.astype(jnp.float32))
-      log_prob += jnp.where(s.done, 0.0, jnp.take_along_axis(chosen, token[:, None], 1)[:, 0])
-    done = s.done | (token == eos_id) | (s.step + 1 >= max_lengths)
-    return GreedyState(step=s.step + 1, last=token, out=s.out.at[:, s.step].set(token),
-                       log_prob=log_prob, done=done, cache=cache)
-
-  batch = max_lengths.shape[0]
-  state = GreedyState(step=jnp.array(0), last=jnp.zeros(batch, jnp.int32),
-                      out=jnp.zeros((batch, max_len), jnp.int32),
-                      log_prob=jnp.zeros(batch, jnp.float32), done=max_lengths <= 0,
-                      cache=cache)
-  return _search_loop(cond, body, state, max_len, grow_cache)
-
-
-def _search_loop(cond: Callable[[Any], Array], body: Callable[[Any], Any], state: Any,
-                 max_len: int, grow_cache: Callable[[Cache, int], Cache] | None) -> Any:
-  """while cond: state = body(state); with grow_cache, in stages whose cache grows."""
-  if grow_cache is None:
-    return jax.lax.while_loop(cond, body, state)
-  for room in stage_lengths(max_len):
-    state = jax.lax.while_loop(lambda s, room=room: cond(s) & (s.step < room), body,
-                               state.replace(cache=grow_cache(state.cache, room)))
-  return state
-
-
 # --- beam search ---------------------------------------------------------------------------------
-
-
-@flax.struct.dataclass
-class BeamState:
-  """The loop state of `beam_search`: live and finished hypotheses of every sentence."""
-  step: Array             # [] tokens generated so far
-  alive_seqs: Array       # [B, W, T]
-  alive_log_probs: Array  # [B, W] sum of log-probabilities
-  finished_seqs: Array    # [B, W, T]
-  finished_scores: Array  # [B, W] log-probability / length penalty; NEG_INF where empty
-  cache: Cache            # for B * W hypotheses
 
 
 def _flatten(x: Array) -> Array:
@@ -249,14 +294,108 @@ def _top_k(scores: Array, k: int, *arrays: Array) -> tuple[Array, ...]:
   return (top_scores, indices, *(_gather(a, indices) for a in arrays))
 
 
+@flax.struct.dataclass
+class BeamState:
+  """The state of `Beam`: live and finished hypotheses of every sentence."""
+  step: Array             # [] tokens generated so far
+  alive_seqs: Array       # [B, W, T]
+  alive_log_probs: Array  # [B, W] sum of log-probabilities
+  finished_seqs: Array    # [B, W, T]
+  finished_scores: Array  # [B, W] log-probability / length penalty; NEG_INF where empty
+  max_lengths: Array      # [B] the most tokens each sentence may generate
+  prefix: Array | None    # [B, T] forced tokens, 0 after each sentence's prefix
+  cache: Cache            # for B * W hypotheses
+
+
+@dataclasses.dataclass(frozen=True)
+class Beam:
+  """Beam search with GNMT's length penalty (alpha), `beam_size` hypotheses a sentence; a
+  sentence is live until no live beam can beat its best finished one (its n-th best, with
+  num_results=n) or it reaches its limit. `reorder_cache(cache, parents [B * W]) -> cache`
+  after beams are chosen (see the module's docstring)."""
+  beam_size: int = 4
+  alpha: float = 0.6
+  eos_id: int = 1
+  num_results: int | None = None
+  reorder_cache: Callable[[Cache, Array], Cache] = reorder_rows
+
+  def start(self, cache: Cache, max_lengths: Array, max_len: int, prefix: Array | None = None
+            ) -> BeamState:
+    batch, k = max_lengths.shape[0], self.beam_size
+    # Only beam 0 is live at first, so the first step does not choose k copies of one token.
+    init_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (batch, 1))
+    return BeamState(
+        step=jnp.array(0), alive_seqs=jnp.zeros((batch, k, max_len), jnp.int32),
+        alive_log_probs=init_log_probs, finished_seqs=jnp.zeros((batch, k, max_len), jnp.int32),
+        finished_scores=jnp.full((batch, k), NEG_INF), max_lengths=max_lengths, prefix=prefix,
+        cache=cache)
+
+  def live(self, s: BeamState) -> Array:
+    """[B] whether each sentence's result may still change: a live beam's log-probability only
+    falls, and its penalty is at most that at the sentence's limit."""
+    best_alive = s.alive_log_probs[:, 0] / length_penalty(s.max_lengths, self.alpha)
+    return ((best_alive > s.finished_scores[:, (self.num_results or 1) - 1])
+            & (s.step < s.max_lengths))
+
+  def step(self, tokens_to_logits: TokensToLogits, s: BeamState) -> BeamState:
+    batch, k = s.alive_log_probs.shape
+    last = jnp.where(s.step > 0, s.alive_seqs[:, :, jnp.maximum(s.step - 1, 0)], 0)  # [B, W]
+    logits, cache = tokens_to_logits(_flatten(last)[:, None], s.cache)
+    # The 2W best continuations: enough to keep W live ones even if W of them end here.
+    forced = None if s.prefix is None else jnp.repeat(s.prefix[:, s.step], k)  # --> [B * W]
+    top_log_probs, beam_of, token = continuations(s.alive_log_probs, logits, 2 * k,
+                                                  forced)  # --> [B, 2W]
+    seqs = _gather(s.alive_seqs, beam_of)  # --> [B, 2W, T]
+    seqs = seqs.at[:, :, s.step].set(token)
+    length = s.step + 1
+    # Candidates of no real hypothesis (the empty beams of the first step, those a prefix
+    # leaves) neither end nor finish.
+    real = top_log_probs > NEG_INF / 2
+    ends = real & ((token == self.eos_id) | (length >= s.max_lengths)[:, None])  # --> [B, 2W]
+
+    # Live beams: the W best that did not end.
+    _, alive_idx, alive_seqs, alive_log_probs = _top_k(
+        jnp.where(ends, NEG_INF, top_log_probs), k, seqs, top_log_probs)
+    alive_log_probs = jnp.where(_gather(ends, alive_idx), NEG_INF, alive_log_probs)
+    parents = _gather(beam_of, alive_idx) + jnp.arange(batch)[:, None] * k  # --> [B, W]
+    cache = self.reorder_cache(cache, parents.reshape(-1))
+
+    # Finished: the W best of those finished before and those ending now, by penalised score.
+    new_scores = jnp.where(ends, top_log_probs / length_penalty(length, self.alpha), NEG_INF)
+    finished_scores, _, finished_seqs = _top_k(
+        jnp.concatenate([s.finished_scores, new_scores], axis=1), k,
+        jnp.concatenate([s.finished_seqs, seqs], axis=1))
+    return s.replace(step=length, alive_seqs=alive_seqs, alive_log_probs=alive_log_probs,
+                     finished_seqs=finished_seqs, finished_scores=finished_scores, cache=cache)
+
+  def results(self, s: BeamState) -> tuple[Array, Array]:
+    """The best (or the num_results best) hypotheses of each sentence and their scores:
+    (ids [B, T], score [B]), or ([B, n, T], [B, n]), best first. Finished hypotheses rank
+    first; live ones (only when max_len cut the search short) fill what is left. A sentence
+    that is not live has its final results, whatever step the state is at."""
+    alive_scores = s.alive_log_probs / length_penalty(s.step, self.alpha)
+    if self.num_results is None:
+      # A sentence with nothing finished (only if max_len < max_lengths): its best live beam.
+      has_finished = s.finished_scores[:, 0] > NEG_INF / 2
+      seqs = jnp.where(has_finished[:, None], s.finished_seqs[:, 0], s.alive_seqs[:, 0])
+      return seqs, jnp.where(has_finished, s.finished_scores[:, 0], alive_scores[:, 0])
+    k = self.beam_size
+    scores = jnp.concatenate([s.finished_scores, alive_scores], axis=1)  # [B, 2W]
+    valid = jnp.concatenate([s.finished_scores, s.alive_log_probs], axis=1) > NEG_INF / 2
+    finished = jnp.arange(2 * k) < k
+    rank = jnp.where(valid, scores - jnp.where(finished, 0.0, -NEG_INF), 2 * NEG_INF)
+    _, _, seqs, scores = _top_k(
+        rank, self.num_results, jnp.concatenate([s.finished_seqs, s.alive_seqs], axis=1), scores)
+    return seqs, scores
+
+
 def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Array,
                 max_len: int, *, beam_size: int = 4, alpha: float = 0.6,
                 eos_id: int = 1, num_results: int | None = None,
                 grow_cache: Callable[[Cache, int], Cache] | None = None,
                 reorder_cache: Callable[[Cache, Array], Cache] = reorder_rows,
                 prefix: Array | None = None) -> tuple[Array, Array]:
-  """Beam search with GNMT's length penalty, stopping when no live beam can beat the best
-  finished one in any sentence.
+  """Beam search (`Beam`) of every sentence to its end.
 
   Args:
     tokens_to_logits: the callback above, called on B * beam_size hypotheses.
@@ -269,80 +408,16 @@ def beam_search(tokens_to_logits: TokensToLogits, cache: Cache, max_lengths: Arr
       stages of `stage_lengths(max_len)` tokens and grows the cache before each, so that
       reordering beams copies only the part that early steps can fill (the cache passed in may
       then be smaller than max_len).
-    reorder_cache: `reorder_cache(cache, parents [B * beam_size]) -> cache` after beams are
-      chosen (see the module's docstring).
+    reorder_cache: as in Beam.
     prefix: [B, max_len] forced tokens (see the module's docstring); its log-probability counts
       in the scores.
 
   Returns:
-    (ids [B, max_len], score [B]) of the best hypothesis of each sentence, 0 after EOS; with
-    num_results=n, (ids [B, n, max_len], scores [B, n]), best first. Scores are log-probability
-    / length penalty. Finished hypotheses rank first; live ones (only when max_len cut the
-    search short) fill what is left.
+    Beam.results: (ids [B, max_len], score [B]) of the best hypothesis of each sentence, 0
+    after EOS; with num_results=n, (ids [B, n, max_len], scores [B, n]), best first. Scores
+    are log-probability / length penalty.
   """
-  batch, k = max_lengths.shape[0], beam_size
-  # Only beam 0 is live at first, so the first step does not choose k copies of one token.
-  init_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (batch, 1))
-  state = BeamState(
-      step=jnp.array(0), alive_seqs=jnp.zeros((batch, k, max_len), jnp.int32),
-      alive_log_probs=init_log_probs, finished_seqs=jnp.zeros((batch, k, max_len), jnp.int32),
-      finished_scores=jnp.full((batch, k), NEG_INF), cache=cache)
-  best_possible_penalty = length_penalty(max_lengths, alpha)  # [B]
-
-  def cond(s: BeamState) -> Array:
-    # A live beam's log-probability only falls; its penalty is at most that at max length.
-    best_alive = s.alive_log_probs[:, 0] / best_possible_penalty
-    # (With n results: until none can beat the n-th finished one.)
-    can_improve = (best_alive > s.finished_scores[:, (num_results or 1) - 1]) & (
-        s.step < max_lengths)
-    return (s.step < max_len) & jnp.any(can_improve)
-
-  def body(s: BeamState) -> BeamState:
-    last = jnp.where(s.step > 0, s.alive_seqs[:, :, jnp.maximum(s.step - 1, 0)], 0)  # [B, W]
-    logits, cache = tokens_to_logits(_flatten(last)[:, None], s.cache)
-    # The 2W best continuations: enough to keep W live ones even if W of them end here.
-    forced = None if prefix is None else jnp.repeat(prefix[:, s.step], k)  # --> [B * W]
-    top_log_probs, beam_of, token = continuations(s.alive_log_probs, logits, 2 * k,
-                                                  forced)  # --> [B, 2W]
-    seqs = _gather(s.alive_seqs, beam_of)  # --> [B, 2W, T]
-    seqs = seqs.at[:, :, s.step].set(token)
-    length = s.step + 1
-    # Candidates of no real hypothesis (the empty beams of the first step, those a prefix
-    # leaves) neither end nor finish.
-    real = top_log_probs > NEG_INF / 2
-    ends = real & ((token == eos_id) | (length >= max_lengths)[:, None])  # --> [B, 2W]
-
-    # Live beams: the W best that did not end.
-    _, alive_idx, alive_seqs, alive_log_probs = _top_k(
-        jnp.where(ends, NEG_INF, top_log_probs), k, seqs, top_log_probs)
-    alive_log_probs = jnp.where(_gather(ends, alive_idx), NEG_INF, alive_log_probs)
-    parents = _gather(beam_of, alive_idx) + jnp.arange(batch)[:, None] * k  # --> [B, W]
-    cache = reorder_cache(cache, parents.reshape(-1))
-
-    # Finished: the W best of those finished before and those ending now, by penalised score.
-    new_scores = jnp.where(ends, top_log_probs / length_penalty(length, alpha), NEG_INF)
-    finished_scores, _, finished_seqs = _top_k(
-        jnp.concatenate([s.finished_scores, new_scores], axis=1), k,
-        jnp.concatenate([s.finished_seqs, seqs], axis=1))
-    return BeamState(step=length, alive_seqs=alive_seqs, alive_log_probs=alive_log_probs,
-                     finished_seqs=finished_seqs, finished_scores=finished_scores, cache=cache)
-
-  return _results(_search_loop(cond, body, state, max_len, grow_cache), alpha, num_results)
-
-
-def _results(final: BeamState, alpha: float, num_results: int | None) -> tuple[Array, Array]:
-  """The best (or the num_results best) hypotheses of a finished search, and their scores."""
-  k = final.alive_log_probs.shape[1]
-  alive_scores = final.alive_log_probs / length_penalty(final.step, alpha)
-  if num_results is None:
-    # A sentence with nothing finished (only if max_len < max_lengths): its best live beam.
-    has_finished = final.finished_scores[:, 0] > NEG_INF / 2
-    seqs = jnp.where(has_finished[:, None], final.finished_seqs[:, 0], final.alive_seqs[:, 0])
-    return seqs, jnp.where(has_finished, final.finished_scores[:, 0], alive_scores[:, 0])
-  scores = jnp.concatenate([final.finished_scores, alive_scores], axis=1)  # [B, 2W]
-  valid = jnp.concatenate([final.finished_scores, final.alive_log_probs], axis=1) > NEG_INF / 2
-  finished = jnp.arange(2 * k) < k
-  rank = jnp.where(valid, scores - jnp.where(finished, 0.0, -NEG_INF), 2 * NEG_INF)
-  _, _, seqs, scores = _top_k(
-      rank, num_results, jnp.concatenate([final.finished_seqs, final.alive_seqs], axis=1), scores)
-  return seqs, scores
+  beam = Beam(beam_size, alpha, eos_id, num_results, reorder_cache)
+  final = complete(beam, tokens_to_logits, beam.start(cache, max_lengths, max_len, prefix),
+                 max_len, grow_cache)
+  return beam.results(final)

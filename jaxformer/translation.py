@@ -19,8 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from jaxformer import cache as cache_lib
-from jaxformer import checkpoint, compilation, decode, export, text
+from jaxformer import checkpoint, compilation, export, search, text
 from jaxformer.config import DecodingConfig, SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.errors import DataError
@@ -31,51 +30,7 @@ Array = jax.Array
 log = logging.getLogger(__name__)
 
 
-# --- search glue: tokens_to_logits over the Transformer ------------------------------------------
-
-
-def cached_tokens_to_logits(model: Transformer, params: Any, src: Array
-                            ) -> decode.TokensToLogits:
-  """One decoder step per call over the key/value cache of `Transformer.init_cache`."""
-  def fn(tokens, cache):
-    return model.apply({'params': params}, src, tokens, cache, method=Transformer.decode_step)
-  return fn
-
-
-def decode_batch(params: Any, src: Array, max_lengths: Array, prefix: Array | None = None,
-                 seed: Array | None = None, sentences: Array | None = None, *,
-                 config: TransformerConfig, max_len: int,
-                 decoding: DecodingConfig = DecodingConfig(),
-                 num_results: int | None = None) -> Array | tuple[Array, Array]:
-  """Encodes src [B, S] once and decodes [B, max_len] ids by `decoding`'s search (greedy when
-  its beam_size is 1); with num_results=n, the n best of the beam search and their scores
-  ([B, n, max_len], [B, n]). With sampling, n samples a sentence (one without num_results)
-  and their log-probabilities, drawn with decode.sample_keys(seed, sentences [B], n).
-  `prefix` [B, max_len] forces each output's first tokens (decode's module docstring). The
-  hypotheses of a sentence share its encoder keys/values; the cache grows in stages."""
-  model = Transformer(config)
-  encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
-  rows = (num_results or 1) if decoding.sampling else decoding.beam_size
-  cache = model.apply({'params': params}, encoded, decode.stage_lengths(max_len)[0], rows,
-                      method=Transformer.init_cache)
-  step = cached_tokens_to_logits(model, params, src)
-  if decoding.sampling:
-    repeat = functools.partial(jnp.repeat, repeats=rows, axis=0)  # samples adjacent
-    ids, log_probs = decode.sample_search(
-        step, cache, repeat(max_lengths), max_len, decode.sample_keys(seed, sentences, rows),
-        temperature=decoding.temperature, top_k=decoding.top_k, top_p=decoding.top_p,
-        grow_cache=cache_lib.grow, prefix=None if prefix is None else repeat(prefix))
-    if num_results is None:
-      return ids
-    return ids.reshape(-1, rows, max_len), log_probs.reshape(-1, rows)
-  if decoding.beam_size == 1 and num_results is None:
-    return decode.greedy_search(step, cache, max_lengths, max_len, grow_cache=cache_lib.grow,
-                                prefix=prefix)
-  found = decode.beam_search(step, cache, max_lengths, max_len, beam_size=decoding.beam_size,
-                             alpha=decoding.alpha, num_results=num_results,
-                             grow_cache=cache_lib.grow, reorder_cache=cache_lib.reorder,
-                             prefix=prefix)
-  return found if num_results else found[0]
+# --- the compiled programs ---------------------------------------------------------------------
 
 
 def target_log_probs(params: Any, src: Array, tgt: Array, *, config: TransformerConfig
@@ -101,7 +56,7 @@ def _rows(sentences: int, batch_size: int) -> int:
   return min(batch_size, 1 << (sentences - 1).bit_length())
 
 
-def fixed_shapes(backend: str | None = None) -> bool:
+def fixed_shapes_on(backend: str | None = None) -> bool:
   """Whether searches and scores on `backend` (default: jax's) take one shape, batch_size rows
   of the model's max_len tokens, whatever the batch holds. On an accelerator a program's
   compile costs seconds (XLA autotunes its kernels) and padding costs little, so one program
@@ -120,12 +75,16 @@ def _shape(lengths: Sequence[int], count: int, batch_size: int, max_len: int, fi
 
 
 @functools.lru_cache(maxsize=32)  # (a server's requests may ask for several sampling settings)
-def _jitted_search(config: TransformerConfig, decoding: DecodingConfig) -> compilation.Programs:
-  """decode_batch jitted for one model shape and search, made once per process: Translators of
-  equal settings (a run's evaluations, a second run) reuse its compiled programs. `decoding`
-  comes without its seed, which the programs take as an input."""
+def _jitted_search(config: TransformerConfig, decoding: DecodingConfig, fixed: bool
+                   ) -> compilation.Programs | search.Segmented:
+  """The search of one model shape and `decoding` (without its seed, which the programs take as
+  an input), made once per process: Translators of equal settings (a run's evaluations, a
+  second run) reuse its compiled programs. With fixed shapes (fixed_shapes_on), the whole search
+  in one program; else in segments, finished sentences leaving (jaxformer.search)."""
+  if not fixed:
+    return search.Segmented(config, decoding)
   return compilation.Programs('the search', jax.jit(
-      functools.partial(decode_batch, config=config, decoding=decoding),
+      functools.partial(search.decode_batch, config=config, decoding=decoding),
       static_argnames=('max_len', 'num_results')))
 
 
@@ -178,19 +137,20 @@ class Translator:
   translations. `decoding` (a DecodingConfig; by default the paper's beam 4, alpha 0.6, at most
   input + 50 tokens), with any of its fields given by name changed, says how. Batches of its
   batch_size sentences are searched by `workers` threads side by side (default_workers());
-  outputs keep the inputs' order whatever the workers."""
+  outputs keep the inputs' order whatever the workers. `fixed_shapes`: every batch in one
+  shape, searched in one program (default: on an accelerator; see fixed_shapes_on)."""
 
   def __init__(self, params: Any, config: TransformerConfig, tokenizer: Tokenizer,
                decoding: DecodingConfig | None = None, *, workers: int | None = None,
-               **settings: Any):
+               fixed_shapes: bool | None = None, **settings: Any):
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.decoding = (decoding or DecodingConfig()).replace(**settings)
     if workers is not None and (type(workers) is not int or workers < 1):
       raise SettingError(f'workers must be an integer >= 1, got {workers!r}.')
     self.workers = default_workers() if workers is None else workers
-    self._search = _jitted_search(config, self.decoding.replace(seed=None))
+    self.fixed_shapes = fixed_shapes_on() if fixed_shapes is None else fixed_shapes
+    self._search = _jitted_search(config, self.decoding.replace(seed=None), self.fixed_shapes)
     self._scores = _jitted_scores(config)
-    self.fixed_shapes = fixed_shapes()
 
   @classmethod
   def from_checkpoint(cls, path: str, average_last: int | None = None,
@@ -210,7 +170,8 @@ class Translator:
     """This translator over other params (a run's evaluations: one per checkpoint) or with
     some decoding settings changed (a server's request); the rest as it is."""
     return Translator(self.params if params is None else params, self.config, self.tokenizer,
-                      self.decoding.replace(**settings), workers=self.workers)
+                      self.decoding.replace(**settings), workers=self.workers,
+                      fixed_shapes=self.fixed_shapes)
 
   # --- translating --------------------------------------------------------------------------------
 
@@ -264,14 +225,14 @@ class Translator:
     forced = self._prefixes(prefixes, len(sentences), first_index)
     todo = [i for i, x in enumerate(ids) if x or forced[i]]
 
-    def search(chosen: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
+    def run_batch(chosen: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
       args, static = self._search_arguments(chosen, ids, forced, first_index, num_results)
       result = jax.device_get(self._search(*args, **static))
       if num_results is None:
         return result[:len(chosen)], None
       return result[0][:len(chosen)], result[1][:len(chosen)]
 
-    for chosen, (found, scores) in self._run(todo, [len(x) for x in ids], search, progress,
+    for chosen, (found, scores) in self._run(todo, [len(x) for x in ids], run_batch, progress,
                                              'translating'):
       yield chosen, found, scores
 

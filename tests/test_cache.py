@@ -7,7 +7,7 @@ from helpers import apply, init_params, uncached_decoding
 
 from jaxformer import cache as cache_lib
 from jaxformer import config as config_lib
-from jaxformer import decode, translation
+from jaxformer import decode, search
 from jaxformer.model import Transformer
 
 
@@ -45,7 +45,7 @@ def test_cached_and_uncached_steps_give_the_same_logits(translator):
   model, params = Transformer(translator.config), translator.params
   src = jnp.array([[5, 9, 13, 1, 0, 0], [7, 8, 1, 0, 0, 0]])
   encoded = apply(model, {'params': params}, src, method=Transformer.encode)
-  cached = jax.jit(translation.cached_tokens_to_logits(model, params, src))
+  cached = jax.jit(search.cached_tokens_to_logits(model, params, src))
   uncached = jax.jit(uncached_decoding.tokens_to_logits(model, params, src, encoded))
   c_cache = model.apply({'params': params}, encoded, 8, method=Transformer.init_cache)
   u_cache = {'tokens': jnp.zeros((2, 8), jnp.int32), 'index': jnp.array(0)}
@@ -65,7 +65,7 @@ def test_reordered_beams_attend_to_their_own_histories(translator):
   cache = model.apply({'params': params}, encoded, 8, beams, method=Transformer.init_cache)
   per_hypothesis = [x for x in jax.tree.leaves(cache) if x.ndim and x.shape[0] == 2 * beams]
   assert [x.shape for x in per_hypothesis] == [(2 * beams, 8)]  # only the slot map is reordered
-  cached = jax.jit(translation.cached_tokens_to_logits(model, params, src))
+  cached = jax.jit(search.cached_tokens_to_logits(model, params, src))
   uncached = jax.jit(uncached_decoding.tokens_to_logits(
       model, params, jnp.repeat(src, beams, axis=0), jnp.repeat(encoded, beams, axis=0)))
   history = jnp.zeros((2 * beams, 0), jnp.int32)

@@ -339,3 +339,15 @@ def test_a_prefix_is_forced_and_the_search_goes_on_from_it():
   sampled = np.asarray(decode.sample_search(markov, jnp.int32(0), max_lengths, 6, keys,
                                             prefix=prefix)[0])
   assert sampled[0, 0] == 3 and sampled[1, :2].tolist() == [2, 3]
+
+
+def test_take_sentences_moves_a_sentences_rows_and_keeps_scalars():
+  """3 sentences of 2 hypotheses: arrays [3, ...] by sentence, [6, ...] by hypothesis."""
+  state = {'step': jnp.int32(5), 'by_sentence': jnp.arange(3) * 10,
+           'by_hypothesis': jnp.arange(12).reshape(6, 2)}
+  taken = decode.take_sentences(state, jnp.array([2, 0]), 3)
+  assert int(taken['step']) == 5
+  np.testing.assert_array_equal(taken['by_sentence'], [20, 0])
+  np.testing.assert_array_equal(taken['by_hypothesis'], [[8, 9], [10, 11], [0, 1], [2, 3]])
+  with pytest.raises(ValueError, match='an array of 4 rows in a state of 3 sentences'):
+    decode.take_sentences({'x': jnp.zeros(4)}, jnp.array([0]), 3)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import CFG, synthetic_text, uncached_decoding
 
-from jaxformer import config, losses, trainer, translation
+from jaxformer import config, losses, search, trainer, translation
 from jaxformer.model import Transformer
 
 SENTENCES = ['the man sees a dog', 'a small red house under the garden with a big cat',
@@ -25,7 +25,7 @@ def test_cached_and_uncached_search_agree(translator, beam_size):
   run = lambda search: search(  # noqa: E731
       translator.params, src, lengths, config=translator.config, max_len=40,
       decoding=config.DecodingConfig(beam_size=beam_size))
-  cached = jax.jit(lambda: run(translation.decode_batch))()
+  cached = jax.jit(lambda: run(search.decode_batch))()
   assert (cached[0] != 0).sum() > 16  # the untrained model ran into the second stage
   np.testing.assert_array_equal(cached, jax.jit(lambda: run(uncached_decoding.decode_batch))())
 
@@ -38,15 +38,14 @@ def test_batch_padding_does_not_change_a_translation(translator):
 
 
 def test_an_accelerators_one_shape_changes_no_output_and_compiles_one_program(translator):
-  """translation.fixed_shapes (on a GPU): every batch in batch_size rows of max_len tokens. The
+  """translation.fixed_shapes_on (on a GPU): every batch in batch_size rows of max_len tokens. The
   translations, n-best scores and target scores are those of the CPU's length buckets, and a
   call of many lengths and batch sizes compiles one search and one scoring program."""
   sentences = SENTENCES + [' '.join(SENTENCES)] * 3  # lengths in several buckets
   bucketed = translation.Translator(translator.params, translator.config, translator.tokenizer,
                                     batch_size=4, workers=1)
   fixed = translation.Translator(translator.params, translator.config, translator.tokenizer,
-                                 batch_size=4, workers=1, beam_size=3)
-  fixed.fixed_shapes = True
+                                 batch_size=4, workers=1, beam_size=3, fixed_shapes=True)
   bucketed = bucketed.replace(beam_size=3)  # (the two share their programs: fixed's first)
   before = len(fixed._search.compiled)
   translations = fixed.translate(sentences), fixed.translate(sentences[:1])
@@ -58,7 +57,7 @@ def test_an_accelerators_one_shape_changes_no_output_and_compiles_one_program(tr
   targets = (SENTENCES[::-1] * 2)[:len(sentences)]
   assert [s.log_prob for s in fixed.score(sentences, targets)] == pytest.approx(
       [s.log_prob for s in bucketed.score(sentences, targets)], abs=1e-4)
-  assert translation.fixed_shapes('gpu') and not translation.fixed_shapes('cpu')
+  assert translation.fixed_shapes_on('gpu') and not translation.fixed_shapes_on('cpu')
 
 
 def test_a_search_compiled_ahead_is_not_compiled_again(translator):

@@ -22,7 +22,7 @@ import numpy as np
 
 import uncached_decoding
 from bench.common import median_time
-from jaxformer import checkpoint, config, data, decode, export, train, translation
+from jaxformer import checkpoint, config, data, decode, export, search, train
 from jaxformer.translation import Translator
 from jaxformer.data import embedded
 from jaxformer.model import Transformer
@@ -228,17 +228,17 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None,
   lengths = jnp.full((batch,), out_len, jnp.int32)  # random weights almost never emit EOS
   for beam in (1, 4):
     for cached in (True, False):
-      search = translation.decode_batch if cached else uncached_decoding.decode_batch
-      fn = jax.jit(functools.partial(search, config=cfg, max_len=out_len,
+      decode_batch = search.decode_batch if cached else uncached_decoding.decode_batch
+      fn = jax.jit(functools.partial(decode_batch, config=cfg, max_len=out_len,
                                      decoding=config.DecodingConfig(beam_size=beam)))
       first, median = median_time(lambda: fn(params, src, lengths), runs=2)
       results[f'{"greedy" if beam == 1 else "beam4"}_{"cached" if cached else "uncached"}'] = {
           'target_tokens_per_s': round(batch * out_len / median, 1),
           'seconds': round(median, 3), 'compile_and_first_s': round(first, 2)}
-  for search in ('greedy', 'beam4'):
-    results[f'{search}_cache_speedup'] = round(
-        results[f'{search}_cached']['target_tokens_per_s']
-        / results[f'{search}_uncached']['target_tokens_per_s'], 1)
+  for name in ('greedy', 'beam4'):
+    results[f'{name}_cache_speedup'] = round(
+        results[f'{name}_cached']['target_tokens_per_s']
+        / results[f'{name}_uncached']['target_tokens_per_s'], 1)
   results['setup'] = {'batch': batch, 'source_tokens': src_len, 'output_tokens': out_len}
   results['top_k'] = _top_k_times()
   results['argmax'] = _argmax_times()

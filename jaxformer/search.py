@@ -1,0 +1,276 @@
+"""A batch's search over the Transformer: the glue between jaxformer.model and the
+model-agnostic searches of jaxformer.decode, run one of two ways.
+
+- **In one program** (`decode_batch`): encode, then the whole search, stage after stage of a
+  growing cache. A batch steps until its last sentence ends. This is the accelerators' way,
+  where a program's compile costs seconds and a finished row costs little (one program per
+  batch shape; jaxformer.translation.fixed_shapes_on).
+- **In segments** (`Segmented`): the same search, stopped every SEGMENT steps. The sentences
+  that are done give their results, and the live ones go on gathered into fewer rows (the next
+  power of two), their whole state moved with them by one `decode.take_sentences`. This is the
+  CPU's way, where every row costs its share of each step, finished or not, and where a small
+  program compiles in a fraction of a second. Outputs are the one program's: a sentence that
+  is not live never changes its result (decode's "common frame"), and every computation of
+  a search is row by row.
+
+The search's cache is the model's (jaxformer.cache) with the source ids beside it, since each
+decoder step masks the encoder's padding: {'src': [B, S], 'model': ...}.
+"""
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxformer import cache as cache_lib
+from jaxformer import compilation, decode
+from jaxformer.config import DecodingConfig, TransformerConfig
+from jaxformer.data.tokenizer import EOS_ID
+from jaxformer.model import Transformer
+
+Array = jax.Array
+SEGMENT = 8  # steps between two looks at which sentences are done (a host round trip each)
+MIN_ROWS = 8  # fewer rows than this are searched in one program: little to gain from shrinking
+
+
+def cached_tokens_to_logits(model: Transformer, params: Any, src: Array
+                            ) -> decode.TokensToLogits:
+  """One decoder step per call over the key/value cache of `Transformer.init_cache`."""
+  def fn(tokens, cache):
+    return model.apply({'params': params}, src, tokens, cache, method=Transformer.decode_step)
+  return fn
+
+
+def _tokens_to_logits(model: Transformer, params: Any) -> decode.TokensToLogits:
+  """As cached_tokens_to_logits, over the search's cache of the module's docstring."""
+  def fn(tokens, cache):
+    logits, inner = cached_tokens_to_logits(model, params, cache['src'])(tokens, cache['model'])
+    return logits, {**cache, 'model': inner}
+  return fn
+
+
+def _grow(cache: dict[str, Any], room: int) -> dict[str, Any]:
+  return {**cache, 'model': cache_lib.grow(cache['model'], room)}
+
+
+def _reorder(cache: dict[str, Any], parents: Array) -> dict[str, Any]:
+  return {**cache, 'model': cache_lib.reorder(cache['model'], parents)}
+
+
+def _room(state: Any) -> int:
+  """The positions the state's cache has room for."""
+  return state.cache['model']['slots'].shape[1]
+
+
+def _hypotheses(decoding: DecodingConfig, num_results: int | None) -> int:
+  """Rows a sentence: its beams, or with sampling its samples."""
+  return (num_results or 1) if decoding.sampling else decoding.beam_size
+
+
+def _search_of(decoding: DecodingConfig, num_results: int | None) -> decode.Path | decode.Beam:
+  """decoding's search: sampling, greedy (beam 1 without n-best) or beam search."""
+  if decoding.sampling:
+    return decode.Path(EOS_ID, (decoding.temperature, decoding.top_k, decoding.top_p),
+                       scored=True)
+  if decoding.beam_size == 1 and num_results is None:
+    return decode.Path(EOS_ID)
+  return decode.Beam(decoding.beam_size, decoding.alpha, EOS_ID, num_results, _reorder)
+
+
+# --- the pieces of a search, each a pure function ------------------------------------------------
+
+
+def start(params: Any, src: Array, max_lengths: Array, prefix: Array | None = None,
+          seed: Array | None = None, sentences: Array | None = None, *,
+          config: TransformerConfig, max_len: int, decoding: DecodingConfig = DecodingConfig(),
+          num_results: int | None = None) -> Any:
+  """The search's first state: src [B, S] encoded once, the hypotheses of a sentence sharing its
+  encoder keys/values, the cache made for the first stage. `prefix` [B, max_len] forces each
+  output's first tokens (decode's module docstring); sampling draws with
+  decode.sample_keys(seed, sentences [B], n)."""
+  model = Transformer(config)
+  encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
+  rows = _hypotheses(decoding, num_results)
+  cache = {'src': src, 'model': model.apply({'params': params}, encoded,
+                                            decode.stage_lengths(max_len)[0], rows,
+                                            method=Transformer.init_cache)}
+  search = _search_of(decoding, num_results)
+  if not decoding.sampling:
+    return search.start(cache, max_lengths, max_len, prefix)
+  repeat = functools.partial(jnp.repeat, repeats=rows, axis=0)  # a sentence's samples adjacent
+  return search.start(cache, repeat(max_lengths), max_len,
+                      None if prefix is None else repeat(prefix),
+                      decode.sample_keys(seed, sentences, rows), per_sentence=rows)
+
+
+def grow(state: Any, *, room: int) -> Any:
+  """The state with room for `room` positions in its cache."""
+  return state.replace(cache=_grow(state.cache, room)) if _room(state) < room else state
+
+
+def advance(params: Any, state: Any, until: Array, *, config: TransformerConfig,
+            decoding: DecodingConfig = DecodingConfig(), num_results: int | None = None
+            ) -> tuple[Any, Array]:
+  """The state stepped until `until` (at most its cache's room) or until no sentence is live;
+  and which sentences are live [B]."""
+  search = _search_of(decoding, num_results)
+  state = decode.run(search, _tokens_to_logits(Transformer(config), params), state, until)
+  return state, search.live(state)
+
+
+def finish(state: Any, *, decoding: DecodingConfig = DecodingConfig(),
+           num_results: int | None = None) -> tuple[Array, Array]:
+  """(ids [B, T], scores [B]) of each sentence, or with num_results=n (ids [B, n, T],
+  scores [B, n]): beam search's results, or the samples and their log-probabilities."""
+  ids, scores = _search_of(decoding, num_results).results(state)
+  if decoding.sampling and num_results:
+    rows = _hypotheses(decoding, num_results)
+    return ids.reshape(-1, rows, ids.shape[-1]), scores.reshape(-1, rows)
+  return ids, scores
+
+
+def take(state: Any, sentences: Array, *, decoding: DecodingConfig = DecodingConfig(),
+         num_results: int | None = None) -> Any:
+  """The state of the sentences `sentences` [b] alone, in that order."""
+  count = _search_of(decoding, num_results).live(state).shape[0]
+  return decode.take_sentences(state, sentences, count)
+
+
+def decode_batch(params: Any, src: Array, max_lengths: Array, prefix: Array | None = None,
+                 seed: Array | None = None, sentences: Array | None = None, *,
+                 config: TransformerConfig, max_len: int,
+                 decoding: DecodingConfig = DecodingConfig(),
+                 num_results: int | None = None) -> Array | tuple[Array, Array]:
+  """The whole search of a batch in one program (`start` as to its arguments): [B, max_len]
+  ids by `decoding`'s search (greedy when its beam_size is 1); with num_results=n, `finish`'s
+  n best and their scores (or samples and their log-probabilities)."""
+  settings = {'decoding': decoding, 'num_results': num_results}
+  state = start(params, src, max_lengths, prefix, seed, sentences, config=config,
+                max_len=max_len, **settings)
+  for room in decode.stage_lengths(max_len):
+    state, _ = advance(params, grow(state, room=room), room, config=config, **settings)
+  found = finish(state, **settings)
+  return found if num_results else found[0]
+
+
+# --- in segments, finished sentences leaving ------------------------------------------------------
+
+
+class Segmented:
+  """A search run in segments of SEGMENT steps (the module's docstring), for one model shape
+  and `decoding` (without its seed): its programs, compiled per shape on first use and counted
+  (`compiled`). Called as decode_batch is, with numpy results. A batch of fewer than MIN_ROWS
+  rows (a server's request, a terminal's line) is searched in one program."""
+
+  def __init__(self, config: TransformerConfig, decoding: DecodingConfig):
+    jit = lambda name, fn, *static: compilation.Programs(name, jax.jit(  # noqa: E731
+        functools.partial(fn, decoding=decoding), static_argnames=static))
+    self._whole = jit('the search', functools.partial(decode_batch, config=config),
+                      'max_len', 'num_results')
+    self._start = jit('the search (start)', functools.partial(start, config=config),
+                      'max_len', 'num_results')
+    self._grow = compilation.Programs('the search (room)', jax.jit(
+        grow, static_argnames='room'))
+    self._advance = jit('the search (steps)', functools.partial(advance, config=config),
+                        'num_results')
+    self._take = jit('the search (rows)', take, 'num_results')
+    self._finish = jit('the search (results)', finish, 'num_results')
+    self._programs = (self._whole, self._start, self._grow, self._advance, self._take,
+                      self._finish)
+
+  @property
+  def compiled(self) -> list[tuple[str, float]]:
+    """(description, seconds) of each program compiled, as compilation.Programs'."""
+    return [entry for programs in self._programs for entry in programs.compiled]
+
+  def compile(self, params: Any, src: Array, *args: Any, max_len: int,
+              num_results: int | None = None) -> None:
+    """Compiles the programs a batch of these arguments takes while all its rows are live
+    (those of fewer rows compile when a search first needs them), running nothing."""
+    rest = {'num_results': num_results}
+    if len(src) < MIN_ROWS:
+      return self._whole.compile(params, src, *args, max_len=max_len, **rest)
+    self._start.compile(params, src, *args, max_len=max_len, **rest)
+    state = _shapes(lambda *a: self._start.transformed(*a, max_len=max_len, **rest), params,
+                    src, *args)
+    until = np.int32(0)
+    for room in decode.stage_lengths(max_len):
+      if _room(state) < room:
+        self._grow.compile(state, room=room)
+        state = _shapes(lambda s, room=room: grow(s, room=room), state)
+      self._advance.compile(params, state, until, **rest)
+    self._finish.compile(state, **rest)
+    return None
+
+  def __call__(self, params: Any, src: Array, *args: Any, max_len: int,
+               num_results: int | None = None) -> Any:
+    rest = {'num_results': num_results}
+    if len(src) < MIN_ROWS:
+      return self._whole(params, src, *args, max_len=max_len, **rest)
+    state = self._start(params, src, *args, max_len=max_len, **rest)
+    rows = np.arange(len(src))  # the batch row each row of the state holds; -1: none
+    found = _Found(len(rows))
+    for room, until in _segments(max_len):
+      if _room(state) < room:
+        state = self._grow(state, room=room)
+      state, live = self._advance(params, state, np.int32(until), **rest)
+      live = np.asarray(live)
+      if not live.any():
+        break
+      if (size := _rows(int(live.sum()))) < len(rows):  # the rows halve at least
+        found.put(rows, ~live, self._finish(state, **rest))
+        index = _kept(live, size)
+        state = self._take(state, index, **rest)
+        rows = np.where(np.arange(size) < live.sum(), rows[index], -1)
+    found.put(rows, rows >= 0, self._finish(state, **rest))
+    return found.results() if num_results else found.results()[0]
+
+
+def _shapes(fn: Any, *args: Any) -> Any:
+  """fn's outputs as a jitted fn returns them (shapes, dtypes, one device's sharding), to
+  compile the next program for them without running fn."""
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                      jax.eval_shape(fn, *args))
+
+
+def _segments(max_len: int):
+  """(room, until) of each segment: SEGMENT steps, none across a stage's end."""
+  step = 0
+  for room in decode.stage_lengths(max_len):
+    while step < room:
+      step = min(step + SEGMENT, room)
+      yield room, step
+
+
+def _rows(sentences: int) -> int:
+  """The rows for `sentences` live ones: the next power of two."""
+  return 1 << (sentences - 1).bit_length()
+
+
+def _kept(live: np.ndarray, size: int) -> np.ndarray:
+  """The rows of the live sentences, in order, then repeats of a done one up to `size` (rows
+  that are never live, whose results are never read)."""
+  keep = np.flatnonzero(live)
+  return np.concatenate([keep, np.full(size - len(keep), np.argmin(live))]).astype(np.int32)
+
+
+class _Found:
+  """A segmented search's results, gathered in the batch's order as its sentences leave."""
+
+  def __init__(self, batch: int):
+    self.batch, self.arrays = batch, None
+
+  def put(self, rows: np.ndarray, which: np.ndarray, found: tuple[Array, Array]) -> None:
+    """The results `found` of the state's rows `which`, which hold the batch's rows `rows`."""
+    found = jax.device_get(found)
+    if self.arrays is None:
+      self.arrays = [np.zeros((self.batch, *x.shape[1:]), x.dtype) for x in found]
+    which = which & (rows >= 0)
+    for out, x in zip(self.arrays, found):
+      out[rows[which]] = x[which]
+
+  def results(self) -> tuple[np.ndarray, np.ndarray]:
+    return tuple(self.arrays)

@@ -1,0 +1,75 @@
+"""jaxformer.search: the segmented search, whose finished sentences leave, against the search
+of a batch in one program."""
+
+import re
+
+import jax
+import numpy as np
+import pytest
+from helpers import CFG
+
+from jaxformer import search
+from jaxformer.config import DecodingConfig
+from jaxformer.model import Transformer
+
+MAX_LEN = 24  # two stages (16, 24), three segments of 8 steps
+
+
+@pytest.fixture(scope='module')
+def params():
+  dummy = np.ones((1, 8), np.int32)
+  return jax.jit(Transformer(CFG).init)(jax.random.key(0), dummy, dummy)['params']
+
+
+def _batch(rows: int = search.MIN_ROWS) -> tuple:
+  """rows sentences (one of them padding: nothing to search) whose limits leave 3 live after 8
+  steps and 1 after 16, so that the rows halve twice; one with a forced prefix."""
+  rng = np.random.default_rng(0)
+  src = rng.integers(3, CFG.vocab_size, (rows, 12)).astype(np.int32)
+  src[:, 9:] = 0
+  max_lengths = np.array([3, 24, 5, 9, 2, 12, 7, 0][:rows], np.int32)
+  prefix = np.zeros((rows, MAX_LEN), np.int32)
+  prefix[1, :3] = [7, 8, 9]
+  return src, max_lengths, prefix, np.uint32(5), np.arange(rows, dtype=np.int32)
+
+
+@pytest.mark.parametrize('decoding, num_results', [
+    (DecodingConfig(beam_size=1), None), (DecodingConfig(beam_size=3, alpha=0.6), 2),
+    (DecodingConfig(sampling=True, top_k=20), 2)], ids=['greedy', 'beam-nbest', 'sampling'])
+def test_segments_give_the_one_programs_outputs(params, decoding, num_results):
+  """Greedy, beam n-best and samples (keys follow their sentences into fewer rows), with a
+  forced prefix and a padding row: the same ids, the same scores up to float rounding."""
+  args = _batch()
+  whole = jax.jit(lambda *a: search.decode_batch(
+      *a, config=CFG, max_len=MAX_LEN, decoding=decoding, num_results=num_results))(
+          params, *args)
+  segmented = search.Segmented(CFG, decoding)
+  found = segmented(params, *args, max_len=MAX_LEN, num_results=num_results)
+  whole, found = (jax.device_get(whole), found) if num_results else ((whole,), (found,))
+  np.testing.assert_array_equal(found[0], whole[0])
+  for ours, theirs in zip(found[1:], whole[1:]):
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5)
+  assert found[0][1].reshape(-1, MAX_LEN)[0, :3].tolist() == [7, 8, 9]  # the prefix
+  rows = {re.search(r'(\d+)x12\]', what)[1]  # the sources [B, 12], the state's last array
+          for what, _ in segmented.compiled if what.startswith('the search (steps)')}
+  assert rows == {'8', '4', '1'}, segmented.compiled  # 3 sentences live after 8 steps, 1 after 16
+
+
+def test_a_batch_of_few_rows_is_one_program(params):
+  segmented = search.Segmented(CFG, DecodingConfig())
+  src, max_lengths, prefix, seed, sentences = _batch(search.MIN_ROWS)
+  few = (src[:4], max_lengths[:4], prefix[:4], seed, sentences[:4])
+  found = segmented(params, *few, max_len=MAX_LEN)
+  assert [what.split(' [')[0] for what, _ in segmented.compiled] == ['the search']
+  np.testing.assert_array_equal(found, jax.jit(lambda *a: search.decode_batch(
+      *a, config=CFG, max_len=MAX_LEN))(params, *few))
+
+
+def test_compiling_ahead_leaves_the_full_rows_nothing_to_compile(params):
+  segmented = search.Segmented(CFG, DecodingConfig(beam_size=2))
+  args = _batch()
+  segmented.compile(params, *args, max_len=MAX_LEN)
+  ahead = len(segmented.compiled)
+  every_row_live = (args[0], np.full(search.MIN_ROWS, MAX_LEN, np.int32), *args[2:])
+  segmented(params, *every_row_live, max_len=MAX_LEN)
+  assert len(segmented.compiled) == ahead == 5  # start, steps in 16, room 24, its steps, results
