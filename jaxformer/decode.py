@@ -57,7 +57,7 @@ def length_penalty(length: Array, alpha: float) -> Array:
 # (the sentences whose result may still change) and `results`. `run` steps a state until a
 # given step or until no sentence is live; `complete` runs the whole of it, in stages whose cache
 # grows. Since a sentence that is not live never changes its result, a driver may also stop
-# after a segment of steps, take out the results of the sentences that are done, and go on
+# once few sentences are live, take out the results of the sentences that are done, and go on
 # with the live ones gathered into fewer rows (`take_sentences`): jaxformer.search does that.
 
 
@@ -77,10 +77,12 @@ def take_sentences(state: Any, sentences: Array, count: int) -> Any:
   return jax.tree.map(take, state)
 
 
-def run(search: Any, tokens_to_logits: TokensToLogits, state: Any, until: int | Array) -> Any:
-  """`search.step` while some sentence is live and state.step < until."""
+def run(search: Any, tokens_to_logits: TokensToLogits, state: Any, until: int | Array,
+        fewest: int | Array = 1) -> Any:
+  """`search.step` while state.step < until and at least `fewest` sentences are live (a
+  driver that moves the live ones into fewer rows stops when that pays)."""
   return jax.lax.while_loop(
-      lambda s: (s.step < until) & jnp.any(search.live(s)),
+      lambda s: (s.step < until) & (jnp.sum(search.live(s)) >= fewest),
       lambda s: search.step(tokens_to_logits, s), state)
 
 

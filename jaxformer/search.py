@@ -2,16 +2,18 @@
 model-agnostic searches of jaxformer.decode, run one of two ways.
 
 - **In one program** (`decode_batch`): encode, then the whole search, stage after stage of a
-  growing cache. A batch steps until its last sentence ends. This is the accelerators' way,
-  where a program's compile costs seconds and a finished row costs little (one program per
-  batch shape; jaxformer.translation.fixed_shapes_on).
-- **In segments** (`Segmented`): the same search, stopped every SEGMENT steps. The sentences
-  that are done give their results, and the live ones go on gathered into fewer rows (the next
-  power of two), their whole state moved with them by one `decode.take_sentences`. This is the
-  CPU's way, where every row costs its share of each step, finished or not, and where a small
-  program compiles in a fraction of a second. Outputs are the one program's: a sentence that
-  is not live never changes its result (decode's "common frame"), and every computation of
-  a search is row by row.
+  growing cache. A batch steps until its last sentence ends. This is the default everywhere:
+  one program per batch shape, few to compile.
+- **In segments** (`Segmented`, DecodingConfig.drop_finished, on a CPU): the same search,
+  stopped at the end of each stage and as soon as the live sentences fit in a quarter of the
+  rows (SHRINK). The sentences that are done give their results, and the live ones go on in
+  those fewer rows, their whole state moved with them by one `decode.take_sentences`. On a CPU
+  every row costs its share of each step, finished or not, so a beam search runs faster once
+  compiled; but each row count is a program of its own for every stage and source width,
+  several times the programs of the first way, so it pays in a long run or a server, not in a
+  fresh process's first eval (docs/BENCHMARKS.md). Outputs are the one program's: a sentence
+  that is not live never changes its result (decode's "common frame"), and every computation
+  of a search is row by row.
 
 The search's cache is the model's (jaxformer.cache) with the source ids beside it, since each
 decoder step masks the encoder's padding: {'src': [B, S], 'model': ...}.
@@ -31,8 +33,8 @@ from jaxformer.data.tokenizer import EOS_ID
 from jaxformer.model import Transformer
 
 Array = jax.Array
-SEGMENT = 8  # steps between two looks at which sentences are done (a host round trip each)
 MIN_ROWS = 8  # fewer rows than this are searched in one program: little to gain from shrinking
+SHRINK = 4  # a batch's rows go from R to R / 4, R / 16, ...: few programs to compile
 
 
 def cached_tokens_to_logits(model: Transformer, params: Any, src: Array
@@ -110,13 +112,14 @@ def grow(state: Any, *, room: int) -> Any:
   return state.replace(cache=_grow(state.cache, room)) if _room(state) < room else state
 
 
-def advance(params: Any, state: Any, until: Array, *, config: TransformerConfig,
-            decoding: DecodingConfig = DecodingConfig(), num_results: int | None = None
-            ) -> tuple[Any, Array]:
-  """The state stepped until `until` (at most its cache's room) or until no sentence is live;
-  and which sentences are live [B]."""
+def advance(params: Any, state: Any, until: Array, fewest: Array | int = 1, *,
+            config: TransformerConfig, decoding: DecodingConfig = DecodingConfig(),
+            num_results: int | None = None) -> tuple[Any, Array]:
+  """The state stepped until `until` (at most its cache's room), or until fewer than `fewest`
+  sentences are live; and which sentences are live [B]."""
   search = _search_of(decoding, num_results)
-  state = decode.run(search, _tokens_to_logits(Transformer(config), params), state, until)
+  state = decode.run(search, _tokens_to_logits(Transformer(config), params), state, until,
+                     fewest)
   return state, search.live(state)
 
 
@@ -159,22 +162,31 @@ def decode_batch(params: Any, src: Array, max_lengths: Array, prefix: Array | No
 
 
 class Segmented:
-  """A search run in segments of SEGMENT steps (the module's docstring), for one model shape
+  """A search run in segments (the module's docstring), for one model shape
   and `decoding` (without its seed): its programs, compiled per shape on first use and counted
-  (`compiled`). Called as decode_batch is, with numpy results. A batch of fewer than MIN_ROWS
-  rows (a server's request, a terminal's line) is searched in one program."""
+  (`compiled`). Called as decode_batch is, with numpy results.
+
+  Two kinds of batch are searched in one program all the same: one of fewer than MIN_ROWS rows
+  (a server's request, a terminal's line), and one of a row a sentence (greedy search, one
+  sample), whose step costs a few times less than a beam's. There the finished rows cost less
+  than what leaving takes: each segment's call, its results, the gather of the cache
+  (measured in docs/benchmarks-log.md)."""
 
   def __init__(self, config: TransformerConfig, decoding: DecodingConfig):
-    jit = lambda name, fn, *static: compilation.Programs(name, jax.jit(  # noqa: E731
-        functools.partial(fn, decoding=decoding), static_argnames=static))
+    self._decoding = decoding
+    jit = lambda name, fn, *static, donate=(): compilation.Programs(name, jax.jit(  # noqa: E731
+        functools.partial(fn, decoding=decoding), static_argnames=static,
+        donate_argnames=donate))
     self._whole = jit('the search', functools.partial(decode_batch, config=config),
                       'max_len', 'num_results')
     self._start = jit('the search (start)', functools.partial(start, config=config),
                       'max_len', 'num_results')
+    # The steps' state is given up (donated): they update its buffers in place rather than
+    # copy the whole cache first, which costs about what a step does on a small model.
     self._grow = compilation.Programs('the search (room)', jax.jit(
         grow, static_argnames='room'))
     self._advance = jit('the search (steps)', functools.partial(advance, config=config),
-                        'num_results')
+                        'num_results', donate='state')
     self._take = jit('the search (rows)', take, 'num_results')
     self._finish = jit('the search (results)', finish, 'num_results')
     self._programs = (self._whole, self._start, self._grow, self._advance, self._take,
@@ -185,42 +197,49 @@ class Segmented:
     """(description, seconds) of each program compiled, as compilation.Programs'."""
     return [entry for programs in self._programs for entry in programs.compiled]
 
+  def _in_one_program(self, rows: int, num_results: int | None) -> bool:
+    """Whether a batch of `rows` sentences is searched in one program (the class's docstring)."""
+    return rows < MIN_ROWS or _hypotheses(self._decoding, num_results) == 1
+
   def compile(self, params: Any, src: Array, *args: Any, max_len: int,
               num_results: int | None = None) -> None:
     """Compiles the programs a batch of these arguments takes while all its rows are live
     (those of fewer rows compile when a search first needs them), running nothing."""
     rest = {'num_results': num_results}
-    if len(src) < MIN_ROWS:
+    if self._in_one_program(len(src), num_results):
       return self._whole.compile(params, src, *args, max_len=max_len, **rest)
     self._start.compile(params, src, *args, max_len=max_len, **rest)
     state = _shapes(lambda *a: self._start.transformed(*a, max_len=max_len, **rest), params,
                     src, *args)
-    until = np.int32(0)
     for room in decode.stage_lengths(max_len):
       if _room(state) < room:
         self._grow.compile(state, room=room)
         state = _shapes(lambda s, room=room: grow(s, room=room), state)
-      self._advance.compile(params, state, until, **rest)
+      self._advance.compile(params, state, np.int32(0), np.int32(0), **rest)
     self._finish.compile(state, **rest)
     return None
 
   def __call__(self, params: Any, src: Array, *args: Any, max_len: int,
                num_results: int | None = None) -> Any:
     rest = {'num_results': num_results}
-    if len(src) < MIN_ROWS:
+    if self._in_one_program(len(src), num_results):
       return self._whole(params, src, *args, max_len=max_len, **rest)
     state = self._start(params, src, *args, max_len=max_len, **rest)
     rows = np.arange(len(src))  # the batch row each row of the state holds; -1: none
     found = _Found(len(rows))
-    for room, until in _segments(max_len):
+    for room in decode.stage_lengths(max_len):
       if _room(state) < room:
         state = self._grow(state, room=room)
-      state, live = self._advance(params, state, np.int32(until), **rest)
-      live = np.asarray(live)
-      if not live.any():
-        break
-      if (size := _rows(int(live.sum()))) < len(rows):  # the rows halve at least
+      while True:  # until the stage's end, or until the live sentences fit in half the rows
+        fewer = len(rows) // SHRINK  # rows after the next shrink
+        state, live = self._advance(params, state, np.int32(room), np.int32(fewer + 1), **rest)
+        live = np.asarray(live)
+        if live.sum() > fewer:  # the stage's end
+          break
+        size = _rows(int(live.sum()), len(rows))
         found.put(rows, ~live, self._finish(state, **rest))
+        if not live.any():
+          return found.results() if num_results else found.results()[0]
         index = _kept(live, size)
         state = self._take(state, index, **rest)
         rows = np.where(np.arange(size) < live.sum(), rows[index], -1)
@@ -236,18 +255,12 @@ def _shapes(fn: Any, *args: Any) -> Any:
                       jax.eval_shape(fn, *args))
 
 
-def _segments(max_len: int):
-  """(room, until) of each segment: SEGMENT steps, none across a stage's end."""
-  step = 0
-  for room in decode.stage_lengths(max_len):
-    while step < room:
-      step = min(step + SEGMENT, room)
-      yield room, step
-
-
-def _rows(sentences: int) -> int:
-  """The rows for `sentences` live ones: the next power of two."""
-  return 1 << (sentences - 1).bit_length()
+def _rows(sentences: int, rows: int) -> int:
+  """The rows for `sentences` live ones of a state of `rows`: rows / SHRINK^k, the fewest that
+  hold them (0 for none)."""
+  while sentences and rows // SHRINK >= sentences:
+    rows //= SHRINK
+  return rows if sentences else 0
 
 
 def _kept(live: np.ndarray, size: int) -> np.ndarray:

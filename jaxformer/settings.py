@@ -112,6 +112,10 @@ class DecodingConfig:
   extra_length: int = setting(50, 'an output stops at its input length + this many tokens (and '
                              f"at the model's max_len; at most {MAX_EXTRA_LENGTH:,})")
   batch_size: int = setting(32, f'sentences searched together (at most {MAX_BATCH})')
+  drop_finished: bool = setting(False, 'on a CPU, beam search and samples: the sentences still '
+                                'searching go on in fewer rows once those of a batch are done '
+                                '(the same outputs; faster once compiled, but many more '
+                                'programs to compile: for long runs and servers)')
   sampling: bool = setting(False, "draw each output token from the model's distribution "
                            'instead of searching (with --nbest N: N samples a sentence)')
   temperature: float = setting(1.0, 'sampling: the logits are divided by this (below 1: '

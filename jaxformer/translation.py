@@ -79,9 +79,10 @@ def _jitted_search(config: TransformerConfig, decoding: DecodingConfig, fixed: b
                    ) -> compilation.Programs | search.Segmented:
   """The search of one model shape and `decoding` (without its seed, which the programs take as
   an input), made once per process: Translators of equal settings (a run's evaluations, a
-  second run) reuse its compiled programs. With fixed shapes (fixed_shapes_on), the whole search
-  in one program; else in segments, finished sentences leaving (jaxformer.search)."""
-  if not fixed:
+  second run) reuse its compiled programs. A batch's whole search in one program, or with
+  decoding.drop_finished (and shapes not fixed: fixed_shapes_on) in segments, finished
+  sentences leaving (jaxformer.search)."""
+  if decoding.drop_finished and not fixed:
     return search.Segmented(config, decoding)
   return compilation.Programs('the search', jax.jit(
       functools.partial(search.decode_batch, config=config, decoding=decoding),
@@ -143,7 +144,10 @@ class Translator:
   def __init__(self, params: Any, config: TransformerConfig, tokenizer: Tokenizer,
                decoding: DecodingConfig | None = None, *, workers: int | None = None,
                fixed_shapes: bool | None = None, **settings: Any):
-    self.params, self.config, self.tokenizer = params, config, tokenizer
+    # On the device once: numpy weights (a loaded checkpoint's) would be copied to it again by
+    # every program call, a search's segments each.
+    self.params = jax.device_put(params)
+    self.config, self.tokenizer = config, tokenizer
     self.decoding = (decoding or DecodingConfig()).replace(**settings)
     if workers is not None and (type(workers) is not int or workers < 1):
       raise SettingError(f'workers must be an integer >= 1, got {workers!r}.')

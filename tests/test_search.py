@@ -12,7 +12,7 @@ from jaxformer import search
 from jaxformer.config import DecodingConfig
 from jaxformer.model import Transformer
 
-MAX_LEN = 24  # two stages (16, 24), three segments of 8 steps
+MAX_LEN = 24  # two stages: 16, 24
 
 
 @pytest.fixture(scope='module')
@@ -22,8 +22,8 @@ def params():
 
 
 def _batch(rows: int = search.MIN_ROWS) -> tuple:
-  """rows sentences (one of them padding: nothing to search) whose limits leave 3 live after 8
-  steps and 1 after 16, so that the rows halve twice; one with a forced prefix."""
+  """rows sentences (one of them padding: nothing to search) whose limits end them at many
+  steps, so that 8 rows shrink to 2 and end in 2; one with a forced prefix."""
   rng = np.random.default_rng(0)
   src = rng.integers(3, CFG.vocab_size, (rows, 12)).astype(np.int32)
   src[:, 9:] = 0
@@ -34,11 +34,11 @@ def _batch(rows: int = search.MIN_ROWS) -> tuple:
 
 
 @pytest.mark.parametrize('decoding, num_results', [
-    (DecodingConfig(beam_size=1), None), (DecodingConfig(beam_size=3, alpha=0.6), 2),
-    (DecodingConfig(sampling=True, top_k=20), 2)], ids=['greedy', 'beam-nbest', 'sampling'])
+    (DecodingConfig(beam_size=2), None), (DecodingConfig(beam_size=3, alpha=0.6), 2),
+    (DecodingConfig(sampling=True, top_k=20), 2)], ids=['beam', 'beam-nbest', 'samples'])
 def test_segments_give_the_one_programs_outputs(params, decoding, num_results):
-  """Greedy, beam n-best and samples (keys follow their sentences into fewer rows), with a
-  forced prefix and a padding row: the same ids, the same scores up to float rounding."""
+  """Beam search, its n best and samples (keys follow their sentences into fewer rows), with
+  a forced prefix and a padding row: the same ids, the same scores up to float rounding."""
   args = _batch()
   whole = jax.jit(lambda *a: search.decode_batch(
       *a, config=CFG, max_len=MAX_LEN, decoding=decoding, num_results=num_results))(
@@ -52,17 +52,20 @@ def test_segments_give_the_one_programs_outputs(params, decoding, num_results):
   assert found[0][1].reshape(-1, MAX_LEN)[0, :3].tolist() == [7, 8, 9]  # the prefix
   rows = {re.search(r'(\d+)x12\]', what)[1]  # the sources [B, 12], the state's last array
           for what, _ in segmented.compiled if what.startswith('the search (steps)')}
-  assert rows == {'8', '4', '1'}, segmented.compiled  # 3 sentences live after 8 steps, 1 after 16
+  assert rows == {'8', '2'}, segmented.compiled
 
 
-def test_a_batch_of_few_rows_is_one_program(params):
-  segmented = search.Segmented(CFG, DecodingConfig())
+@pytest.mark.parametrize('decoding, rows', [(DecodingConfig(), 4),
+                                             (DecodingConfig(beam_size=1), search.MIN_ROWS)],
+                         ids=['few-rows', 'greedy'])
+def test_few_rows_and_greedy_search_are_one_program(params, decoding, rows):
+  segmented = search.Segmented(CFG, decoding)
   src, max_lengths, prefix, seed, sentences = _batch(search.MIN_ROWS)
-  few = (src[:4], max_lengths[:4], prefix[:4], seed, sentences[:4])
-  found = segmented(params, *few, max_len=MAX_LEN)
+  batch = (src[:rows], max_lengths[:rows], prefix[:rows], seed, sentences[:rows])
+  found = segmented(params, *batch, max_len=MAX_LEN)
   assert [what.split(' [')[0] for what, _ in segmented.compiled] == ['the search']
   np.testing.assert_array_equal(found, jax.jit(lambda *a: search.decode_batch(
-      *a, config=CFG, max_len=MAX_LEN))(params, *few))
+      *a, config=CFG, max_len=MAX_LEN, decoding=decoding))(params, *batch))
 
 
 def test_compiling_ahead_leaves_the_full_rows_nothing_to_compile(params):

@@ -73,6 +73,7 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
   results, decoding = {}, translator.decoding
   for name, beam in (('greedy', 1), ('beam4', 4)):
     ours = translator.replace(beam_size=beam)
+    dropping = ours.replace(drop_finished=True)
 
     def theirs(engine, beam=beam):
       found = engine.translate_batch(
@@ -83,9 +84,16 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
           suppress_sequences=[tok.pieces([data.PAD_ID])])
       return [tok.piece_ids(r.hypotheses[0]) for r in found]
     fns = {'jaxformer': lambda t=ours: t.translate_ids(sentences),
+           'drop_finished': lambda t=dropping: t.translate_ids(sentences),
            **{n: functools.partial(theirs, engine) for n, engine in engines.items()}}
-    for fn in fns.values():  # compile every width bucket; load and warm up
+    programs = {}
+    for key, fn in fns.items():  # compile every width bucket; load and warm up
+      start = time.perf_counter()
       fn()
+      if key in ('jaxformer', 'drop_finished'):
+        programs[key] = {'seconds': round(time.perf_counter() - start, 2),
+                         'programs': len({'jaxformer': ours, 'drop_finished': dropping}[
+                             key]._search.compiled)}  # pylint: disable=protected-access
     outputs, seconds = _alternating(fns, repeats)
     rates = {k: sum(map(len, outputs[k])) / seconds[k] for k in fns}
     best = max(engines, key=rates.get)
@@ -95,7 +103,13 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
         'ctranslate2_tokens_per_s_by_way': {n: round(rates[n], 1) for n in engines},
         'ratio': round(rates['jaxformer'] / rates[best], 3),
         'same_output': round(float(np.mean([a == b for a, b in
-                                            zip(outputs['jaxformer'], outputs[best])])), 4)}
+                                            zip(outputs['jaxformer'], outputs[best])])), 4),
+        # The same search with drop_finished (finished sentences leave the batch):
+        'drop_finished_tokens_per_s': round(rates['drop_finished'], 1),
+        'drop_finished_ratio': round(rates['drop_finished'] / rates[best], 3),
+        'drop_finished_same_outputs': outputs['jaxformer'] == outputs['drop_finished'],
+        # The first call of each, compiles included (programs: all its settings' so far):
+        'first_call': programs}
   return {'ctranslate2': ctranslate2.__version__, 'sentences': len(sentences),
           'ctranslate2_ways': sorted(engines), 'jaxformer_workers': translator.workers,
           'batch_size': translator.decoding.batch_size,
@@ -170,7 +184,7 @@ def _argmax_times(rows: int = 32) -> dict:
 def _side_by_side(data_dir: pathlib.Path, trained: dict[str, str]) -> dict:
   """compare_ctranslate2 at base dimensions with random weights (64 newstest2014 sources of 20
   pieces each, outputs to the length limit) and on each trained model given: 'demo' on 256
-  embedded test sentences, 'multi30k' on the first 256 of test_2016_flickr."""
+  embedded test sentences, 'multi30k' on the first 256 of test_2016_flickr and on all 1,000."""
   results = {}
   with tempfile.TemporaryDirectory() as tmp:
     news, tokenizer = _newstest(data_dir, tmp)
@@ -188,8 +202,13 @@ def _side_by_side(data_dir: pathlib.Path, trained: dict[str, str]) -> dict:
                    data.read_lines(data_dir / 'multi30k' / 'test_2016_flickr.en')[:256])
       params, cfg, spm_model, _ = checkpoint.load(path)
       model_dir = export.save_ctranslate2(pathlib.Path(tmp, name), params, cfg, spm_model)
+      translator = Translator.from_checkpoint(path)
       results[f'{name}_model'] = {'model': path, **compare_ctranslate2(
-          Translator.from_checkpoint(path), model_dir, sentences)}
+          translator, model_dir, sentences)}
+      if name == 'multi30k':  # the whole test set too
+        results['multi30k_model_1000'] = {'model': path, **compare_ctranslate2(
+            translator, model_dir, data.read_lines(
+                data_dir / 'multi30k' / 'test_2016_flickr.en'), repeats=3)}
   return results
 
 
