@@ -250,7 +250,7 @@ class Segmented:
 def _shapes(fn: Any, *args: Any) -> Any:
   """fn's outputs as a jitted fn returns them (shapes, dtypes, one device's sharding), to
   compile the next program for them without running fn."""
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
                       jax.eval_shape(fn, *args))
 

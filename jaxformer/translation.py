@@ -144,9 +144,7 @@ class Translator:
   def __init__(self, params: Any, config: TransformerConfig, tokenizer: Tokenizer,
                decoding: DecodingConfig | None = None, *, workers: int | None = None,
                fixed_shapes: bool | None = None, **settings: Any):
-    # On the device once: numpy weights (a loaded checkpoint's) would be copied to it again by
-    # every program call, a search's segments each.
-    self.params = jax.device_put(params)
+    self.params = _on_device(params)
     self.config, self.tokenizer = config, tokenizer
     self.decoding = (decoding or DecodingConfig()).replace(**settings)
     if workers is not None and (type(workers) is not int or workers < 1):
@@ -363,6 +361,19 @@ class Translator:
         each = log_probs[row, :len(tgt_ids[i]) + 1].astype(float)
         out[i] = TargetScore(float(each.sum()), len(each), tuple(map(float, each)))
     return out
+
+
+def _on_device(params: Any) -> Any:
+  """The weights on jax's default device, once: numpy weights (a loaded checkpoint's) would be
+  copied to it again by every program call. Shapes alone (to compile ahead) get that device's
+  sharding, so that the programs they compile are those the arrays will call."""
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  def put(x: Any) -> Any:
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return x if x.sharding is not None else jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                                   sharding=device)
+    return jax.device_put(x) if isinstance(x, np.ndarray) else x
+  return jax.tree.map(put, params)
 
 
 def _until_eos(row: np.ndarray) -> list[int]:
