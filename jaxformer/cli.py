@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 
-from jaxformer import (arguments, checkpoint, compilation, data, export, files, formats,
+from jaxformer import (arguments, checkpoint, client, compilation, data, export, files, formats,
                        monitor, parallel, recipes, scoring, serving, trainer)
 from jaxformer.arguments import (add_model_flags, add_model_path, flag, path_arg, port_number,
                                  positive_int)
@@ -472,7 +472,7 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
   group.add_argument('--host', default='127.0.0.1',
                      help='the address to listen on (0.0.0.0: every network; needs a key or '
                      '--allow-no-key)')
-  group.add_argument('--port', type=port_number, default=serving.DEFAULT_PORT,
+  group.add_argument('--port', type=port_number, default=client.DEFAULT_PORT,
                      help='the port (0: a free one, logged at start)')
   flag(group, 'api_key_file', type=path_arg, metavar='FILE',
        help='a file whose first line is the API key every request must send (default: '
@@ -564,12 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-  """The `jaxformer` command: `translate --server` goes to the client (serving.client_main, as
+  """The `jaxformer` command: `translate --server` goes to the client (client.client_main, as
   jaxformer.__main__ sends it without importing jax), every other command is `run`; an error
   leaves it one way, errors.exit_code's line and status."""
   argv = sys.argv[1:] if argv is None else argv
-  if serving.is_client(argv):
-    return serving.client_main(argv[1:])
+  if client.is_client(argv):
+    return client.client_main(argv[1:])
   return exit_code(lambda: run(argv))
 
 

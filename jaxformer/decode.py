@@ -130,6 +130,7 @@ class Path:
 
   def start(self, cache: Cache, max_lengths: Array, max_len: int, prefix: Array | None = None,
             keys: Array | None = None, per_sentence: int = 1) -> PathState:
+    """The first state: nothing generated, rows of max_lengths <= 0 done at once."""
     rows = max_lengths.shape[0]
     return PathState(step=jnp.array(0), last=jnp.zeros(rows, jnp.int32),
                      out=jnp.zeros((rows, max_len), jnp.int32),
@@ -142,6 +143,7 @@ class Path:
     return ~jnp.all(s.done.reshape(-1, s.per_sentence), axis=1)
 
   def step(self, tokens_to_logits: TokensToLogits, s: PathState) -> PathState:
+    """One token more on every row (0 on rows that are done)."""
     logits, cache = tokens_to_logits(s.last[:, None], s.cache)  # --> [N, V]
     token = self._choose(_no_padding(logits), s)
     if s.prefix is not None:
@@ -323,6 +325,7 @@ class Beam:
 
   def start(self, cache: Cache, max_lengths: Array, max_len: int, prefix: Array | None = None
             ) -> BeamState:
+    """The first state: one live beam a sentence (the others at NEG_INF), nothing finished."""
     batch, k = max_lengths.shape[0], self.beam_size
     # Only beam 0 is live at first, so the first step does not choose k copies of one token.
     init_log_probs = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (batch, 1))
@@ -340,6 +343,8 @@ class Beam:
             & (s.step < s.max_lengths))
 
   def step(self, tokens_to_logits: TokensToLogits, s: BeamState) -> BeamState:
+    """One token more: the 2W best continuations of each sentence's live beams, the W best
+    that did not end live on, those that ended join the finished ones."""
     batch, k = s.alive_log_probs.shape
     last = jnp.where(s.step > 0, s.alive_seqs[:, :, jnp.maximum(s.step - 1, 0)], 0)  # [B, W]
     logits, cache = tokens_to_logits(_flatten(last)[:, None], s.cache)

@@ -1,4 +1,4 @@
-"""jaxformer.serving: `jaxformer serve` and its client, `jaxformer translate --server`."""
+"""jaxformer.serving: `jaxformer serve`, and its client (jaxformer.client) against it."""
 
 import contextlib
 import http.client
@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 from helpers import one_line_error
 
-from jaxformer import cli, serving
+from jaxformer import cli, client, serving
 from jaxformer.settings import ServerLimits
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -154,32 +154,6 @@ def test_no_server_and_a_busy_port_are_one_line_errors(server, tmp_path, capsys)
   with pytest.raises(serving.ServerError, match=r'cannot listen on 127\.0\.0\.1:\d+ \(Address '
                      r'already in use\); choose another --port or --host\.'):
     serving.Server(server.model, server.server_address)
-
-
-def test_another_kind_of_server_is_said_to_be_one():
-  class Page(http.server.BaseHTTPRequestHandler):
-    def do_POST(self):  # pylint: disable=invalid-name
-      self.send_response(200)
-      self.end_headers()
-      self.wfile.write(b'<html>a web page</html>')
-
-    def log_message(self, *args):
-      pass
-  with http.server.HTTPServer(('127.0.0.1', 0), Page) as other:
-    threading.Thread(target=other.serve_forever, daemon=True).start()  # (the probe, the POST)
-    url = f'http://127.0.0.1:{other.server_address[1]}'
-    with pytest.raises(serving.ServerError, match=r'answered, but not as `jaxformer serve` '
-                       r'does: is it one\?$'):
-      serving.translate(url, ['a'], timeout=30)
-    other.shutdown()
-
-
-def test_the_client_refuses_the_servers_settings(capsys):
-  with pytest.raises(SystemExit) as exit_info:
-    serving.client_main(['--server', 'http://127.0.0.1:9', '--beam', '5', '--model', 'm'])
-  assert exit_info.value.code == 2
-  assert ("the model and its search are the server's (set them on `jaxformer serve`): drop "
-          '--beam 5 --model m.') in capsys.readouterr().err
 
 
 def test_the_client_command_imports_no_jax_and_writes_what_the_local_command_writes(
@@ -514,9 +488,9 @@ def test_a_client_gone_mid_body_is_one_line_in_the_log(server, caplog):
 def test_a_silent_server_is_found_in_seconds_and_a_slow_answer_waits_its_timeout(
     translator, monkeypatch):
   """A server that accepts connections and answers nothing is found by the client's GET
-  /health probe (serving.PROBE_TIMEOUT), not after the request's --timeout; a server that
+  /health probe (client.PROBE_TIMEOUT), not after the request's --timeout; a server that
   answers its probe gets the request's whole --timeout, and past it, says so."""
-  monkeypatch.setattr(serving, 'PROBE_TIMEOUT', 0.5)
+  monkeypatch.setattr(client, 'PROBE_TIMEOUT', 0.5)
   with socket.socket() as silent:  # accepts connections (the backlog) and never answers
     silent.bind(('127.0.0.1', 0))
     silent.listen()

@@ -1,0 +1,161 @@
+"""The client of `jaxformer serve` (jaxformer.serving): `translate` and `score` from Python,
+and `jaxformer translate --server URL` from the command line. It imports the standard library,
+tqdm and jaxformer's jax-free modules only: a client of a running server pays neither for
+importing jax nor for loading and compiling a model. The protocol is in serving's docstring.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+from tqdm import tqdm
+
+from jaxformer import arguments, text
+from jaxformer.errors import JaxformerError, exit_code
+from jaxformer.settings import DecodingConfig
+
+DEFAULT_PORT = 8228
+CLIENT_LINES = 1024  # lines a request, from a file or pipe (from a terminal: each line)
+
+
+class ServerError(JaxformerError):
+  """No server answers at the address, or it refused the request; the message says which."""
+
+
+CLIENT_TIMEOUT = 600.0  # seconds a request may take, by default, before the client gives up
+
+
+def translate(url: str, sentences: list[str], nbest: int | None = None,
+              timeout: float = CLIENT_TIMEOUT, *, prefixes: list[str] | None = None,
+              first_index: int = 0, api_key: str | None = None, **settings: Any) -> list[Any]:
+  """The server's translations of `sentences` (with nbest: each one's [text, score] lists),
+  with `prefixes` and sampling `settings` (DecodingConfig.PER_REQUEST) as the protocol says;
+  ServerError if none answers at `url` within `timeout` seconds or it refuses the request."""
+  request = {'src': sentences, **({'nbest': nbest} if nbest else {}),
+             **({'prefix': prefixes} if prefixes is not None else {}),
+             **({'first_index': first_index} if first_index else {}), **settings}
+  answer = _ask(url, '/translate', request, timeout, api_key)
+  return answer['nbest' if nbest else 'translations']
+
+
+def score(url: str, sources: list[str], targets: list[str], token_log_probs: bool = False,
+          timeout: float = CLIENT_TIMEOUT, api_key: str | None = None) -> list[dict[str, Any]]:
+  """The server's scores of the pairs (TargetScore.as_dict's fields); ServerError as translate."""
+  return _ask(url, '/score', {'src': sources, 'tgt': targets,
+                              'token_log_probs': token_log_probs}, timeout, api_key)['scores']
+
+
+# Seconds the client gives a server's GET /health before it sends its first work there: a
+# server that accepts connections but answers nothing (stopped, stuck) is found in this time,
+# not after the request's own --timeout, which a long translation needs.
+PROBE_TIMEOUT = 5.0
+_probed: set[str] = set()  # the servers this process found answering
+
+
+def _probe(url: str, opener: urllib.request.OpenerDirector) -> None:
+  """ServerError unless `url` answers GET /health (any status) within PROBE_TIMEOUT; once a
+  server per process."""
+  if url in _probed:
+    return
+  try:
+    opener.open(url.rstrip('/') + '/health', timeout=PROBE_TIMEOUT).close()
+  except urllib.error.HTTPError as e:  # (503: warming up or stopping; it answers)
+    e.close()
+  except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+    reason = getattr(e, 'reason', e)
+    if isinstance(reason, TimeoutError):
+      raise ServerError(f'{url} accepts connections but did not answer GET /health within '
+                        f'{PROBE_TIMEOUT:g} s: is the server stopped or stuck?') from None
+    raise _no_server(url, reason) from None
+  _probed.add(url)
+
+
+def _no_server(url: str, reason: Any) -> ServerError:
+  return ServerError(f'no jaxformer server answers at {url} ({reason}); start one with '
+                     '`jaxformer serve --model DIR`.')
+
+
+def _ask(url: str, path: str, request: dict[str, Any], timeout: float, api_key: str | None
+         ) -> dict[str, Any]:
+  """The server's JSON answer at url + path to `request`, once the server answered a probe
+  (_probe). Proxies are not used: the server is meant to be local."""
+  headers = {'Content-Type': 'application/json',
+             **({'Authorization': f'Bearer {api_key}'} if api_key else {})}
+  http_request = urllib.request.Request(url.rstrip('/') + path, data=json.dumps(request).encode(),
+                                        headers=headers)
+  opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+  _probe(url, opener)
+  try:
+    with opener.open(http_request, timeout=timeout) as response:
+      answer = json.load(response)
+      if not isinstance(answer, dict) or not answer.keys() & {'nbest', 'translations', 'scores'}:
+        raise KeyError(path)
+      return answer
+  except urllib.error.HTTPError as e:
+    with e:
+      raise ServerError(f'{url}: {_error_of(e)}') from None
+  except TimeoutError:
+    raise ServerError(f'{url} did not answer within {timeout:g} s (--timeout).') from None
+  except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+    reason = getattr(e, 'reason', e)
+    if isinstance(reason, TimeoutError):
+      raise ServerError(f'{url} did not answer within {timeout:g} s (--timeout).') from None
+    raise _no_server(url, reason) from None
+  except (ValueError, KeyError, TypeError):  # (JSONDecodeError is a ValueError)
+    raise ServerError(f'{url} answered, but not as `jaxformer serve` does: is it one?') from None
+
+
+def _error_of(error: urllib.error.HTTPError) -> str:
+  try:
+    return json.load(error)['error']
+  except (ValueError, KeyError, TypeError):
+    return f'HTTP {error.code} {error.reason}'
+
+
+def is_client(argv: list[str]) -> bool:
+  """Whether a `jaxformer` command line is `translate --server ...` (client_main's)."""
+  return argv[:1] == ['translate'] and any(
+      arg == '--server' or arg.startswith('--server=') for arg in argv)
+
+
+def client_main(argv: list[str]) -> int:
+  """`jaxformer translate --server URL ...` (argv after 'translate'): the local command's
+  flags, input and output, translated by the server; the flags that set the server's model
+  or search are refused."""
+  parser = argparse.ArgumentParser(
+      prog='jaxformer translate', description='Translate with a running `jaxformer serve`.',
+      formatter_class=arguments.Formatter)
+  arguments.add_translate_flags(parser)
+  args = parser.parse_args(argv)
+  if refused := arguments.server_side_flags(parser, argv):
+    parser.error(f"with --server, the model and its search are the server's (set them on "
+                 f'`jaxformer serve`): drop {" ".join(refused)}.')
+  return exit_code(lambda: _translate_with(args))
+
+
+def _translate_with(args: argparse.Namespace) -> int:
+  """As the local command: a file read whole, with a progress bar; stdin a chunk at a time (a
+  line from a terminal). The server gets CLIENT_LINES lines a request."""
+  settings = arguments.decoding_settings(args, DecodingConfig.PER_REQUEST)
+  DecodingConfig(**settings)  # refused here, before any request, as the local command does
+  api_key = arguments.api_key(args.api_key_file, os.environ)
+  with tqdm(total=None, desc='translating', unit='sent', disable=not args.input) as bar:
+    def ask(lines: list[str], first: int, prefixes: list[str] | None) -> list[Any]:
+      bar.total = bar.total or len(lines)  # (a file: its lines, all in one part)
+      answers = []
+      for start in range(0, len(lines), CLIENT_LINES):
+        part = slice(start, start + CLIENT_LINES)
+        answers += translate(args.server, lines[part], args.nbest,
+                             prefixes=None if prefixes is None else prefixes[part],
+                             first_index=first + start, timeout=args.timeout or CLIENT_TIMEOUT,
+                             api_key=api_key, **settings)
+        bar.update(len(lines[part]))
+      return answers
+    text.translate_lines(args.input, args.output, args.prefix,
+                         1 if sys.stdin.isatty() else CLIENT_LINES, ask, args.nbest)
+  return 0
