@@ -181,10 +181,10 @@ class Segmented:
                       'max_len', 'num_results')
     self._start = jit('the search (start)', functools.partial(start, config=config),
                       'max_len', 'num_results')
-    # The steps' state is given up (donated): they update its buffers in place rather than
-    # copy the whole cache first, which costs about what a step does on a small model.
     self._grow = compilation.Programs('the search (room)', jax.jit(
         grow, static_argnames='room'))
+    # The steps' state is given up (donated): they update its buffers in place rather than
+    # copy the whole cache first, which costs about what a step does on a small model.
     self._advance = jit('the search (steps)', functools.partial(advance, config=config),
                         'num_results', donate='state')
     self._take = jit('the search (rows)', take, 'num_results')
@@ -230,7 +230,7 @@ class Segmented:
     for room in decode.stage_lengths(max_len):
       if _room(state) < room:
         state = self._grow(state, room=room)
-      while True:  # until the stage's end, or until the live sentences fit in half the rows
+      while True:  # until the stage's end, or until the live sentences fit in fewer rows
         fewer = len(rows) // SHRINK  # rows after the next shrink
         state, live = self._advance(params, state, np.int32(room), np.int32(fewer + 1), **rest)
         live = np.asarray(live)
@@ -239,12 +239,12 @@ class Segmented:
         size = _rows(int(live.sum()), len(rows))
         found.put(rows, ~live, self._finish(state, **rest))
         if not live.any():
-          return found.results() if num_results else found.results()[0]
+          return found.results(num_results)
         index = _kept(live, size)
         state = self._take(state, index, **rest)
         rows = np.where(np.arange(size) < live.sum(), rows[index], -1)
     found.put(rows, rows >= 0, self._finish(state, **rest))
-    return found.results() if num_results else found.results()[0]
+    return found.results(num_results)
 
 
 def _shapes(fn: Any, *args: Any) -> Any:
@@ -285,5 +285,6 @@ class _Found:
     for out, x in zip(self.arrays, found):
       out[rows[which]] = x[which]
 
-  def results(self) -> tuple[np.ndarray, np.ndarray]:
-    return tuple(self.arrays)
+  def results(self, num_results: int | None) -> Any:
+    """As decode_batch returns them: (ids, scores) with num_results, else ids."""
+    return tuple(self.arrays) if num_results else self.arrays[0]
