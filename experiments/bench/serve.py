@@ -4,9 +4,9 @@ requests/s, sentences/s, p50 and p99 latency. The clients run in a process of th
 (serve_load.py) and keep their connections, as an HTTP library's session does; one row opens a
 connection a request, as curl does. CTranslate2 on the same exported weights is served by the
 same server code (serving.Server with its Batcher) in the same run, so that the ratio compares
-the engines, not the HTTP. Beside them: jaxformer serving the 16 clients one request a search
-(--max-batch 1), and each engine in-process given the sentences one and 16 at a time (what
-gathering requests can gain at most).
+the engines, not the HTTP. Beside them: jaxformer with --drop-finished; jaxformer serving the
+16 clients one request a search (--max-batch 1); and each engine in-process given the sentences
+one and 16 at a time (what gathering requests can gain at most).
 
   python experiments/bench --only serve --demo-model workdirs/demo/average-last5
 """
@@ -102,23 +102,30 @@ def _warm_up(url: str, sentences: list[str]) -> None:
 def _measure(url: str, sentences: list[str], compiled: Callable[[], int]) -> dict[str, Any]:
   """The loads' rates at `url`; `compiled()` counts the engine's compiled programs."""
   _warm_up(url, sentences)
-  results = {f'{clients}_clients': _load(url, _one_sentence_clients(sentences, clients))
-             for clients in CLIENTS}
-  results['16_clients_new_connections'] = _load(url, _one_sentence_clients(sentences, 16),
-                                                keep_alive=False)
+  results = {f'{clients}_clients': _settled(url, _one_sentence_clients(sentences, clients),
+                                            compiled) for clients in CLIENTS}
+  results['16_clients_new_connections'] = _settled(url, _one_sentence_clients(sentences, 16),
+                                                   compiled, keep_alive=False)
   one, hundred = MIXED['one'], MIXED['hundred']
   mixed = [[[sentences[(c * 16 + i) % len(sentences)]] for i in range(one[1])]
            for c in range(one[0])]
   mixed += [[sentences[i * 100:(i + 1) * 100] for i in range(hundred[1])]
             for _ in range(hundred[0])]
-  # Its merged batches vary in shape from run to run: passes until one compiles nothing (at most
-  # 5), so that it is measured as a long-running server, which has met them all, answers it.
+  results['mixed'] = _settled(url, mixed, compiled)
+  return results
+
+
+def _settled(url: str, clients: list[list[list[str]]], compiled: Callable[[], int],
+             keep_alive: bool = True) -> dict[str, Any]:
+  """A load's figures from its first pass that compiles nothing (at most 5 passes): merged
+  batches vary in shape from run to run, and a long-running server, which has met them all,
+  answers them without compiling."""
   for passes in range(1, 6):
     programs = compiled()
-    results['mixed'] = {**_load(url, mixed), 'passes': passes}
+    result = {**_load(url, clients, keep_alive), 'passes': passes}
     if compiled() == programs:
       break
-  return results
+  return result
 
 
 def _engine(model: Any, sentences: list[str], count: int = REQUESTS) -> dict[str, float]:
@@ -148,10 +155,11 @@ def run(demo_model: str | None = None) -> dict:
   with tempfile.TemporaryDirectory() as tmp:
     model_dir = export.save_ctranslate2(pathlib.Path(tmp, 'ct2'), params, cfg, spm_model)
     engines = {'jaxformer': Translator(params, cfg, tokenizer),
+               'jaxformer_drop_finished': Translator(params, cfg, tokenizer, drop_finished=True),
                'ctranslate2': CTranslate2Model(model_dir, tokenizer, cfg.max_len)}
-    searches = engines['jaxformer']._search  # pylint: disable=protected-access
-    programs = {'jaxformer': lambda: len(searches),
-                'ctranslate2': lambda: 0}  # (it compiles nothing)
+    programs = {name: lambda engine=engine: len(engine._search.compiled)  # pylint: disable=W0212
+                for name, engine in engines.items() if name != 'ctranslate2'}
+    programs['ctranslate2'] = lambda: 0  # (it compiles nothing)
     for name, model in engines.items():
       with _served(model) as url:
         results[name] = _measure(url, sentences, programs[name])
@@ -174,4 +182,8 @@ def run(demo_model: str | None = None) -> dict:
                                      for case in theirs if case != 'engine'}
   results['ratio_to_ctranslate2']['engine_16_at_a_time'] = round(
       ours['engine']['16_at_a_time'] / theirs['engine']['16_at_a_time'], 3)
+  dropping = results['jaxformer_drop_finished']
+  results['drop_finished_ratio_to_ctranslate2'] = {
+      case: round(rate(dropping, case) / rate(theirs, case), 3)
+      for case in theirs if case != 'engine'}
   return results
