@@ -56,9 +56,10 @@ def length_penalty(length: Array, alpha: float) -> Array:
 # sampling keys and the cache) and three pure functions of it: `step` (one token more), `live`
 # (the sentences whose result may still change) and `results`. `run` steps a state until a
 # given step or until fewer sentences than asked are live (by default: none); `complete` runs
-# the whole of it, in stages whose cache grows. Since a sentence that is not live never changes its result, a driver may also stop
-# once few sentences are live, take out the results of the sentences that are done, and go on
-# with the live ones gathered into fewer rows (`take_sentences`): jaxformer.search does that.
+# the whole of it, in stages whose cache grows. Since a sentence that is not live never changes
+# its result, a driver may also stop once few sentences are live, take out the results of the
+# sentences that are done, and go on with the live ones gathered into fewer rows
+# (`take_sentences`): jaxformer.search does that.
 
 
 def take_sentences(state: Any, sentences: Array, count: int) -> Any:
