@@ -24,6 +24,7 @@ from jaxformer.config import DecodingConfig, SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.errors import DataError
 from jaxformer.model import Transformer
+from jaxformer.search import cached_tokens_to_logits, decode_batch  # noqa: F401  (their old home)
 from jaxformer.settings import MAX_NBEST
 
 Array = jax.Array
@@ -64,6 +65,9 @@ def fixed_shapes_on(backend: str | None = None) -> bool:
   bucket; a CPU compiles in a fraction of that and pays for every padded row and column, so
   there a batch is cut to its length bucket (_bucket) and rows (_rows)."""
   return (backend or jax.default_backend()) != 'cpu'
+
+
+fixed_shapes = fixed_shapes_on  # its name before Translator took a setting of that name
 
 
 def _shape(lengths: Sequence[int], count: int, batch_size: int, max_len: int, fixed: bool
