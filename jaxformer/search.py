@@ -53,10 +53,6 @@ def _tokens_to_logits(model: Transformer, params: Any) -> decode.TokensToLogits:
   return fn
 
 
-def _grow(cache: dict[str, Any], room: int) -> dict[str, Any]:
-  return {**cache, 'model': cache_lib.grow(cache['model'], room)}
-
-
 def _reorder(cache: dict[str, Any], parents: Array) -> dict[str, Any]:
   return {**cache, 'model': cache_lib.reorder(cache['model'], parents)}
 
@@ -109,7 +105,9 @@ def start(params: Any, src: Array, max_lengths: Array, prefix: Array | None = No
 
 def grow(state: Any, *, room: int) -> Any:
   """The state with room for `room` positions in its cache."""
-  return state.replace(cache=_grow(state.cache, room)) if _room(state) < room else state
+  if _room(state) >= room:
+    return state
+  return state.replace(cache={**state.cache, 'model': cache_lib.grow(state.cache['model'], room)})
 
 
 def advance(params: Any, state: Any, until: Array, fewest: Array | int = 1, *,
@@ -207,7 +205,8 @@ class Segmented:
     (those of fewer rows compile when a search first needs them), running nothing."""
     rest = {'num_results': num_results}
     if self._in_one_program(len(src), num_results):
-      return self._whole.compile(params, src, *args, max_len=max_len, **rest)
+      self._whole.compile(params, src, *args, max_len=max_len, **rest)
+      return
     self._start.compile(params, src, *args, max_len=max_len, **rest)
     state = _shapes(lambda *a: self._start.transformed(*a, max_len=max_len, **rest), params,
                     src, *args)
@@ -217,7 +216,6 @@ class Segmented:
         state = _shapes(lambda s, room=room: grow(s, room=room), state)
       self._advance.compile(params, state, np.int32(0), np.int32(0), **rest)
     self._finish.compile(state, **rest)
-    return None
 
   def __call__(self, params: Any, src: Array, *args: Any, max_len: int,
                num_results: int | None = None) -> Any:
