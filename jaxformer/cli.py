@@ -23,7 +23,7 @@ from typing import Any
 import jax
 
 from jaxformer import (arguments, checkpoint, client, compilation, data, export, files, formats,
-                       monitor, parallel, recipes, scoring, serving, trainer)
+                       finetune, monitor, parallel, recipes, scoring, serving, trainer)
 from jaxformer.arguments import (add_model_flags, add_model_path, flag, path_arg, port_number,
                                  positive_int)
 from jaxformer import config as config_lib
@@ -149,7 +149,7 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
   shortcuts += ['model.execution.remat=true'] * args.remat
   assignments = shortcuts + args.assignments
   recipe = recipes.override(recipe, assignments)
-  trainer.check_fine_tune_workdir(args.workdir, recipe.train.init_from)  # before any record
+  finetune.check_fine_tune_workdir(args.workdir, recipe.train.init_from)  # before any record
   parent = export.model_config(recipe.train.init_from) if recipe.train.init_from else None
   if auto:
     inherited = None if parent is None else (parent[0], data.Tokenizer.from_bytes(

@@ -15,6 +15,10 @@ class DataError(JaxformerError, ValueError):
   """Bad or missing input data; the message says what, where, and what to do."""
 
 
+class TrainingError(JaxformerError, RuntimeError):
+  """Training cannot go on (e.g. a non-finite loss); the message says where and what to do."""
+
+
 def exit_code(command: Callable[[], int]) -> int:
   """`command`'s exit status, with what every `jaxformer` command does on the way out: a
   JaxformerError printed as one line (status 1), Ctrl-C as 'interrupted' (130), and a reader

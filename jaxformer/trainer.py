@@ -21,25 +21,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer import checkpoint, compilation, export, files, monitor, parallel, scoring
+from jaxformer import (checkpoint, compilation, files, finetune, monitor, parallel, resume,
+                       scoring)
 from jaxformer import data as data_lib
-from jaxformer import optim as optim_lib
-from jaxformer.config import (OptimConfig, SettingError, TrainConfig, TransformerConfig,
-                              check_fine_tune, config_to_dict)
+from jaxformer.config import (OptimConfig, TrainConfig, TransformerConfig,
+                              config_to_dict)
 from jaxformer.data import pipeline as pipeline_lib
-from jaxformer.data import tokenizer as tokenizer_lib
-from jaxformer.errors import JaxformerError
+from jaxformer.errors import TrainingError  # noqa: F401  (imported from here before)
 from jaxformer.recipes import Recipe
-from jaxformer.train import (TrainState, create_train_state, eval_step, train_state_from_params,
-                             train_step)
+from jaxformer.train import (TrainState, eval_step, train_step)
 from jaxformer.translation import Translator
 
 log = logging.getLogger(__name__)
 Array = jax.Array
-
-
-class TrainingError(JaxformerError, RuntimeError):
-  """Training cannot go on (e.g. a non-finite loss); the message says where and what to do."""
 
 
 def check_backend(train_cfg: TrainConfig, backend: str | None = None) -> None:
@@ -152,139 +146,9 @@ def _hparams(config: TransformerConfig, train_cfg: TrainConfig, optim: OptimConf
                       settings, is_leaf=lambda v: v is None or isinstance(v, list))
 
 
-# --- checkpoints and resuming -------------------------------------------------------------------
-
-
-def _train_item(state: TrainState, rng: Array) -> dict[str, Any]:
-  return {'opt_state': state.opt_state, 'step': state.step,
-          'rng': np.asarray(jax.random.key_data(rng))}  # host arrays: multi-host orbax needs them
-
-
-def _data_state(local: dict[str, Any]) -> dict[str, Any]:
-  """Every host's iterator position (gathered when there are several hosts)."""
-  keys = data_lib.PackedBatches.STATE_KEYS
-  gathered = parallel.all_hosts(np.array([local[key] for key in keys], np.int64))
-  return {'hosts': [dict(zip(keys, map(int, row))) for row in gathered]}
-
-
-def resume_data(batches: data_lib.PackedBatches, hosts: list[dict[str, int]],
-                train_cfg: TrainConfig) -> None:
-  """Moves `batches` to this host's saved position; a fresh stream with reset_data or after a
-  change of host count (with a warning); a one-line error when the data changed."""
-  if train_cfg.reset_data:
-    log.warning('--reset-data: the checkpoint\'s params, optimiser state and step continue on a '
-                'fresh data stream.')
-    return
-  if len(hosts) != jax.process_count():
-    log.warning('the checkpoint was written by %d host(s) and this run has %d: its data '
-                'positions do not apply, so training continues on a fresh data stream.',
-                len(hosts), jax.process_count())
-    return
-  saved, now = hosts[jax.process_index()], batches.get_state()
-  if set(now) - set(saved):
-    log.warning('the checkpoint\'s data position is from an older jaxformer (no %s): training '
-                'continues on a fresh data stream.', ', '.join(sorted(set(now) - set(saved))))
-    return
-  if changed := batches.changes(saved):
-    raise TrainingError(
-        f'the training data changed since the checkpoint ({", ".join(changed)}): resume with the '
-        'same corpus and settings, or pass --reset-data to continue from the checkpoint on a '
-        'fresh data stream.')
-  batches.set_state(saved)
-
-
-def init_or_restore(config: TransformerConfig, train_cfg: TrainConfig,
-                    pipeline: pipeline_lib.Pipeline, manager: Any, optim: OptimConfig,
-                    init_params: Any = None) -> tuple[TrainState, Array]:
-  """A fresh state (of `init_params` if given, else random) and rng, or the newest compatible
-  checkpoint's (the data stream moved to its position). The state computes with
-  train_cfg.computed(config) and trains with `optim`, which may differ from the checkpoint's
-  (the change is logged); checkpoints record `config`. A resume reads the state into its
-  shapes (jax.eval_shape) without computing a fresh one: the random init's program is neither
-  compiled nor loaded from the cache, nor run."""
-  init_rng, rng = jax.random.split(jax.random.key(train_cfg.seed))
-  computed = train_cfg.computed(config)
-
-  def fresh(optim: OptimConfig = optim, params: Any = init_params) -> TrainState:
-    return create_train_state(computed, init_rng, optim=optim) if params is None else \
-        train_state_from_params(computed, params, optim=optim)
-  if not manager.all_steps():
-    return fresh(), rng
-  shapes = _on_default_device(jax.eval_shape(fresh))
-
-  def train_template(meta: dict[str, Any]) -> dict[str, Any]:
-    """The train item shaped as the checkpoint's optimiser made it (its chain may differ)."""
-    saved = checkpoint.meta_optim(meta)
-    return _train_item(shapes if saved == optim else _on_default_device(jax.eval_shape(
-        functools.partial(fresh, saved), shapes.params)), rng)
-  found = checkpoint.restore_latest(
-      manager, params=shapes.params, train=train_template, with_data=True,
-      check=functools.partial(checkpoint.check_compatible, config=config,
-                              spm_model=pipeline.tokenizer.model_proto))
-  if found is None:
-    return fresh(), rng
-  step, restored = found
-  train_item = restored['train']
-  opt_state = train_item['opt_state']
-  if changes := optim.changes(checkpoint.meta_optim(restored['meta'])):
-    log.info('optimiser settings changed since the checkpoint: %s.', '; '.join(changes))
-    opt_state = optim_lib.carry_state(opt_state, fresh(params=restored['params']).opt_state)
-  state = TrainState(params=restored['params'], opt_state=opt_state, step=train_item['step'])
-  resume_data(pipeline.train, restored['data']['hosts'], train_cfg)
-  log.info('resumed from step %d (%s)', step, manager.directory / str(step))
-  return state, jax.random.wrap_key_data(train_item['rng'])
-
-
-def _on_default_device(shapes: TrainState) -> TrainState:
-  """A state's shapes (jax.eval_shape's) as orbax restores them: each array on the default
-  device, as a fresh state's are; the step a plain 0, as a fresh state's is."""
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                        (shapes.params, shapes.opt_state))
-  return TrainState(step=0, params=placed[0], opt_state=placed[1])
-
-
-def _save(manager: Any, step: int, state: TrainState, rng: Array, meta: dict[str, Any],
-          data_state: dict[str, Any], keep_train_state: int,
-          metrics: dict[str, float] | None = None) -> None:
-  """Starts an async save of an unreplicated state, with every host's data position (and the
-  validation metrics that rank it, if any); older checkpoints than the newest keep_train_state
-  lose their optimiser state (process 0)."""
-  checkpoint.save(manager, step, params=state.params, meta=meta,
-                  train=_train_item(state, rng), data=_data_state(data_state), metrics=metrics)
-  if jax.process_index() == 0:
-    checkpoint.drop_old_train_state(manager, keep_train_state, saving=step)
-
-
 # A copy of a (replicated) state on its devices, queued behind the steps before it: what a
 # background save reads while the next step, which donates the state, runs.
 _device_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
-
-
-def _average(workdir: pathlib.Path, manager: Any, train_cfg: TrainConfig, summary: dict) -> None:
-  """The end-of-run averages of a run that finished (or stopped early), not one preempted: the
-  last average_last checkpoints, or as many as there are ('averaged'), and the best
-  average_best by validation best_metric ('averaged_best'), when there are enough."""
-  finished = summary['step'] == train_cfg.num_steps or summary.get('stopped_early')
-  if not finished or summary['preempted']:
-    return
-  available = len(manager.all_steps())
-  if train_cfg.average_last and available:
-    # A short run averages the checkpoints it has, under a name that says how many.
-    count = min(available, train_cfg.average_last)
-    summary['averaged'] = str(checkpoint.save_average(workdir, count))
-    if count < train_cfg.average_last:
-      log.warning('the run saved %d checkpoint(s), fewer than average_last=%d: averaged those '
-                  'into %s; use that path next.', count, train_cfg.average_last,
-                  summary['averaged'])
-  if train_cfg.average_best:
-    ranked = sum(manager.metrics(step) is not None for step in manager.all_steps())
-    if ranked >= train_cfg.average_best:
-      summary['averaged_best'] = str(checkpoint.save_average(
-          workdir, best=train_cfg.average_best, metric=train_cfg.best_metric))
-    else:
-      log.warning('only %d evaluated checkpoints: not averaging the best %d.', ranked,
-                  train_cfg.average_best)
 
 
 # --- evaluation ---------------------------------------------------------------------------------
@@ -305,24 +169,25 @@ def validation_metrics(p_eval_step: Any, p_state: TrainState,
 
 
 def _translate_validation(translator: Translator, params: Any, text: data_lib.ParallelText,
-                          train_cfg: TrainConfig, result: dict[str, float],
-                          sink: monitor.MetricsSink, step: int) -> None:
-  """result['bleu']: sacreBLEU of the first bleu_sentences validation sentences (if any), and to
-  TensorBoard a markdown table of the first sample_translations (source, hypothesis,
-  reference), decoded as in §6.1 by the run's one translator (its searches compiled at the
-  first evaluation only)."""
+                          train_cfg: TrainConfig, sink: monitor.MetricsSink, step: int
+                          ) -> dict[str, float]:
+  """{'bleu': sacreBLEU of the first bleu_sentences validation sentences} (empty without
+  them), and to TensorBoard a markdown table of the first sample_translations (source,
+  hypothesis, reference), decoded as in §6.1 by the run's one translator (its searches
+  compiled at the first evaluation only)."""
   count = max(train_cfg.bleu_sentences, train_cfg.sample_translations)
   hypotheses = translator.replace(params).translate(text.src[:count])
   if step == train_cfg.num_steps and (warning := scoring.undertrained(hypotheses, step)):
     log.warning('validation at step %d: %s', step, warning)  # (earlier, expected)
-  if train_cfg.bleu_sentences:
-    result['bleu'] = scoring.sacre_bleu(hypotheses, text.tgt[:train_cfg.bleu_sentences])[0]
   if train_cfg.sample_translations:
     cell = lambda s: s.replace('|', '\\|')  # noqa: E731
     rows = [f'| {cell(src)} | {cell(hyp)} | {cell(ref)} |' for src, hyp, ref in
             list(zip(text.src, hypotheses, text.tgt))[:train_cfg.sample_translations]]
     sink.text(step, 'samples', '\n'.join(['| source | hypothesis | reference |', '|---|---|---|',
                                           *rows]))
+  if not train_cfg.bleu_sentences:
+    return {}
+  return {'bleu': scoring.sacre_bleu(hypotheses, text.tgt[:train_cfg.bleu_sentences])[0]}
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -340,12 +205,13 @@ def train(config: TransformerConfig, train_cfg: TrainConfig, workdir: str | path
   on the same workdir stops at once, naming the process that holds it."""
   check_backend(train_cfg)
   train_cfg.check_rows(config)  # before the workdir is made
-  check_fine_tune_workdir(workdir, train_cfg.init_from)
+  finetune.check_fine_tune_workdir(workdir, train_cfg.init_from)
   first = jax.process_index() == 0  # the other processes of this run share the workdir
   with files.locked(files.make_workdir(workdir), 'run', 'a training run') if first \
       else contextlib.nullcontext():
-    init_params = inherit(train_cfg.init_from, config, pathlib.Path(workdir), train_pairs) \
-        if train_cfg.init_from and not files.has_checkpoints(workdir) else None
+    fine_tune = train_cfg.init_from and not files.has_checkpoints(workdir)
+    init_params = finetune.inherit(train_cfg.init_from, config, pathlib.Path(workdir),
+                                   train_pairs) if fine_tune else None
     pipeline = pipeline_lib.build(workdir, config, train_cfg, train_pairs, validation)
     return train_and_evaluate(config, train_cfg, workdir, pipeline, optim=optim,
                               init_params=init_params)
@@ -357,82 +223,6 @@ def train_recipe(recipe: Recipe, workdir: str | pathlib.Path) -> dict[str, Any]:
   check_backend(recipe.train)
   return train(recipe.model, recipe.train, workdir, *pipeline_lib.sources(recipe.data),
                optim=recipe.optim)
-
-
-# --- fine-tuning --------------------------------------------------------------------------------
-
-
-def check_fine_tune_workdir(workdir: str | pathlib.Path, init_from: str | None) -> None:
-  """A fine-tuning run (`init_from`) into a workdir that already holds checkpoints resumes it
-  only when that run fine-tunes the same parent, as its vocabulary record says; anything else
-  would silently continue another run under this command, so it is a SettingError saying what
-  the workdir holds and what to do. So is a parent inside the workdir itself."""
-  if not init_from:
-    return
-  workdir, parent = pathlib.Path(workdir).resolve(), pathlib.Path(init_from).resolve()
-  if parent == workdir or workdir in parent.parents:
-    raise SettingError(f'--init-from {init_from} is the workdir {workdir} or lies in it: '
-                       'fine-tune into a new --workdir (to continue this run, leave out '
-                       '--init-from).')
-  if not files.has_checkpoints(workdir):
-    return
-  record = tokenizer_lib.record_near(workdir) or {}
-  origin = record.get('inherited_from')  # (a record from before 'parent': its path as given)
-  recorded = record.get('parent') or str(origin).partition(' (step ')[0]
-  if origin and pathlib.Path(recorded).resolve() == parent:
-    log.info('resuming %s, whose run already starts from %s', workdir, init_from)
-    return
-  holds = f'a fine-tuning run of {origin}' if origin else 'a run trained from scratch'
-  raise SettingError(f'{workdir} already holds {holds}: --init-from {init_from} would continue '
-                     f'that run, not start from {init_from}. Fine-tune into a new --workdir, or '
-                     'leave out --init-from to resume it.')
-
-
-def inherit(path: str, config: TransformerConfig, workdir: pathlib.Path,
-            pairs: data_lib.PairSource) -> Any:
-  """The params of the model at `path` (any kind export.load_model reads), checked to be of
-  `config`'s model (check_fine_tune). Its vocabulary is written into `workdir` as spm.model,
-  recorded as inherited, so that the run tokenises with it and never trains one; how well it
-  covers `pairs` is logged first (report_coverage)."""
-  params, parent_config, spm_model, step = export.load_model(path)
-  check_fine_tune(parent_config, config, path)
-  origin = f'{path} (step {step})'
-  coverage = report_coverage(data_lib.Tokenizer.from_bytes(spm_model, f'the vocabulary of {path}'),
-                             pairs, tokenizer_lib.record_near(path))
-  tokenizer_lib.inherit_vocabulary(spm_model, workdir / 'spm.model', origin, coverage,
-                                   parent=str(pathlib.Path(path).resolve()))
-  log.info('fine-tuning %s: its params and vocabulary, a fresh optimiser and schedule', origin)
-  return params
-
-
-# Above this share of characters spelled in byte pieces, the inherited vocabulary does not know
-# the new text's script or alphabet well (a vocabulary trained on that text has none: every
-# character it sees is a piece of its own).
-FALLBACK_WARNING = 0.005
-
-
-def report_coverage(tokenizer: data_lib.Tokenizer, pairs: data_lib.PairSource,
-                    record: dict[str, Any] | None, sample: int = tokenizer_lib.COVERAGE_SAMPLE
-                    ) -> dict[str, float]:
-  """Logs in one line how well an inherited vocabulary covers the first `sample` sentences of the
-  new data, beside its coverage of its own data where its record has it; a warning when more
-  than FALLBACK_WARNING of the characters fall back to bytes or unk, or the words take over
-  1.5 times the pieces they took in the parent's data."""
-  now = tokenizer.coverage(tokenizer_lib.first_sentences(pairs, sample))
-  before = (record or {}).get('coverage')
-  line = (f'the inherited vocabulary on the new data: {now["fallback_share"]:.2%} of characters '
-          f'in byte pieces or unk, {now["pieces_per_word"]:.2f} pieces per word')
-  if before:
-    line += (f' (its own data: {before["fallback_share"]:.2%}, '
-             f'{before["pieces_per_word"]:.2f})')
-  poor = now['fallback_share'] > FALLBACK_WARNING or (
-      before and now['pieces_per_word'] > 1.5 * before['pieces_per_word'])
-  if poor:
-    log.warning('%s: it fits the new text poorly, and fine-tuning cannot change it; a model '
-                'trained with a vocabulary of its own may do better.', line)
-  else:
-    log.info(line)
-  return now
 
 
 # Steps the loop dispatches ahead of the metrics it reads: the device has work queued while the
@@ -462,18 +252,6 @@ def _on_skip(step: int, skipped: int) -> None:
   log.warning('step %d: non-finite loss, update skipped (%d so far)', step, skipped)
 
 
-def _checkpoint_manager(workdir: pathlib.Path, train_cfg: TrainConfig, validated: bool) -> Any:
-  """The run's checkpoints: the newest keep_checkpoints (at least average_last), and the best
-  average_best by validation metric (which needs a validation set)."""
-  if train_cfg.average_best and not validated:
-    raise TrainingError('average_best ranks checkpoints by validation metrics: give a '
-                        'validation set (--eval-src/--eval-tgt), or set average_best=0.')
-  return checkpoint.make_manager(
-      workdir / 'checkpoints',
-      max_to_keep=max(train_cfg.keep_checkpoints, train_cfg.average_last, 1),
-      keep_best=(train_cfg.average_best, train_cfg.best_metric) if train_cfg.average_best else None)
-
-
 class Run:
   """One training run in progress: the replicated state, the save clock, the data position, the
   run's translator, early stopping and the summary, with the loop's actions as methods (`log`,
@@ -487,8 +265,8 @@ class Run:
             ) -> 'Run':
     """The run of `workdir`: its newest checkpoint restored, else a fresh state (from
     `init_params` if given); the run described in the log."""
-    manager = _checkpoint_manager(workdir, train_cfg, pipeline.validation is not None)
-    state, rng = init_or_restore(config, train_cfg, pipeline, manager, optim, init_params)
+    manager = resume.checkpoint_manager(workdir, train_cfg, pipeline.validation is not None)
+    state, rng = resume.init_or_restore(config, train_cfg, pipeline, manager, optim, init_params)
     run = cls(config, train_cfg, workdir, pipeline, optim, manager, state, rng)
     log.info('training on %s', describe_run(run.facts))
     return run
@@ -582,8 +360,9 @@ class Run:
                                                        self.pipeline)
     self.stop_early = self.patience.update(result['loss'])  # the same on every host
     if self._translates():
-      _translate_validation(self.translator, parallel.unreplicate(self.p_state.params),
-                            self.pipeline.validation_text, train_cfg, result, self.sink, step)
+      result.update(_translate_validation(
+          self.translator, parallel.unreplicate(self.p_state.params),
+          self.pipeline.validation_text, train_cfg, self.sink, step))
     self.sink.scalars(step, 'eval', result)
     if train_cfg.average_best:  # a checkpoint at every evaluation, ranked by its metric
       self.save(step, {'loss': result['loss']} if train_cfg.best_metric == 'loss' else
@@ -598,7 +377,7 @@ class Run:
     if self.saved_step == step:  # saved already at this step's evaluation
       return
     self.saved_step, self.last_save = step, time.monotonic()
-    save = functools.partial(_save, self.manager, step, rng=self.rng, meta=self.meta,
+    save = functools.partial(resume.save, self.manager, step, rng=self.rng, meta=self.meta,
                              data_state=self.data_state,
                              keep_train_state=self.train_cfg.keep_train_state, metrics=metrics)
     if jax.process_count() > 1:
@@ -642,11 +421,14 @@ class Run:
                   signal or 'stop', step, self.manager.directory / str(step))
 
   def finish(self) -> dict[str, Any]:
-    """The summary, after the end-of-run averages (_average)."""
+    """The summary, after the end-of-run averages (resume.average)."""
     self.summary.update(step=int(parallel.unreplicate(self.p_state.step)),
                         skipped_updates=self.reader.skipped,
                         checkpoint=str(self.manager.directory / str(self.manager.latest_step())))
-    _average(self.workdir, self.manager, self.train_cfg, self.summary)
+    finished = (self.summary['step'] == self.train_cfg.num_steps
+                or self.summary.get('stopped_early')) and not self.summary['preempted']
+    self.summary.update(resume.average(self.workdir, self.manager, self.train_cfg,
+                                       finished=finished))
     self.summary['time'] = self.watch.report(self.summary['step'] - self.start_step)
     return self.summary
 

@@ -66,6 +66,14 @@ TEXT = synthetic_text(1500)             # the training pairs of the tiny trainer
 CFG = config.tiny(vocab_size=400).replace(num_layers=1)
 
 
+def text_files(folder: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+  """TEXT as the two files a training command reads (train.src, train.tgt in `folder`)."""
+  src, tgt = folder / 'train.src', folder / 'train.tgt'
+  src.write_text('\n'.join(TEXT.src) + '\n')
+  tgt.write_text('\n'.join(TEXT.tgt) + '\n')
+  return src, tgt
+
+
 def train_settings(**overrides) -> config.TrainConfig:
   """Training settings for the tiny tests: 6 steps, a checkpoint every 2, logs every 2."""
   settings = dict(num_steps=6, tokens_per_batch=1024, row_len=64,

@@ -1,11 +1,9 @@
 """jaxformer.trainer: the loop, its actions, resuming, guards, preemption and several hosts."""
 
-import functools
 import gc
 import json
 import os
 import pathlib
-import shutil
 import signal
 import socket
 import subprocess
@@ -20,20 +18,19 @@ from helpers import (
   CFG,
   TESTS,
   TEXT,
-  WORDS,
-  assert_trees_equal,
   hold_lock,
-  one_line_error,
   sigint_inside_a_gc_callback,
   start_worker,
   synthetic_text,
+  text_files,
   train_command,
   train_settings,
 )
 from helpers import poison_third_batch as _poison_third_batch
 from helpers import train_settings as _tc
 
-from jaxformer import checkpoint, cli, config, data, export, files, optim, trainer, translation
+from jaxformer import (checkpoint, cli, config, data, files, optim, resume, trainer,
+                       translation)
 
 
 def _due(step, tc, *, evaluating, save_signal=False) -> set[str]:
@@ -155,13 +152,13 @@ def test_the_validation_compiles_ahead_and_saves_leave_the_loop_at_once(tmp_path
     run.evaluate(1)
     assert (len(run.p_eval_step), len(run.translator._search)) == compiled  # pylint: disable=protected-access
     held, written = threading.Event(), []
-    save = trainer._save  # pylint: disable=protected-access
+    save = resume.save
 
     def held_save(*args, **kwargs):
       held.wait(timeout=60)
       written.append(args[1])
       return save(*args, **kwargs)
-    monkeypatch.setattr(trainer, '_save', held_save)
+    monkeypatch.setattr(resume, 'save', held_save)
     run.save(1)
     assert written == []  # the loop has it back before the write
     held.set()
@@ -170,7 +167,7 @@ def test_the_validation_compiles_ahead_and_saves_leave_the_loop_at_once(tmp_path
 
     def full_disk(*args, **kwargs):
       raise files.no_space(tmp_path, 'checkpoint 2', 1)
-    monkeypatch.setattr(trainer, '_save', full_disk)
+    monkeypatch.setattr(resume, 'save', full_disk)
     run.save(2)  # (the error is the background thread's)
     with pytest.raises(files.DiskFullError):
       run.save(3)
@@ -220,14 +217,6 @@ def test_a_second_run_in_the_process_traces_nothing_again(tmp_path):
   assert traced == []
 
 
-def test_resuming_with_other_row_lengths_is_a_data_change(trained, tmp_path):
-  workdir = tmp_path / 'w'
-  shutil.copytree(trained, workdir)
-  with pytest.raises(trainer.TrainingError, match=r'the training data changed since the checkpoint '
-                     r'\(.*row length 64 -> 72.*\): .* or pass --reset-data'):
-    trainer.train(CFG, _tc(num_steps=8, row_len=72), workdir, TEXT)
-
-
 def test_describe_run_names_the_fast_path_and_accumulation():
   facts = {'devices': 'gpu: 8 × NVIDIA H100 80GB HBM3, 1 process', 'dtype': 'bfloat16',
            'attention': 'fused', 'remat': True, 'source_tokens_per_update': 198_400,
@@ -249,45 +238,6 @@ def test_a_run_that_requires_an_accelerator_refuses_cpu_before_any_work(tmp_path
   trainer.check_backend(_tc(), backend='cpu')  # small runs train on CPU as before
 
 
-def test_resume_continues_exactly(trained, tmp_path, monkeypatch):
-  """6 steps straight equal 3 steps, a stop, and 3 more from the checkpoint (data included).
-  The resume reads the state into its shapes: no fresh state is computed, only traced."""
-  trainer.train(CFG, _tc(num_steps=3, checkpoint_every_steps=3), tmp_path, TEXT)
-  computed, fresh_state = [], trainer.create_train_state
-
-  def watched(*args, **kwargs):
-    state = fresh_state(*args, **kwargs)
-    computed.append(not isinstance(jax.tree.leaves(state.params)[0], jax.core.Tracer))
-    return state
-  monkeypatch.setattr(trainer, 'create_train_state', watched)
-  summary = trainer.train(CFG, _tc(num_steps=6), tmp_path, TEXT)
-  assert summary['step'] == 6 and computed == [False]
-  manager = checkpoint.make_manager(trained / 'checkpoints')
-  straight = checkpoint.restore(manager, 6, with_data=True)
-  resumed = checkpoint.restore(checkpoint.make_manager(tmp_path / 'checkpoints'), 6,
-                               with_data=True)
-  assert_trees_equal(straight['params'], resumed['params'])
-  assert straight['data'] == resumed['data']
-
-
-def test_resumes_with_the_fast_path_and_remat(trained, tmp_path):
-  """Execution fields (bf16, fused attention, remat) may differ from the checkpoint's run."""
-  workdir = tmp_path / 'w'
-  shutil.copytree(trained, workdir)
-  summary = trainer.train(CFG.with_execution(remat=True), _tc(num_steps=8, fast_path=True), workdir,
-                          TEXT)
-  assert summary['step'] == 8 and np.isfinite(summary['train']['loss'])
-  _, saved_config, _, step = checkpoint.load(workdir)
-  assert step == 8 and saved_config == CFG.with_execution(remat=True)  # as given, not as run (bf16)
-
-
-def _text_files(tmp_path):
-  src, tgt = tmp_path / 'train.src', tmp_path / 'train.tgt'
-  src.write_text('\n'.join(TEXT.src) + '\n')
-  tgt.write_text('\n'.join(TEXT.tgt) + '\n')
-  return src, tgt
-
-
 def _wait_for(predicate, process, seconds=240):
   deadline = time.monotonic() + seconds
   while not predicate():
@@ -298,7 +248,7 @@ def _wait_for(predicate, process, seconds=240):
 
 @pytest.mark.slow
 def test_sigterm_saves_and_a_rerun_resumes(tmp_path):
-  src, tgt = _text_files(tmp_path)
+  src, tgt = text_files(tmp_path)
   workdir = tmp_path / 'w'
   process = subprocess.Popen(train_command(workdir, src, tgt, '--num-steps', '100000'),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -322,7 +272,7 @@ def test_ctrl_c_while_the_data_is_prepared_ends_the_run_before_training(tmp_path
   """Ctrl-C while the token caches are built, landing in a gc callback as it can in jax's: the
   command ends 'interrupted' with 130 and trains nothing (it had dropped the Ctrl-C and trained
   on)."""
-  src, tgt = _text_files(tmp_path)
+  src, tgt = text_files(tmp_path)
   workdir = tmp_path / 'w'
   command = train_command(workdir, src, tgt, '--num-steps', '4')
   code = (f'import os, sys\nsys.path.insert(0, {str(TESTS)!r})\n'
@@ -336,7 +286,7 @@ def test_ctrl_c_while_the_data_is_prepared_ends_the_run_before_training(tmp_path
 
 
 def test_ctrl_c_while_training_saves_and_ends_interrupted(tmp_path, capsys, caplog):
-  src, tgt = _text_files(tmp_path)
+  src, tgt = text_files(tmp_path)
   workdir = tmp_path / 'w'
   metrics = workdir / 'metrics.jsonl'
   callback = sigint_inside_a_gc_callback(
@@ -379,7 +329,7 @@ def test_a_damaged_cache_and_a_long_validation_source_through_the_command(tmp_pa
 
 @pytest.mark.slow
 def test_kill_9_during_saves_leaves_a_restorable_workdir(tmp_path):
-  src, tgt = _text_files(tmp_path)
+  src, tgt = text_files(tmp_path)
   workdir = tmp_path / 'w'
   process = subprocess.Popen(
       train_command(workdir, src, tgt, '--num-steps', '100000', '--checkpoint-every-steps', '1'),
@@ -462,43 +412,6 @@ def test_logged_lr_is_the_rate_applied_after_a_skipped_update(tmp_path, monkeypa
   assert logged == pytest.approx({k: float(v) for k, v in expected.items()}, rel=1e-6)
 
 
-def test_resuming_on_changed_data_names_the_change_or_resets_the_stream(tmp_path, caplog):
-  trainer.train(CFG, _tc(num_steps=2), tmp_path, TEXT)
-  with pytest.raises(trainer.TrainingError, match=r'^the training data changed since the '
-                     r'checkpoint \(seed 0 -> 1\): .* or pass --reset-data'):
-    trainer.train(CFG, _tc(num_steps=4, seed=1), tmp_path, TEXT)
-  with caplog.at_level('INFO', logger='jaxformer.trainer'):
-    summary = trainer.train(CFG, _tc(num_steps=4, seed=1, reset_data=True), tmp_path, TEXT)
-  assert summary['step'] == 4 and 'fresh data stream' in caplog.text
-  assert 'training on cpu: 1 × cpu, 1 process; compute float32, einsum attention; ' in caplog.text
-  restored = checkpoint.restore(checkpoint.make_manager(tmp_path / 'checkpoints'), 4,
-                                with_data=True)
-  assert restored['data']['hosts'][0]['seed'] == 1  # the new stream, two batches in
-
-
-def test_a_change_of_host_count_or_corpus_in_the_data_position(tmp_path, caplog):
-  corpus = data.tokenize_corpus(
-      TEXT, data.train_tokenizer(TEXT.src + TEXT.tgt, tmp_path / 'spm.model', 400), 64)
-  batches = data.PackedBatches(corpus, src_len=64, tgt_len=64, rows_per_device=4)
-  saved = dict(batches.get_state(), row=12)
-  settings = _tc()
-  trainer.resume_data(batches, [saved], settings)
-  assert batches.get_state() == saved
-  fresh = data.PackedBatches(corpus, src_len=64, tgt_len=64, rows_per_device=4)
-  with caplog.at_level('WARNING', logger='jaxformer.trainer'):
-    trainer.resume_data(fresh, [saved, saved], settings)  # written by 2 hosts, resumed on 1
-  assert fresh.get_state()['row'] == 0
-  assert 'written by 2 host(s) and this run has 1' in caplog.text
-  older = {key: saved[key] for key in ('epoch', 'row', 'seed', 'shard_size')}  # jaxformer 0.1
-  with caplog.at_level('WARNING', logger='jaxformer.trainer'):
-    trainer.resume_data(fresh, [older], settings)
-  assert fresh.get_state()['row'] == 0 and 'from an older jaxformer' in caplog.text
-  other_corpus = dict(saved, shard_size=saved['shard_size'] + 7)  # another corpus, same seed
-  with pytest.raises(trainer.TrainingError, match=r'\(training pairs per host '
-                     rf'{saved["shard_size"] + 7} -> {saved["shard_size"]}\)'):
-    trainer.resume_data(fresh, [other_corpus], settings)
-
-
 def test_hosts_agree_every_n_steps_and_at_the_end():
   settings = _tc(num_steps=25, host_sync_every_steps=10)
   assert [s for s in range(1, 26) if trainer.host_sync_due(s, settings, 2)] == [10, 20, 25]
@@ -529,34 +442,6 @@ def test_patience_stops_early_saves_and_averages(tmp_path, monkeypatch):
   assert evals == [1, 2, 3, 4]
 
 
-def test_average_best_keeps_and_averages_the_best_beside_the_newest(tmp_path, monkeypatch):
-  """Validation losses 3.0, 1.0, 2.0, 1.5, 2.5, 2.8 at steps 2..12: every evaluation saves with
-  its loss; the best two (steps 4 and 8) stay beside the newest two (10 and 12), and their mean
-  is average-best2 (the last-2 average is made as before)."""
-  losses = iter([3.0, 1.0, 2.0, 1.5, 2.5, 2.8])
-  monkeypatch.setattr(trainer, 'validation_metrics', lambda *a: {'loss': next(losses)})
-  summary = trainer.train(CFG, _tc(num_steps=12, eval_every_steps=2, checkpoint_every_steps=4,
-                                   keep_checkpoints=2, average_last=2, average_best=2),
-                          tmp_path, TEXT, synthetic_text(20, seed=9))
-  assert sorted(int(p.name) for p in (tmp_path / 'checkpoints').iterdir()) == [4, 8, 10, 12]
-  manager = checkpoint.open_checkpoints(tmp_path)
-  assert [manager.metrics(step) for step in (4, 8, 10, 12)] == [
-      {'loss': 1.0}, {'loss': 1.5}, {'loss': 2.5}, {'loss': 2.8}]
-  assert checkpoint.best_steps(tmp_path, 2) == [4, 8]
-  assert summary['averaged_best'].endswith('average-best2')
-  params, _, _, step = checkpoint.load(summary['averaged_best'])
-  assert step == 8
-  assert_trees_equal(params, checkpoint.mean_params(tmp_path, [4, 8]), rtol=1e-6)
-  assert summary['averaged'].endswith('average-last2')
-  assert_trees_equal(checkpoint.load(summary['averaged'])[0],
-                     checkpoint.mean_params(tmp_path, [10, 12]), rtol=1e-6)
-
-
-def test_average_best_needs_a_validation_set(tmp_path):
-  with pytest.raises(trainer.TrainingError, match='--eval-src'):
-    trainer.train(CFG, _tc(average_best=2), tmp_path, TEXT)
-
-
 def test_a_second_run_on_a_workdir_in_use_stops_naming_the_first(tmp_path, capsys):
   """Two runs on one workdir both trained before, the second from step 0 beside the first,
   mixing their checkpoints; now the second stops at once with one line."""
@@ -574,180 +459,6 @@ def test_a_second_run_on_a_workdir_in_use_stops_naming_the_first(tmp_path, capsy
 
 
 # --- fine-tuning (--init-from) and the optimiser's settings on resume ---------------------------
-
-
-def _parent_kinds(trained, tmp_path) -> dict[str, pathlib.Path]:
-  """The trained tiny model as each kind of MODEL --init-from takes."""
-  exported = export.save(tmp_path / 'exported', *checkpoint.load(trained)[:3], step=6)
-  return {'workdir': trained, 'checkpoints': trained / 'checkpoints',
-          'averaged': trained / 'average-last3', 'exported': exported}
-
-
-@pytest.mark.parametrize('kind', ['workdir', 'checkpoints', 'averaged', 'exported'])
-def test_init_from_starts_at_step_0_from_the_parents_params_and_vocabulary(
-    trained, tmp_path, kind, caplog):
-  parent = _parent_kinds(trained, tmp_path)[kind]
-  parent_params = export.load_model(parent)[0]
-  # A learning rate so small that one update leaves the params as they started, to the float.
-  optim_cfg = config.OptimConfig(learning_rate=1e-12, warmup_steps=1)
-  workdir = tmp_path / 'child'
-  with caplog.at_level('INFO'):
-    summary = trainer.train(CFG, _tc(num_steps=1, checkpoint_every_steps=1, log_every_steps=1,
-                                     init_from=str(parent)),
-                            workdir, synthetic_text(300, seed=4), optim=optim_cfg)
-  assert summary['step'] == 1
-  assert_trees_equal(checkpoint.load(workdir)[0], parent_params, atol=1e-9)
-  record = json.loads((workdir / 'spm.model.json').read_text())
-  assert (workdir / 'spm.model').read_bytes() == (trained / 'spm.model').read_bytes()
-  assert record['inherited_from'].startswith(str(parent))
-  assert 'training a' not in caplog.text  # the vocabulary was not trained again
-  coverage = [r.message for r in caplog.records if 'inherited vocabulary' in r.message]
-  assert len(coverage) == 1 and 'pieces per word' in coverage[0]
-  assert ('its own data' in coverage[0]) == (kind != 'exported')  # a workdir's record has it
-  first = [json.loads(line) for line in (workdir / 'metrics.jsonl').open()
-           if json.loads(line).get('split') == 'train'][0]
-  assert first['lr'] == pytest.approx(1e-12)  # the new schedule's first rate: a fresh optimiser
-
-
-def test_init_from_refuses_another_model_shape_and_allows_dropout(trained, tmp_path):
-  tc = _tc(num_steps=1, init_from=str(trained))
-  with pytest.raises(config.SettingError, match=r'^model\.d_ff=128 differs from the model it '
-                     r'fine-tunes \(.*: 64\).*only attention_dropout_rate, dropout_rate, max_len'):
-    trainer.train(CFG.replace(d_ff=128), tc, tmp_path / 'a', TEXT)
-  summary = trainer.train(CFG.replace(dropout_rate=0.3), tc, tmp_path / 'b', TEXT)
-  assert summary['step'] == 1
-
-
-def test_cli_init_from_takes_the_parents_model_and_names_a_changed_shape(trained, tmp_path,
-                                                                         capsys):
-  """The command line's model comes from the parent, not from the recipe: tiny_config's
-  recipe has 400 pieces and so does the parent, but its d_model could be anything."""
-  files = _text_files(tmp_path)
-  args = ['train', '--config', str(TESTS / 'tiny_config.py'), '--train-src',
-          str(files[0]), '--train-tgt', str(files[1]), '--init-from', str(trained)]
-  assert cli.main([*args, '--workdir', str(tmp_path / 'a'), '--set', 'model.d_model=64']) == 1
-  assert capsys.readouterr().err.startswith('error: model.d_model=64 differs from the model it '
-                                            'fine-tunes')
-  assert cli.main([*args, '--workdir', str(tmp_path / 'b'), '--num-steps', '1',
-                   '--set', 'model.dropout_rate=0.2', '--learning-rate', '1e-4']) == 0
-  _, child, _, step = checkpoint.load(tmp_path / 'b')
-  assert step == 1 and child == CFG.replace(dropout_rate=0.2)
-
-
-def test_a_fine_tuning_run_resumes_like_any_other(trained, tmp_path, caplog):
-  tc = functools.partial(_tc, init_from=str(trained), checkpoint_every_steps=2)
-  trainer.train(CFG, tc(num_steps=2), tmp_path, synthetic_text(300, seed=4))
-  with caplog.at_level('INFO'):
-    summary = trainer.train(CFG, tc(num_steps=4), tmp_path, synthetic_text(300, seed=4))
-  assert summary['step'] == 4 and 'resumed from step 2' in caplog.text
-  assert 'fine-tuning' not in caplog.text  # the parent is not read again
-
-
-def test_fine_tuning_into_a_workdir_with_a_past_is_one_line_that_says_what_it_holds(
-    trained, tmp_path):
-  """--init-from P into a workdir W that holds checkpoints: a rerun of the fine-tuning that
-  made W resumes (above); W of another run, or P inside W, would silently continue W, so each
-  is one line from the installed command, and W is left as it was."""
-  src, tgt = _text_files(tmp_path)
-  parent = export.save(tmp_path / 'exported', *checkpoint.load(trained)[:3], step=6)
-  scratch = tmp_path / 'scratch'
-  shutil.copytree(trained, scratch)
-  before = sorted(p.name for p in scratch.iterdir())
-  train = ['train', '--config', str(TESTS / 'tiny_config.py'), '--train-src', str(src),
-           '--train-tgt', str(tgt), '--num-steps', '8']
-  assert one_line_error(*train, '--workdir', str(scratch), '--init-from', str(parent)) == (
-      f'error: {scratch} already holds a run trained from scratch: --init-from {parent} would '
-      f'continue that run, not start from {parent}. Fine-tune into a new --workdir, or leave '
-      'out --init-from to resume it.')
-  assert sorted(p.name for p in scratch.iterdir()) == before
-  for inside in (scratch, scratch / 'average-last3'):
-    assert one_line_error(*train, '--workdir', str(scratch), '--init-from', str(inside)) == (
-        f'error: --init-from {inside} is the workdir {scratch} or lies in it: fine-tune into a '
-        'new --workdir (to continue this run, leave out --init-from).')
-  child = tmp_path / 'child'
-  trainer.train(CFG, _tc(num_steps=2, checkpoint_every_steps=2, init_from=str(parent)), child,
-                synthetic_text(300, seed=4))
-  assert one_line_error(*train, '--workdir', str(child), '--init-from', str(trained)) == (
-      f'error: {child} already holds a fine-tuning run of {parent} (step 6): --init-from '
-      f'{trained} would continue that run, not start from {trained}. Fine-tune into a new '
-      '--workdir, or leave out --init-from to resume it.')
-
-
-def test_automatic_fine_tuning_trains_at_the_max_len_its_recipe_states(trained, tmp_path):
-  """Sentences longer than the parent's max_len of 64: the automatic recipe raises max_len for
-  them (the parent's positions are sinusoidal), and the run trains at that max_len rather than
-  the parent's, dropping nothing."""
-  rng = np.random.default_rng(3)
-  src, tgt = tmp_path / 'long.src', tmp_path / 'long.tgt'
-  for path, words in ((src, WORDS[:16]), (tgt, WORDS[16:])):
-    path.write_text(''.join(' '.join(rng.choice(words, size=rng.integers(60, 70))) + '\n'
-                            for _ in range(200)))
-  done = subprocess.run(
-      [str(pathlib.Path(sys.executable).with_name('jaxformer')), 'train', '--workdir',
-       str(tmp_path / 'w'), '--train-src', str(src), '--train-tgt', str(tgt), '--init-from',
-       str(trained), '--num-steps', '1'], capture_output=True, text=True, timeout=300)
-  assert done.returncode == 0 and 'Traceback' not in done.stderr, done.stderr[-3000:]
-  chosen = json.loads((tmp_path / 'w' / 'recipe.json').read_text())['model']['max_len']
-  assert chosen > CFG.max_len == 64 and f'max_len {chosen}, rows of' in done.stderr
-  assert checkpoint.load(tmp_path / 'w')[1] == CFG.replace(max_len=chosen)
-  assert 'dropped 0 empty and 0 longer' in done.stderr, done.stderr
-
-
-def test_resume_may_change_the_optimisers_settings_and_logs_them(trained, tmp_path, caplog):
-  """Warmup, the learning rate's scale and clipping (which changes the optimiser's chain) may
-  change on a resume: it continues from the checkpoint's step and Adam state."""
-  workdir = tmp_path / 'w'
-  shutil.copytree(trained, workdir)
-  changed = config.OptimConfig(warmup_steps=50, lr_scale=0.5, grad_clip_norm=1.0)
-  with caplog.at_level('INFO'):
-    summary = trainer.train(CFG, _tc(num_steps=8, log_every_steps=1), workdir, TEXT,
-                            optim=changed)
-  assert summary['step'] == 8 and 'resumed from step 6' in caplog.text
-  assert ('optimiser settings changed since the checkpoint: warmup_steps 4000 -> 50; lr_scale '
-          '1.0 -> 0.5; grad_clip_norm None -> 1.0.') in caplog.text
-  restored = checkpoint.restore(checkpoint.make_manager(workdir / 'checkpoints'), 8)
-  assert checkpoint.meta_optim(restored['meta']) == changed
-  lr = [json.loads(line)['lr'] for line in (workdir / 'metrics.jsonl').open()
-        if json.loads(line).get('step') == 7 and json.loads(line).get('split') == 'train'][0]
-  assert lr == pytest.approx(0.5 * float(optim.inverse_sqrt_schedule(
-      CFG.d_model ** -0.5 * 50 ** -0.5, 50)(6)), rel=1e-6)  # the applied count continues at 6
-
-
-OLD_WORKDIR = TESTS / 'fixtures' / 'old-0.1.0'
-
-
-def test_a_workdir_of_jaxformer_0_1_0_loads_and_resumes(tmp_path, caplog):
-  """tests/fixtures/old-0.1.0 was written by jaxformer 0.1.0 (make_old_workdir.py there),
-  whose checkpoints kept the optimiser's settings among the model's: they load for decoding,
-  and a run resumes from them with their settings read as OptimConfig."""
-  params, cfg, _, step = checkpoint.load(OLD_WORKDIR)
-  assert step == 2 and cfg == config.TransformerConfig(
-      vocab_size=320, num_layers=1, d_model=16, d_ff=32, num_heads=2, max_len=64)
-  meta = checkpoint.newest_meta(OLD_WORKDIR)[1]
-  assert checkpoint.meta_optim(meta) == config.OptimConfig(warmup_steps=100)
-  workdir = tmp_path / 'old'
-  shutil.copytree(OLD_WORKDIR, workdir)
-  settings = config.TrainConfig(num_steps=3, tokens_per_batch=1024, row_len=64,
-                                checkpoint_every_steps=1, checkpoint_every_secs=None,
-                                average_last=0, log_every_steps=1, sample_translations=0)
-  with caplog.at_level('INFO'):
-    summary = trainer.train(cfg, settings, workdir, TEXT, optim=config.OptimConfig(
-        warmup_steps=100))
-  assert summary['step'] == 3 and 'resumed from step 2' in caplog.text
-  assert 'optimiser settings changed' not in caplog.text
-
-
-def test_a_short_run_averages_the_checkpoints_it_has_and_says_where(tmp_path, caplog):
-  """Two checkpoints where average_last asks for 5: both are averaged, into average-last2."""
-  with caplog.at_level('WARNING'):
-    summary = trainer.train(CFG, _tc(num_steps=4, average_last=5), tmp_path, TEXT)
-  assert summary['averaged'] == str(tmp_path / 'average-last2')
-  manager = checkpoint.make_manager(tmp_path / 'checkpoints')
-  expected = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2,
-                          *[checkpoint.restore(manager, s)['params'] for s in (2, 4)])
-  assert_trees_equal(checkpoint.load(summary['averaged'])[0], expected, rtol=1e-6)
-  assert (f'the run saved 2 checkpoint(s), fewer than average_last=5: averaged those into '
-          f'{tmp_path / "average-last2"}; use that path next.') in caplog.messages
 
 
 def test_validation_says_when_the_model_is_undertrained(tmp_path, caplog, monkeypatch):
