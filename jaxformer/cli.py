@@ -8,7 +8,6 @@ train, data, optim).
 
 import argparse
 import dataclasses
-import ipaddress
 import json
 import logging
 import os
@@ -23,7 +22,8 @@ from typing import Any
 import jax
 
 from jaxformer import (arguments, checkpoint, client, compilation, data, export, files, formats,
-                       finetune, monitor, parallel, recipes, scoring, serving, trainer)
+                       finetune, monitor, parallel, protocol, recipes, scoring, serving,
+                       trainer)
 from jaxformer.arguments import (add_model_flags, add_model_path, flag, path_arg, port_number,
                                  positive_int)
 from jaxformer import config as config_lib
@@ -293,11 +293,8 @@ def _translate(args: argparse.Namespace) -> int:
   chunk = 1 if sys.stdin.isatty() else model.decoding.batch_size * model.workers
 
   def translate(lines: list[str], first: int, prefixes: list[str] | None) -> list[Any]:
-    progress = bool(args.input)
-    if args.nbest is None:
-      return model.translate(lines, progress, prefixes=prefixes, first_index=first)
-    return model.translate_nbest(lines, args.nbest, progress, prefixes=prefixes,
-                                 first_index=first)
+    return model.run(protocol.TranslateRequest(lines, args.nbest, prefixes, first),
+                     progress=bool(args.input))
   text_lib.translate_lines(args.input, args.output, args.prefix, chunk, translate, args.nbest)
   return 0  # (input that is not UTF-8 stops at that line: a DataError)
 
@@ -361,10 +358,7 @@ def _serve(args: argparse.Namespace) -> int:
   _setup_logging()
   limits = arguments.server_limits_of(args)
   key = arguments.api_key(args.api_key_file, os.environ)
-  if key is None and not _is_loopback(args.host) and not args.allow_no_key:
-    raise SettingError(f'--host {args.host} without an API key: anyone who reaches the port '
-                       'could use the server. Set JAXFORMER_API_KEY (or --api-key-file), or '
-                       'give --allow-no-key to serve it open.')
+  serving.check_exposure(args.host, key, args.allow_no_key)
   model, step = translator(args.model, args)
   # SIGTERM (a service manager's stop) drains and ends with 0, as asked; Ctrl-C keeps 130.
   stop = threading.Event()
@@ -375,14 +369,6 @@ def _serve(args: argparse.Namespace) -> int:
   finally:
     signal.signal(signal.SIGTERM, previous)
   return 0
-
-
-def _is_loopback(host: str) -> bool:
-  """Whether `host` is this machine only (127.0.0.0/8, ::1, localhost)."""
-  try:
-    return host == 'localhost' or ipaddress.ip_address(host).is_loopback
-  except ValueError:  # a name: only the machine's own
-    return False
 
 
 # --- export, average, params ----------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The client of `jaxformer serve` (jaxformer.serving): `translate` and `score` from Python,
 and `jaxformer translate --server URL` from the command line. It imports the standard library,
 tqdm and jaxformer's jax-free modules only: a client of a running server pays neither for
-importing jax nor for loading and compiling a model. The protocol is in serving's docstring.
+importing jax nor for loading and compiling a model. Requests are jaxformer.protocol's.
 """
 
 import argparse
@@ -15,7 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from jaxformer import arguments, text
+from jaxformer import arguments, protocol, text
 from jaxformer.errors import JaxformerError, exit_code
 from jaxformer.settings import DecodingConfig
 
@@ -30,24 +30,28 @@ class ServerError(JaxformerError):
 CLIENT_TIMEOUT = 600.0  # seconds a request may take, by default, before the client gives up
 
 
+def ask(url: str, request: protocol.Request, timeout: float = CLIENT_TIMEOUT,
+        api_key: str | None = None) -> list[Any]:
+  """The server's results for `request` (protocol's): translations, n-best lists, or scores
+  (TargetScore.as_dict's fields); ServerError if none answers at `url` within `timeout`
+  seconds or it refuses the request."""
+  path = '/score' if isinstance(request, protocol.ScoreRequest) else '/translate'
+  return request.read(_ask(url, path, request.to_json(), timeout, api_key))
+
+
 def translate(url: str, sentences: list[str], nbest: int | None = None,
               timeout: float = CLIENT_TIMEOUT, *, prefixes: list[str] | None = None,
               first_index: int = 0, api_key: str | None = None, **settings: Any) -> list[Any]:
-  """The server's translations of `sentences` (with nbest: each one's [text, score] lists),
-  with `prefixes` and sampling `settings` (DecodingConfig.PER_REQUEST) as the protocol says;
-  ServerError if none answers at `url` within `timeout` seconds or it refuses the request."""
-  request = {'src': sentences, **({'nbest': nbest} if nbest else {}),
-             **({'prefix': prefixes} if prefixes is not None else {}),
-             **({'first_index': first_index} if first_index else {}), **settings}
-  answer = _ask(url, '/translate', request, timeout, api_key)
-  return answer['nbest' if nbest else 'translations']
+  """`ask` for the translations of `sentences` (with nbest: each one's [text, score] lists),
+  with `prefixes` and sampling `settings` (DecodingConfig.PER_REQUEST)."""
+  return ask(url, protocol.TranslateRequest(sentences, nbest, prefixes, first_index, settings),
+             timeout, api_key)
 
 
 def score(url: str, sources: list[str], targets: list[str], token_log_probs: bool = False,
           timeout: float = CLIENT_TIMEOUT, api_key: str | None = None) -> list[dict[str, Any]]:
-  """The server's scores of the pairs (TargetScore.as_dict's fields); ServerError as translate."""
-  return _ask(url, '/score', {'src': sources, 'tgt': targets,
-                              'token_log_probs': token_log_probs}, timeout, api_key)['scores']
+  """`ask` for the scores of the pairs (TargetScore.as_dict's fields)."""
+  return ask(url, protocol.ScoreRequest(sources, targets, token_log_probs), timeout, api_key)
 
 
 # Seconds the client gives a server's GET /health before it sends its first work there: a

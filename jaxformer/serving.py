@@ -7,17 +7,10 @@ running server pays for none of them: it imports jaxformer.client and the standa
 The server is for the local machine (127.0.0.1 unless told otherwise, and then only with an
 API key or --allow-no-key); requests that arrive together are searched together (Batcher).
 
-The protocol, for any HTTP client (every field but "src" and "tgt" optional)::
-
-  POST /translate  {"src": ["a sentence", ...], "nbest": N, "prefix": ["a prefix", ...],
-                    "sampling": true, "temperature": T, "top_k": K, "top_p": P, "seed": S,
-                    "first_index": I}
-    -> {"translations": ["...", ...]}, or with nbest {"nbest": [[["...", score], ...], ...]}
-  POST /score      {"src": ["a sentence", ...], "tgt": ["its translation", ...],
-                    "token_log_probs": true}
-    -> {"scores": [{"log_prob": L, "tokens": N, "mean": M, "token_log_probs": [...]}, ...]}
-  GET /            -> the model and its decoding settings
-  errors           -> 4xx or 500 with {"error": "one line"}
+The pages, for any HTTP client: POST /translate and POST /score, whose bodies and answers are
+the JSON of jaxformer.protocol (TranslateRequest, ScoreRequest); GET / (the model and its
+decoding settings); GET /health (200 once ready, 503 while warming up or stopping); errors
+are 4xx or 500 with {"error": "one line"}.
 
 The search (beam, alpha, extra length, batch size) is the server's; a request may sample, with
 DecodingConfig's settings and limits, and give prefixes ("" for none), one a sentence.
@@ -31,33 +24,29 @@ import dataclasses
 import hmac
 import http.client
 import http.server
-import itertools
+import ipaddress
 import json
 import logging
-import queue
 import socket
 import sys
 import threading
 import time
-import typing
 from collections.abc import Iterator
 from typing import Any
 
-from jaxformer import text
+from jaxformer import protocol
+from jaxformer.batching import Batcher
 # The client's names, where they were before it had a module of its own:
 from jaxformer.client import (  # noqa: F401
     CLIENT_LINES, CLIENT_TIMEOUT, DEFAULT_PORT, PROBE_TIMEOUT, ServerError, client_main,
     is_client, score, translate)
 from jaxformer.errors import JaxformerError
-from jaxformer.settings import MAX_NBEST, DecodingConfig, ServerLimits
+from jaxformer.protocol import RequestError, TooLarge  # noqa: F401  (its 400 and 413)
+from jaxformer.settings import ServerLimits, SettingError
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 64 << 20  # a larger request is refused (413): send a file in parts
-
-
-class RequestError(JaxformerError):
-  """A request the server refuses (400): the message says what is wrong with it."""
 
 
 # --- the server -----------------------------------------------------------------------------------
@@ -83,8 +72,9 @@ class Server(http.server.ThreadingHTTPServer):
     self.info = {**(info or {}), **dataclasses.asdict(model.decoding)}
     self.batcher = Batcher(model, limits.max_batch, limits.batch_wait)
     self.connections = threading.BoundedSemaphore(limits.max_connections)
-    self.state = 'warming up'  # then 'ready', then 'stopping'
+    self.state = 'warming up'  # then 'ready' (ready), then 'stopping' (drain)
     self._answering, self._lock = 0, threading.Lock()
+    self._done = threading.Condition(self._lock)  # notified when no request is in flight
     self._idle: dict[socket.socket, float] = {}  # connection: since when it waits
 
   @property
@@ -159,6 +149,18 @@ class Server(http.server.ThreadingHTTPServer):
     """Requests being answered now (idle connections are not waited for)."""
     return self._answering
 
+  def ready(self) -> None:
+    """From now on requests are answered (GET /health: 200)."""
+    self.state = 'ready'
+
+  def drain(self, timeout: float) -> int:
+    """Refuses new requests from now on (503) and waits, at most `timeout` seconds, for those
+    in flight to be answered; returns how many are still in flight."""
+    with self._done:
+      self.state = 'stopping'
+      self._done.wait_for(lambda: not self._answering, timeout)
+      return self._answering
+
   @contextlib.contextmanager
   def answering(self) -> Iterator[None]:
     """Counts a request in flight while it is answered (in_flight)."""
@@ -169,63 +171,15 @@ class Server(http.server.ThreadingHTTPServer):
     finally:
       with self._lock:
         self._answering -= 1
+        if not self._answering:
+          self._done.notify_all()
 
-  def answer(self, path: str, request: Any) -> dict[str, Any]:
+  def answer(self, path: str, body: Any) -> dict[str, Any]:
     """The response to a decoded POST body of /translate or /score; JaxformerError (400) for
     a request that cannot be answered, Busy (503) past max_wait."""
-    fields = ('src', 'tgt', 'token_log_probs') if path == '/score' else (
-        'src', 'nbest', 'prefix', 'first_index', *DecodingConfig.PER_REQUEST)
-    if not isinstance(request, dict):
-      raise RequestError('the request must be a JSON object: {"src": [sentences], ...}.')
-    if unknown := [name for name in request if name not in fields]:
-      raise RequestError(f'the request sets "{unknown[0]}", which it cannot (its fields: '
-                         f"{', '.join(fields)}; the search is the server's).")
-    src = self._sentences(request, 'src')
-    if path == '/score':
-      tgt = self._sentences(request, 'tgt')
-      text.check_pairs(src, tgt)  # before it is merged with other requests
-      with_tokens = request.get('token_log_probs', False)
-      if type(with_tokens) is not bool:
-        raise RequestError('"token_log_probs" must be true or false, got '
-                           f'{json.dumps(with_tokens)[:60]}.')
-      scores = self._wait(self.batcher.submit(('score',), (src, tgt)))
-      return {'scores': [s.as_dict(with_tokens) for s in scores]}
-    nbest, first = request.get('nbest'), request.get('first_index', 0)
-    for name, value, low, high in (('nbest', nbest, 1, MAX_NBEST),
-                                   ('first_index', first, 0, 2**31)):
-      if value is not None and (type(value) is not int or not low <= value <= high):
-        raise RequestError(f'"{name}" must be an integer from {low} to {high}, got {value!r}.')
-    prefixes = self._sentences(request, 'prefix') if 'prefix' in request else None
-    if prefixes is not None and len(prefixes) != len(src):
-      raise RequestError(f'{len(prefixes)} prefixes for {len(src)} sentences: give one a '
-                         "sentence ('' for none).")
-    settings = {name: request[name] for name in DecodingConfig.PER_REQUEST if name in request}
-    decoding = self.model.decoding.replace(**settings)  # SettingError: a bad value
-    # A sampling request is searched alone: its keys follow its own first_index.
-    key = ('translate', decoding, nbest, first, object()) if decoding.sampling else (
-        'translate', decoding, nbest, 0, None)
-    found = self._wait(self.batcher.submit(key, (src, prefixes)))
-    return {'translations': found} if nbest is None else {'nbest': found}
-
-  def _sentences(self, request: dict[str, Any], name: str) -> list[str]:
-    """request[name], a list of at most max_sentences strings of valid text, each at most
-    max_chars long; RequestError (400, or TooLarge: 413) for anything else."""
-    value = request.get(name)
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-      raise RequestError(f'the request needs "{name}": a list of strings (one sentence each).')
-    if len(value) > self.limits.max_sentences:
-      raise TooLarge(f'"{name}" has {len(value)} sentences, more than the server takes at once '
-                     f'({self.limits.max_sentences}): send them in parts.')
-    for i, sentence in enumerate(value):
-      if len(sentence) > self.limits.max_chars:
-        raise TooLarge(f'{name}[{i}] has {len(sentence)} characters, more than the server '
-                       f'takes ({self.limits.max_chars}).')
-      try:
-        sentence.encode('utf-8')
-      except UnicodeEncodeError as e:  # a lone surrogate, sent as a JSON escape
-        raise RequestError(f'{name}[{i}] is not valid text at character {e.start} '
-                           f'({e.reason}).') from None
-    return value
+    kind = protocol.ScoreRequest if path == '/score' else protocol.TranslateRequest
+    request = kind.from_json(body, self.limits)
+    return request.answer(self._wait(self.batcher.submit(request)))
 
   def _wait(self, future: concurrent.futures.Future) -> Any:
     """The future's result, waited for at most max_wait while it has not started."""
@@ -240,120 +194,6 @@ class Server(http.server.ThreadingHTTPServer):
 
 class Busy(JaxformerError):
   """The model did not become free in time (503)."""
-
-
-class TooLarge(RequestError):
-  """A request over a size limit (413)."""
-
-
-class _Job(typing.NamedTuple):
-  key: tuple[Any, ...]   # jobs of one key are searched together
-  inputs: tuple[Any, ...]
-  future: concurrent.futures.Future
-
-
-class Batcher:
-  """Requests given to one model together: a thread takes every request that queued while the
-  last search ran and those its clients send next (up to max_batch sentences, waiting at most
-  batch_wait seconds for them: _gather), and searches those with the same key (the same kind
-  and settings) as one input, which the Translator sorts into length buckets. Each request
-  gets what it would alone: a sentence's search does not depend on its batch
-  (tests/test_serving.py)."""
-
-  def __init__(self, model: Any, max_batch: int, batch_wait: float):
-    self.model, self.max_batch, self.batch_wait = model, max_batch, batch_wait
-    self._queue: queue.Queue = queue.Queue()
-    self._thread = threading.Thread(target=self._run, name='batcher', daemon=True)
-    self._thread.start()
-
-  def close(self) -> None:
-    """Ends the thread once the requests queued before are answered."""
-    self._queue.put(None)
-    self._thread.join()
-
-  def submit(self, key: tuple[Any, ...], inputs: tuple[Any, ...]) -> concurrent.futures.Future:
-    """A future of the request's answer; `inputs` are (sources, targets) for the key
-    ('score',), else (sentences, prefixes or None)."""
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    self._queue.put(_Job(key, inputs, future))
-    return future
-
-  def _run(self) -> None:
-    expected, deadline = 1, 0.0
-    while (job := self._queue.get()) is not None:
-      jobs = self._gather(job, expected, deadline)
-      start = time.monotonic()
-      groups: dict[tuple[Any, ...], list[_Job]] = {}
-      for job in jobs:
-        if job.future.set_running_or_notify_cancel():  # (not one that stopped waiting)
-          groups.setdefault(job.key, []).append(job)
-      for group in groups.values():
-        self._answer(group)
-      # The clients just answered come back (a closed loop), beside those who queued meanwhile.
-      expected = len(jobs) + self._queue.qsize()
-      end = time.monotonic()
-      deadline = end + min(self.batch_wait, (end - start) / 2)
-
-  def _gather(self, first: _Job, expected: int, deadline: float) -> list[_Job]:
-    """`first` and the requests queued behind it, up to max_batch sentences; until `expected`
-    are gathered (those the last search answered, and those that queued while it ran), it waits
-    for more until `deadline` (time.monotonic: the last search's end + batch_wait, at most half
-    its time). Without the wait, clients that send again as soon as they are answered split
-    into two groups that take turns: the first to come back starts a search, and the others
-    queue behind it."""
-    jobs, sentences = [first], len(first.inputs[0])
-    while sentences < self.max_batch:
-      wait = deadline - time.monotonic() if len(jobs) < expected else 0.0
-      try:
-        job = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
-      except queue.Empty:
-        break
-      if job is None:
-        self._queue.put(None)  # (seen at the top, after these)
-        break
-      jobs.append(job)
-      sentences += len(job.inputs[0])
-    return jobs
-
-  def _answer(self, group: list[_Job]) -> None:
-    """One search for the group's requests; each alone when together they fail as a request
-    (one bad prefix: its error, the others' answers)."""
-    def joined(side: int) -> list[str]:  # (a job without prefixes: '' for each sentence)
-      return list(itertools.chain.from_iterable(
-          job.inputs[side] or [''] * len(job.inputs[0]) for job in group))
-    kind, *settings = group[0].key
-    try:
-      if kind == 'score':
-        found = self.model.score(joined(0), joined(1))
-      else:
-        decoding, nbest, first, _ = settings
-        model = self.model if decoding == self.model.decoding else self.model.replace(
-            **dataclasses.asdict(decoding))
-        prefixes = None if all(job.inputs[1] is None for job in group) else joined(1)
-        found = model.translate(joined(0), prefixes=prefixes, first_index=first) \
-            if nbest is None else model.translate_nbest(joined(0), nbest, prefixes=prefixes,
-                                                        first_index=first)
-    except JaxformerError as e:
-      if len(group) > 1:
-        for job in group:
-          self._answer([job])
-      else:
-        group[0].future.set_exception(e)
-      return
-    except Exception as e:  # pylint: disable=broad-exception-caught
-      for job in group:
-        job.future.set_exception(e)
-      return
-    counts = [len(job.inputs[0]) for job in group]
-    if len(found) != sum(counts):  # a merge that would not come apart as it went in
-      error = RuntimeError(f'the search of {sum(counts)} sentences gave {len(found)} answers')
-      for job in group:
-        job.future.set_exception(error)
-      return
-    start = 0
-    for job, count in zip(group, counts):
-      job.future.set_result(found[start:start + count])
-      start += count
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -487,6 +327,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     log.info('%s %s', self.client_address[0], format % args)  # (a timeout, a bad request line)
 
 
+def check_exposure(host: str, api_key: str | None, allow_no_key: bool) -> None:
+  """SettingError for a server open to other machines (a `host` that is not loopback) without
+  an API key, unless `allow_no_key` says that is meant."""
+  if api_key is None and not _is_loopback(host) and not allow_no_key:
+    raise SettingError(f'--host {host} without an API key: anyone who reaches the port could '
+                       'use the server. Set JAXFORMER_API_KEY (or --api-key-file), or give '
+                       '--allow-no-key to serve it open.')
+
+
+def _is_loopback(host: str) -> bool:
+  """Whether `host` is this machine only (127.0.0.0/8, ::1, localhost)."""
+  try:
+    return host == 'localhost' or ipaddress.ip_address(host).is_loopback
+  except ValueError:  # a name: only the machine's own
+    return False
+
+
 def serve(model: Any, host: str = '127.0.0.1', port: int = DEFAULT_PORT,
           info: dict[str, Any] | None = None, limits: ServerLimits = ServerLimits(),
           api_key: str | None = None, stop: threading.Event | None = None) -> None:
@@ -498,15 +355,11 @@ def serve(model: Any, host: str = '127.0.0.1', port: int = DEFAULT_PORT,
   with Server(model, (host, port), info, limits, api_key) as server:
     threading.Thread(target=server.serve_forever, name='server', daemon=True).start()
     try:
-      model.translate(['Ready.'])
-      server.state = 'ready'
+      model.run(protocol.TranslateRequest(['Ready.']))
+      server.ready()
       log.info('serving %s at %s (POST /translate, POST /score, GET /health; Ctrl-C stops)',
                (info or {}).get('model', 'the model'), server.url)
       (stop or threading.Event()).wait()
     finally:
-      server.state = 'stopping'
-      deadline = time.monotonic() + limits.drain_timeout
-      while server.in_flight() and time.monotonic() < deadline:
-        time.sleep(0.05)
-      log.info('stopped (%d request(s) still in flight)', server.in_flight())
+      log.info('stopped (%d request(s) still in flight)', server.drain(limits.drain_timeout))
       server.shutdown()

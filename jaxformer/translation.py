@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from jaxformer import checkpoint, compilation, export, search, text
+from jaxformer import checkpoint, compilation, export, protocol, search, text
 from jaxformer.config import DecodingConfig, SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.errors import DataError
@@ -238,8 +238,8 @@ class Translator:
         return result[:len(chosen)], None
       return result[0][:len(chosen)], result[1][:len(chosen)]
 
-    for chosen, (found, scores) in self._run(todo, [len(x) for x in ids], run_batch, progress,
-                                             'translating'):
+    for chosen, (found, scores) in self._in_batches(todo, [len(x) for x in ids], run_batch,
+                                                    progress, 'translating'):
       yield chosen, found, scores
 
   def compile_ahead(self, sentences: Sequence[str], num_results: int | None = None) -> None:
@@ -308,7 +308,7 @@ class Translator:
     size = min(self.decoding.batch_size, -(-len(todo) // self.workers))
     return [todo[start:start + size] for start in range(0, len(todo), size)]
 
-  def _run(self, todo: list[int], lengths: list[int], run: Callable[[list[int]], Any],
+  def _in_batches(self, todo: list[int], lengths: list[int], run: Callable[[list[int]], Any],
            progress: bool, desc: str) -> Iterator[tuple[list[int], Any]]:
     """run(batch) over `todo`'s batches (_groups) by the workers side by side; (batch, its
     result) in that order."""
@@ -324,6 +324,19 @@ class Translator:
     finally:  # an error, or a caller that stops early: no batch is started after it
       if pool:
         pool.shutdown(cancel_futures=True)
+
+  def run(self, request: protocol.Request, progress: bool = False) -> list[Any]:
+    """The answer to a request (protocol's): translations, n-best lists or TargetScores, as
+    translate, translate_nbest or score give them, with the request's search settings."""
+    if isinstance(request, protocol.ScoreRequest):
+      return self.score(request.src, request.tgt, progress)
+    model = self.replace(**dataclasses.asdict(request.decoding(self.decoding))) \
+        if request.settings else self
+    if request.nbest is None:
+      return model.translate(request.src, progress, prefixes=request.prefix,
+                             first_index=request.first_index)
+    return model.translate_nbest(request.src, request.nbest, progress, prefixes=request.prefix,
+                                 first_index=request.first_index)
 
   # --- scoring -----------------------------------------------------------------------------------
 
@@ -360,7 +373,7 @@ class Translator:
 
     todo = [i for i, s in enumerate(out) if s is None]
     lengths = [len(s) + len(t) for s, t in zip(src_ids, tgt_ids)]
-    for chosen, log_probs in self._run(todo, lengths, run, progress, 'scoring'):
+    for chosen, log_probs in self._in_batches(todo, lengths, run, progress, 'scoring'):
       for row, i in enumerate(chosen):
         each = log_probs[row, :len(tgt_ids[i]) + 1].astype(float)
         out[i] = TargetScore(float(each.sum()), len(each), tuple(map(float, each)))

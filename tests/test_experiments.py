@@ -356,8 +356,9 @@ def test_bench_serve_load_runs_its_clients_apart_and_checks_every_answer(transla
   class Short:  # answers one sentence fewer than it is given
     decoding = translator.decoding
 
-    def translate(self, sentences, **unused):
-      return ['x'] * (len(sentences) - 1)
+    def run(self, request):
+      return ['x'] * (len(request.src) - 1)
+
 
   clients = [[['the man sees a dog'], ['a red cat', 'the dog walks']]] * 3
   with bench_serve._served(translator) as url:  # pylint: disable=protected-access

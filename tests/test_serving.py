@@ -31,7 +31,7 @@ LINES = ['the man sees a dog', '', 'Größe 😀', 'the dog walks with a cat', '
 def server(translator):
   """The tiny translator served on a free port, in a thread of this process."""
   with serving.Server(translator, ('127.0.0.1', 0), info={'model': 'tiny'}) as running:
-    running.state = 'ready'  # (serve() says so once it has compiled a search)
+    running.ready()  # (serve() says so once it has compiled a search)
     thread = threading.Thread(target=running.serve_forever, daemon=True)
     thread.start()
     yield running
@@ -86,6 +86,14 @@ def test_the_server_scores_samples_and_prefixes_as_its_translator(server, transl
                             sampling=True, seed=5, top_k=20)
   assert [[tuple(o) for o in options] for options in asked] == sampler.translate_nbest(
       LINES, 2, prefixes=prefixes, first_index=7)
+
+
+def test_a_server_of_another_beam_samples_as_a_local_sampler(translator):
+  """A sampling request reads none of the server's beam settings: a server searching with beam
+  5 and alpha 1 samples what a local sampler does (it used to refuse every sampling request)."""
+  with _serving(translator.replace(beam_size=5, alpha=1.0)) as server:
+    asked = serving.translate(server.url, LINES, sampling=True, seed=3)
+  assert asked == translator.replace(sampling=True, seed=3).translate(LINES)
 
 
 @pytest.mark.parametrize('page, body, status, message', [
@@ -239,7 +247,7 @@ def test_an_output_file_that_cannot_be_written_is_one_line(server, workdir, tmp_
 def _serving(model, **limits):
   """`model` served on a free port with these limits, ready, in a thread of this process."""
   with serving.Server(model, ('127.0.0.1', 0), limits=ServerLimits(**limits)) as running:
-    running.state = 'ready'
+    running.ready()
     thread = threading.Thread(target=running.serve_forever, daemon=True)
     thread.start()
     try:
@@ -257,16 +265,11 @@ class _Gate:
         threading.Event(), []
     self.decoding = model.decoding
 
-  def replace(self, **settings):
-    gate = _Gate(self.model.replace(**settings))
-    gate.open, gate.entered, gate.searches = self.open, self.entered, self.searches
-    return gate
-
-  def translate(self, sentences, *args, **kwargs):
+  def run(self, request):
     self.entered.set()
     assert self.open.wait(60)
-    self.searches.append(len(sentences))
-    return self.model.translate(sentences, *args, **kwargs)
+    self.searches.append(len(request.src))
+    return self.model.run(request)
 
 
 def _raw(server, data: bytes, timeout: float = 10) -> bytes:
@@ -296,6 +299,9 @@ def test_idle_connections_give_way_to_new_ones_and_busy_ones_past_the_cap_get_50
     assert b'the server is busy (1 connections)' in refused
     gate.open.set()
     busy.join(timeout=60)
+    # (the answered connection's thread frees its slot just after the client has its answer)
+    assert server.connections.acquire(timeout=30)
+    server.connections.release()
     silent = socket.create_connection(server.server_address[:2], timeout=10)
     assert silent.recv(100) == b''  # closed by the server within its idle timeout
     silent.close()
@@ -373,8 +379,8 @@ def test_a_merged_search_that_does_not_come_apart_as_it_went_in_is_an_error(tran
   class Short:  # a model whose search drops one answer
     decoding = translator.decoding
 
-    def translate(self, sentences, **kwargs):
-      return translator.translate(sentences, **kwargs)[1:]
+    def run(self, request):
+      return translator.run(request)[1:]
   with _serving(Short()) as server:
     code, answer = _http(server.url + '/translate', b'{"src": ["a", "b"]}')
   assert code == 500 and 'the search of 2 sentences gave 1 answers' in answer['error'], answer
@@ -561,7 +567,7 @@ def test_health_says_warming_up_until_the_model_is_ready(translator):
       assert _http(server.url + '/health') == (503, {'status': 'warming up'})
       assert _http(server.url + '/translate', b'{"src": ["a"]}') == (
           503, {'error': 'the server is warming up: retry shortly.'})
-      server.state = 'ready'
+      server.ready()
       assert _http(server.url + '/health') == (200, {'status': 'ready'})
     finally:
       server.shutdown()

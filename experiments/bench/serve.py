@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jaxformer import checkpoint, data, export, serving
+from jaxformer import checkpoint, data, export, protocol, serving
 from jaxformer.config import DecodingConfig
 from jaxformer.data import embedded
 from jaxformer.settings import ServerLimits
@@ -34,8 +34,9 @@ MIXED = {'one': (12, 16), 'hundred': (4, 2)}  # kind: (clients, requests each)
 
 
 class CTranslate2Model:
-  """CTranslate2's translator behind what serving.Server calls of a Translator (translate,
-  replace, decoding), with jaxformer's decoding limits: beam 4, alpha 0.6, input + 50."""
+  """CTranslate2's translator behind what serving.Server calls of a Translator (`run` of a
+  translation request, `decoding`), with jaxformer's decoding limits: beam 4, alpha 0.6,
+  input + 50."""
 
   def __init__(self, model_dir: pathlib.Path, tokenizer: data.Tokenizer, max_len: int):
     import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
@@ -43,13 +44,12 @@ class CTranslate2Model:
                                          intra_threads=1)
     self.tokenizer, self.max_len, self.decoding = tokenizer, max_len, DecodingConfig()
 
-  def replace(self, **settings: Any) -> 'CTranslate2Model':
-    assert not settings, 'the benchmark sends the default settings only'
-    return self
-
-  def translate(self, sentences: list[str], progress: bool = False, **unused: Any) -> list[str]:
+  def run(self, request: protocol.TranslateRequest) -> list[str]:
+    assert request.nbest is None and not request.settings and request.prefix is None, \
+        'the benchmark sends plain translation requests only'
     tok, decoding = self.tokenizer, self.decoding
-    pieces = [tok.pieces(ids[:self.max_len - 1] + [data.EOS_ID]) for ids in tok.encode(sentences)]
+    pieces = [tok.pieces(ids[:self.max_len - 1] + [data.EOS_ID])
+              for ids in tok.encode(request.src)]
     found = self.engine.translate_batch(
         pieces, max_batch_size=decoding.batch_size, beam_size=decoding.beam_size,
         length_penalty=decoding.alpha, min_decoding_length=0,
@@ -61,7 +61,7 @@ class CTranslate2Model:
 @contextlib.contextmanager
 def _served(model: Any, **limits: Any):
   with serving.Server(model, ('127.0.0.1', 0), limits=ServerLimits(**limits)) as server:
-    server.state = 'ready'
+    server.ready()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -134,10 +134,10 @@ def _engine(model: Any, sentences: list[str], count: int = REQUESTS) -> dict[str
   rates, load = {}, [sentences[i % len(sentences)] for i in range(count)]
   for size in (1, 16):
     batches = [load[i:i + size] for i in range(0, count, size)]
-    model.translate(batches[0])
+    model.run(protocol.TranslateRequest(batches[0]))
     start = time.perf_counter()
     for batch in batches:
-      model.translate(batch)
+      model.run(protocol.TranslateRequest(batch))
     rates[f'{size}_at_a_time'] = round(count / (time.perf_counter() - start), 1)
   return rates
 
