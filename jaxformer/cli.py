@@ -287,8 +287,8 @@ def _translate(args: argparse.Namespace) -> int:
   if given := [name for name in arguments.CLIENT_SIDE if getattr(args, name) is not None]:
     raise SettingError(f'--{given[0].replace("_", "-")} is for translating with --server.')
   model = translator(args.model, args)[0]
-  if args.nbest and not model.decoding.sampling and args.nbest > model.decoding.beam_size:
-    raise SettingError(f'--nbest {args.nbest} needs --beam >= {args.nbest} (or --sampling).')
+  if args.nbest:  # (before any input is read)
+    protocol.check_nbest(args.nbest, model.decoding)
   # From a terminal each line is answered; from a pipe, a batch for each of the workers.
   chunk = 1 if sys.stdin.isatty() else model.decoding.batch_size * model.workers
 

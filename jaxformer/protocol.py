@@ -21,7 +21,7 @@ from typing import Any
 
 from jaxformer import text
 from jaxformer.errors import JaxformerError
-from jaxformer.settings import MAX_NBEST, DecodingConfig, ServerLimits
+from jaxformer.settings import MAX_NBEST, DecodingConfig, ServerLimits, SettingError
 
 MAX_FIRST_INDEX = 2**31  # sampling's keys count sentences in an int32
 
@@ -67,6 +67,18 @@ def _fields(body: Any, fields: Sequence[str], example: str) -> dict[str, Any]:
     raise RequestError(f'the request sets "{unknown[0]}", which it cannot (its fields: '
                        f"{', '.join(fields)}; the search is the server's).")
   return body
+
+
+def check_nbest(n: int, decoding: DecodingConfig) -> None:
+  """SettingError unless a search with `decoding` gives n results a sentence: beam search at
+  most its beam, sampling at most MAX_NBEST samples."""
+  if n < 1:
+    raise SettingError(f'n-best needs n >= 1, got {n}.')
+  if not decoding.sampling and n > decoding.beam_size:
+    raise SettingError(f'{n}-best needs a beam of at least {n} (this search has '
+                       f'{decoding.beam_size}), or sampling.')
+  if n > MAX_NBEST:
+    raise SettingError(f'{n} samples a sentence: at most {MAX_NBEST}.')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,6 @@ from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.errors import DataError
 from jaxformer.model import Transformer
 from jaxformer.search import cached_tokens_to_logits, decode_batch  # noqa: F401  (their old home)
-from jaxformer.settings import MAX_NBEST
 
 Array = jax.Array
 log = logging.getLogger(__name__)
@@ -211,11 +210,7 @@ class Translator:
     length penalty, the length counting EOS), best first; [] for a blank sentence. Needs
     n <= beam_size. With sampling: n samples in the order drawn, each scored by its
     log-probability (no length penalty), as `score` would score it."""
-    if n < 1 or (not self.decoding.sampling and n > self.decoding.beam_size):
-      raise SettingError(f'n-best needs 1 <= n <= the beam size ({self.decoding.beam_size}), '
-                         f'got {n}.' if n >= 1 else f'n-best needs n >= 1, got {n}.')
-    if n > MAX_NBEST:
-      raise SettingError(f'{n} samples a sentence: at most {MAX_NBEST}.')
+    protocol.check_nbest(n, self.decoding)
     out: list[list[tuple[str, float]]] = [[] for _ in sentences]
     for chosen, ids, scores in self._searches(sentences, progress, n, prefixes, first_index):
       texts = self.tokenizer.decode(ids.reshape(-1, ids.shape[-1]))

@@ -137,6 +137,13 @@ def test_the_search_refuses_sizes_past_their_bounds_in_one_line(capsys, flag, va
   assert f'argument {flag}: must be {bound}' in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_nbest_past_the_beam_is_one_line_before_any_input_is_read(workdir, capsys, monkeypatch):
+  monkeypatch.setattr('sys.stdin', None)  # (read, it would fail otherwise)
+  assert cli.main(['translate', '--model', str(workdir), '--nbest', '5']) == 1
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+      'error: 5-best needs a beam of at least 5 (this search has 4), or sampling.')
+
+
 @pytest.mark.parametrize('value', ['nan', 'inf', '-inf', '-0.5'])
 @pytest.mark.parametrize('command', ['translate', 'eval'])
 def test_the_search_refuses_an_alpha_that_is_not_a_finite_number(capsys, command, value):

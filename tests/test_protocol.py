@@ -54,6 +54,16 @@ def test_settings_are_checked_as_decoding_checks_them():
     Translate(['a'], settings={'alpha': 1.0})  # (from Python, past from_json's field check)
 
 
+def test_nbest_fits_the_beam_or_the_samples():
+  protocol.check_nbest(4, DecodingConfig())
+  protocol.check_nbest(100, DecodingConfig(sampling=True))
+  for n, settings, error in ((5, {}, '5-best needs a beam of at least 5 .this search has 4.'),
+                             (0, {}, 'n-best needs n >= 1, got 0'),
+                             (101, {'sampling': True}, '101 samples a sentence: at most 100')):
+    with pytest.raises(SettingError, match=error):
+      protocol.check_nbest(n, DecodingConfig(**settings))
+
+
 def test_scores_need_one_target_a_source_and_a_boolean():
   with pytest.raises(DataError, match='2 sources and 1 targets'):
     Score.from_json({'src': ['a', 'b'], 'tgt': ['c']})

@@ -107,7 +107,7 @@ def test_a_server_of_another_beam_samples_as_a_local_sampler(translator):
     ('/translate', b'{"src": ["a"], "nbest": true}', 400,
      'bad request: "nbest" must be an integer from 1 to 100, got True.'),
     ('/translate', b'{"src": ["a"], "nbest": 5}', 400,
-     'bad request: n-best needs 1 <= n <= the beam size (4), got 5.'),
+     'bad request: 5-best needs a beam of at least 5 (this search has 4), or sampling.'),
     ('/translate', b'{"src": ["a"], "sampling": true, "temperature": 0}', 400,
      'bad request: decoding.temperature must be > 0, got 0.'),
     ('/translate', b'{"src": ["a"], "sampling": true, "top_p": 1.5}', 400,
