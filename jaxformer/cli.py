@@ -8,34 +8,21 @@ train, data, optim).
 
 import argparse
 import dataclasses
-import json
-import logging
 import os
 import pathlib
-import signal
 import sys
 import textwrap
-import threading
 import typing
 from typing import Any
 
 import jax
 
-from jaxformer import (arguments, checkpoint, client, compilation, data, export, files, formats,
-                       finetune, monitor, parallel, protocol, recipes, scoring, serving,
-                       trainer)
+from jaxformer import arguments, client, commands, compilation, formats, monitor, recipes
 from jaxformer.arguments import (add_model_flags, add_model_path, flag, path_arg, port_number,
                                  positive_int)
 from jaxformer import config as config_lib
-from jaxformer import text as text_lib
-from jaxformer.config import DataConfig, OptimConfig, SettingError, TrainConfig
 from jaxformer.settings import ServerLimits
 from jaxformer.errors import exit_code
-from jaxformer.model import parameter_count
-from jaxformer.recipes import auto as auto_recipe
-from jaxformer.translation import Translator
-
-_PRESETS = ('tiny', 'base', 'big')
 
 
 def compilation_cache_dir(environ: typing.Mapping[str, str]) -> pathlib.Path:
@@ -64,12 +51,6 @@ def use_compilation_cache(args: argparse.Namespace) -> None:
     compilation.enable_cache(compilation_cache_dir(os.environ))
 
 
-def _setup_logging() -> None:
-  logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s',
-                      force=True)  # absl may have installed a handler already
-  logging.getLogger('absl').setLevel(logging.WARNING)  # orbax logs every step at INFO
-
-
 # --- train ----------------------------------------------------------------------------------------
 
 
@@ -83,9 +64,6 @@ def _setting_type(hint: Any):
   return parse
 
 
-# The sections whose every field is also a flag of `jaxformer train` (--num-steps for --set
-# train.num_steps=...), made from the fields' help.
-_SHORTCUTS = (('data', DataConfig), ('train', TrainConfig), ('optim', OptimConfig))
 _SECTION_TITLES = {'data': 'data', 'train': 'training',
                    'optim': 'optimisation: the learning rate, Adam, clipping, label smoothing'}
 
@@ -106,7 +84,7 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
                       'train.num_steps=5000 --set model.vocab_size=8000 (repeatable; SECTION: '
                       'model, train, data, optim; a wrong name lists the valid ones)')
   groups = {}
-  for section, cls in _SHORTCUTS:
+  for section, cls in commands.SHORTCUTS:
     group = groups[section] = parser.add_argument_group(
         f"{_SECTION_TITLES[section]} (shortcuts for --set {section}.NAME=...; defaults: the "
         "recipe's)")
@@ -133,59 +111,6 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
   flag(group, 'coordinator_address', help='host:port of process 0')
   flag(group, 'num_processes', type=positive_int, help='processes in the cluster')
   flag(group, 'process_id', type=int, help="this process's index")
-
-
-def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
-  """The recipe of `args`: --config and --variant, then the shortcut flags spelled as --set,
-  then --set itself (which wins)."""
-  auto = args.config == 'auto'
-  if auto and args.variant:
-    raise SettingError('--variant makes a Table 3 row of the base recipe: give --config base.')
-  recipe = recipes.AUTO if auto else recipes.load(args.config, args.variant)
-  shortcuts = [f'{section}.{field.name}={getattr(args, field.name)}'
-               for section, cls in _SHORTCUTS
-               for field in dataclasses.fields(cls) if getattr(args, field.name, None) is not None]
-  shortcuts += ['train.require_accelerator=false'] * args.allow_cpu
-  shortcuts += ['model.execution.remat=true'] * args.remat
-  assignments = shortcuts + args.assignments
-  recipe = recipes.override(recipe, assignments)
-  finetune.check_fine_tune_workdir(args.workdir, recipe.train.init_from)  # before any record
-  parent = export.model_config(recipe.train.init_from) if recipe.train.init_from else None
-  if auto:
-    inherited = None if parent is None else (parent[0], data.Tokenizer.from_bytes(
-        parent[1], f'the vocabulary of {recipe.train.init_from}'))
-    sizing = auto_recipe.recorded(args.workdir, recipe, assignments) or auto_recipe.size(
-        recipe, assignments, backend=jax.default_backend(), parent=inherited)
-    logging.getLogger('jaxformer.recipes.auto').info(
-        '%s (recorded in %s)', '\n  '.join(sizing.reasons),
-        auto_recipe.record(args.workdir, sizing))
-    recipe = sizing.recipe
-  if parent is None or auto:  # (the automatic recipe sized the parent's model itself)
-    return recipe
-  # Fine-tuning: the parent's model, changed only where --set says so (the trainer checks that
-  # only what check_fine_tune allows changed).
-  model_sets = [a for a in assignments if a.strip().startswith('model.')]
-  return recipes.override(dataclasses.replace(recipe, model=parent[0]), model_sets)
-
-
-def _train(args: argparse.Namespace) -> int:
-  _setup_logging()
-  if args.distributed or args.coordinator_address:
-    try:
-      parallel.initialize(args.coordinator_address, args.num_processes, args.process_id)
-    except (ValueError, RuntimeError) as e:  # jax's: no cluster found, or none answering
-      raise SettingError(f'--distributed: cannot join a cluster ({str(e).splitlines()[0]}); '
-                         'give --coordinator-address, --num-processes and --process-id, or run '
-                         'under a launcher jax detects (SLURM, Cloud TPU, ...).') from None
-  files.check_workdir(args.workdir)  # before the recipe's work, which may be minutes
-  recipe = recipe_of(args)
-  if recipe.data.source == 'wmt14':
-    data.sources.require_tfds()  # (the core install has no TensorFlow)
-  summary = trainer.train_recipe(recipe, args.workdir)
-  print(json.dumps(summary, indent=2))
-  if summary.get('signal') == 'SIGINT':  # saved; SIGTERM (a preemption) ends with 0
-    raise KeyboardInterrupt  # (reported as every command's Ctrl-C: errors.exit_code)
-  return 0
 
 
 # --- loading a model ------------------------------------------------------------------------------
@@ -219,113 +144,13 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
   return parser._subparsers._group_actions[0].choices  # pylint: disable=protected-access
 
 
-def translator(path: str, args: argparse.Namespace) -> tuple[Translator, int]:
-  """A Translator of a workdir, checkpoint folder or exported folder, and the model's step."""
-  params, config, spm_model, step = export.load_model(path, args.average_last)
-  tokenizer = data.Tokenizer.from_bytes(spm_model, f'the vocabulary of {path}')
-  return Translator(params, config, tokenizer, arguments.decoding_of(args)), step
-
-
 # --- eval -----------------------------------------------------------------------------------------
-
-
-def _test_set(args: argparse.Namespace, lang: str) -> data.ParallelText:
-  if args.src or args.ref:
-    if not (args.src and args.ref):
-      raise data.DataError('--src and --ref go together.')
-    return data.read_parallel_text(args.src, args.ref)
-  return data.load_wmt14(lang, 'test', source_language=args.source_language,
-                         data_dir=args.tfds_data_dir)
-
-
-def target_language(args: argparse.Namespace) -> str:
-  """--target-language, else the language the model's training run recorded (its workdir's
-  recipe.json), else the paper's German; where it came from is said when not given."""
-  if args.target_language:
-    return args.target_language
-  if not (found := files.record_near(args.model, 'recipe.json')):
-    return 'de'
-  path, record = found
-  run_data = files.field(record, 'data', dict, str(path), {})
-  lang = files.field(run_data, 'target_language', str, str(path), 'de')
-  print(f'scoring as {lang}, the target language recorded in {path} (--target-language to '
-        'change)', file=sys.stderr)
-  return lang
-
-
-def _eval(args: argparse.Namespace) -> int:
-  logging.getLogger('absl').setLevel(logging.WARNING)
-  lang = target_language(args)
-  scoring.check_language(lang)  # before the model is loaded and run
-  if not (args.src or args.ref):
-    data.sources.require_tfds()  # newstest2014 from tfds (the core install has no TensorFlow)
-  output = args.output and pathlib.Path(args.output)
-  if output:  # found out before the model loads and translates, not after
-    files.check_output(output, 'the hypotheses')
-  model, step = translator(args.model, args)
-  text = _test_set(args, lang)
-  hypotheses = model.translate(text.src, progress=True)  # (Ctrl-C: nothing written)
-  if output:
-    files.write_atomically(output, ''.join(h + '\n' for h in hypotheses).encode(),
-                           'the hypotheses')
-  if warning := scoring.undertrained(hypotheses, step):
-    print(f'warning: {warning}', file=sys.stderr)
-  result = scoring.scores(hypotheses, text.tgt, lang)
-  kept = f'hypotheses in {output}' if output else 'hypotheses not kept (--output FILE keeps them)'
-  print('\n'.join(scoring.report(
-      result, lang=lang, origin=text.origin, segments=len(text),
-      decoding=f'{model.decoding.describe()}; {kept}')))
-  print(json.dumps({**result, 'segments': len(text),
-                    'hypotheses': str(output) if output else None}))
-  return 0
 
 
 # --- translate ------------------------------------------------------------------------------------
 
 
-def _translate(args: argparse.Namespace) -> int:
-  if given := [name for name in arguments.CLIENT_SIDE if getattr(args, name) is not None]:
-    raise SettingError(f'--{given[0].replace("_", "-")} is for translating with --server.')
-  model = translator(args.model, args)[0]
-  if args.nbest:  # (before any input is read)
-    protocol.check_nbest(args.nbest, model.decoding)
-  # From a terminal each line is answered; from a pipe, a batch for each of the workers.
-  chunk = 1 if sys.stdin.isatty() else model.decoding.batch_size * model.workers
-
-  def translate(lines: list[str], first: int, prefixes: list[str] | None) -> list[Any]:
-    return model.run(protocol.TranslateRequest(lines, args.nbest, prefixes, first),
-                     progress=bool(args.input))
-  text_lib.translate_lines(args.input, args.output, args.prefix, chunk, translate, args.nbest)
-  return 0  # (input that is not UTF-8 stops at that line: a DataError)
-
-
 # --- score ----------------------------------------------------------------------------------------
-
-
-def _score(args: argparse.Namespace) -> int:
-  if args.output:  # found out before the scoring, not after
-    files.check_output(args.output, 'the scores')
-  pairs = data.read_parallel_text(args.src, args.tgt)  # before the model: found out at once
-  if empty := [n for n, line in enumerate(pairs.tgt, 1) if not line.strip()]:
-    raise data.DataError(f'{args.tgt}:{empty[0]}: an empty target line ({len(empty)} in all): '
-                         'there is nothing to score; remove the pair or give its translation.')
-  model = translator(args.model, args)[0]
-  scores = model.score(pairs.src, pairs.tgt, progress=True)
-  if args.format == 'tsv':
-    lines = ['\t'.join([f'{s.log_prob:.6f}', str(s.tokens), f'{s.mean:.6f}'] + (
-        [' '.join(f'{x:.6f}' for x in s.token_log_probs)] if args.token_log_probs else []))
-             for s in scores]
-  else:
-    lines = [json.dumps(s.as_dict(args.token_log_probs)) for s in scores]
-  output = ''.join(line + '\n' for line in lines)
-  if args.output:
-    files.write_atomically(args.output, output.encode(), 'the scores')
-  else:
-    sys.stdout.write(output)
-  if skipped := sum(s.skipped is not None for s in scores):
-    print(f'warning: {skipped} of {len(scores)} pairs were too long for the model and are not '
-          'scored: their lines say so (null in JSON, nan in TSV).', file=sys.stderr)
-  return 0
 
 
 _SCORE_DESCRIPTION = (
@@ -354,54 +179,7 @@ def _add_score_flags(parser: argparse.ArgumentParser) -> None:
        help="also each token's log-probability (its pieces', then EOS's)")
 
 
-def _serve(args: argparse.Namespace) -> int:
-  _setup_logging()
-  limits = arguments.server_limits_of(args)
-  key = arguments.api_key(args.api_key_file, os.environ)
-  serving.check_exposure(args.host, key, args.allow_no_key)
-  model, step = translator(args.model, args)
-  # SIGTERM (a service manager's stop) drains and ends with 0, as asked; Ctrl-C keeps 130.
-  stop = threading.Event()
-  previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-  try:
-    serving.serve(model, args.host, args.port, info={'model': args.model, 'step': step},
-                  limits=limits, api_key=key, stop=stop)
-  finally:
-    signal.signal(signal.SIGTERM, previous)
-  return 0
-
-
 # --- export, average, params ----------------------------------------------------------------------
-
-
-def _export(args: argparse.Namespace) -> int:
-  if (args.model is None) == (args.path is None):
-    raise SettingError('give the model to export once: jaxformer export --model PATH OUT.')
-  path = args.model or args.path
-  if args.path is not None:
-    print('note: `jaxformer export PATH OUT` is an older spelling of `jaxformer export --model '
-          'PATH OUT`; it still works.', file=sys.stderr)
-  out, step = export.save_as(args.format, path, args.out, average_last=args.average_last,
-                             overwrite=args.overwrite)
-  print(f'exported step {step} of {path} to {out} ({args.format})')
-  return 0
-
-
-def _average(args: argparse.Namespace) -> int:
-  if args.best:
-    out = checkpoint.save_average(args.workdir, best=args.best, metric=args.metric)
-    print(f'averaged the {args.best} checkpoints with the best validation {args.metric} of '
-          f'{args.workdir} into {out}')
-  else:
-    out = checkpoint.save_average(args.workdir, args.last)
-    print(f'averaged the last {args.last} checkpoints of {args.workdir} into {out}')
-  return 0
-
-
-def _params(args: argparse.Namespace) -> int:
-  cfg = getattr(config_lib, args.preset)(vocab_size=args.vocab_size)
-  print(f'{args.preset} (vocab {args.vocab_size}): {parameter_count(cfg):,} parameters')
-  return 0
 
 
 # --- the parser -----------------------------------------------------------------------------------
@@ -473,24 +251,25 @@ def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='jaxformer', formatter_class=arguments.Formatter,
       description='A faithful JAX/Flax reproduction of "Attention Is All You Need".')
-  commands = parser.add_subparsers(dest='command', metavar='COMMAND')
+  subparsers = parser.add_subparsers(dest='command', metavar='COMMAND')
 
-  def command(name: str, run, help_text: str, description: str = '') -> argparse.ArgumentParser:
+  def command(name: str, help_text: str, description: str = '') -> argparse.ArgumentParser:
+    """The parser of command `name`, which runs commands.NAME_command."""
     paragraphs = (description or help_text).split('\n\n')
     description = '\n\n'.join(p if p.startswith(' ') else textwrap.fill(p, 88)
                                for p in paragraphs)
-    sub = commands.add_parser(name, help=help_text, description=description,
-                              formatter_class=arguments.Formatter)
-    sub.set_defaults(run=run)
+    sub = subparsers.add_parser(name, help=help_text, description=description,
+                                formatter_class=arguments.Formatter)
+    sub.set_defaults(run=getattr(commands, f'{name}_command'))
     add_compilation_cache_flag(sub)
     return sub
 
   _add_train_flags(command(
-      'train', _train, f'train a recipe ({", ".join(recipes.NAMES)}) or a config file',
+      'train', f'train a recipe ({", ".join(recipes.NAMES)}) or a config file',
       _TRAIN_DESCRIPTION))
 
   evaluation = command(
-      'eval', _eval, 'BLEU and chrF of a model on newstest2014 or your own files',
+      'eval', 'BLEU and chrF of a model on newstest2014 or your own files',
       'Translates a test set with the paper\'s decoding (beam 4, alpha 0.6, input + 50) and prints '
       'sacreBLEU (the headline, with its signature), the paper\'s tokenized BLEU and chrF; writes '
       'the hypotheses.')
@@ -499,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
   _add_eval_flags(evaluation)
 
   translate = command(
-      'translate', _translate, 'translate text (stdin, or --input) with beam 4, alpha 0.6',
+      'translate', 'translate text (stdin, or --input) with beam 4, alpha 0.6',
       'One output line per input line. From a terminal each line is answered as it is typed; '
       'files and pipes are translated in batches. With --nbest N each input line gives N lines '
       '"INDEX ||| TRANSLATION ||| SCORE" (Moses n-best format: INDEX counts input lines from 0, '
@@ -507,15 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
   arguments.add_translate_flags(translate)
 
   _add_score_flags(command(
-      'score', _score, "the model's log-probability of given translations",
+      'score', "the model's log-probability of given translations",
       _SCORE_DESCRIPTION))
 
   _add_serve_flags(command(
-      'serve', _serve, 'keep a model loaded and compiled, answering translations over HTTP',
+      'serve', 'keep a model loaded and compiled, answering translations over HTTP',
       _SERVE_DESCRIPTION))
 
   export = command(
-      'export', _export, 'the model as a self-contained folder: jaxformer\'s own, CTranslate2 '
+      'export', 'the model as a self-contained folder: jaxformer\'s own, CTranslate2 '
       'or Hugging Face',
       'Writes a model that Translator.from_pretrained(OUT) (and jaxformer eval/translate) load '
       'without orbax or the workdir; with --format, the same weights in another format.')
@@ -531,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
                       'must be new or empty)')
   add_model_flags(export, decoding=False)
 
-  average = command('average', _average, 'average the last N checkpoints of a workdir, or the N '
+  average = command('average', 'average the last N checkpoints of a workdir, or the N '
                     'best by validation metric, into a new checkpoint')
   average.add_argument('--workdir', required=True, type=path_arg, help='a training workdir')
   which = average.add_mutually_exclusive_group()
@@ -543,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
   average.add_argument('--metric', choices=sorted(config_lib.BEST_METRICS), default='loss',
                        help='validation metric that ranks checkpoints for --best')
 
-  params = command('params', _params, 'count the parameters of a preset')
-  params.add_argument('--preset', choices=_PRESETS, default='base', help='the preset')
+  params = command('params', 'count the parameters of a preset')
+  params.add_argument('--preset', choices=commands.PRESETS, default='base', help='the preset')
   flag(params, 'vocab_size', type=positive_int, default=37000, help='shared vocabulary size')
   return parser
 

@@ -145,6 +145,18 @@ def start_worker(*args: str, tmp_path: pathlib.Path) -> subprocess.Popen:
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+# A process where importing TensorFlow (and tensorflow-datasets) fails, as in the core install.
+NO_TENSORFLOW = 'import sys\nsys.modules.update(tensorflow=None, tensorflow_datasets=None)\n'
+JAXFORMER_MAIN = 'from jaxformer.__main__ import main; sys.exit(main(sys.argv[1:]))'
+
+
+def without_tensorflow(code: str, *args: str, cwd: pathlib.Path, stdin: str = ''
+                       ) -> subprocess.CompletedProcess:
+  """`python -c code args...` in `cwd` where importing TensorFlow fails (NO_TENSORFLOW)."""
+  return subprocess.run([sys.executable, '-c', NO_TENSORFLOW + code, *args], cwd=cwd,
+                        input=stdin, capture_output=True, text=True, timeout=600)
+
+
 def train_command(workdir: pathlib.Path, src: pathlib.Path, tgt: pathlib.Path,
                   *extra: str) -> list[str]:
   """experiments/train.py on tests/tiny_config.py and line-aligned text files."""

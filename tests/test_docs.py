@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxformer import checkpoint, cli, config, data, export, train
+from jaxformer import checkpoint, cli, commands, config, data, export, train
 from jaxformer.data import sources
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -172,7 +172,7 @@ def _parse(command: str) -> None:
   if words[0] == 'jaxformer':
     args = cli.build_parser().parse_args(words[1:])  # an unknown flag exits
     if words[1] == 'train':
-      cli.recipe_of(args)  # the recipe, its variant and every --set
+      commands.recipe_of(args)  # the recipe, its variant and every --set
   elif words[0] == 'make':
     result = subprocess.run(['make', '-n', *words[1:]], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import without_tensorflow
 
 from jaxformer.data import embedded
 
@@ -120,47 +121,28 @@ def test_no_function_of_the_package_is_over_80_lines():
 
 # Run before a script: TensorFlow and tensorflow-datasets are absent, as in the core install
 # (importing either fails, and importlib.util.find_spec finds neither).
-_NO_TENSORFLOW = '''
-import sys
-sys.modules.update(tensorflow=None, tensorflow_datasets=None)
-'''
-
-
-def _without_tensorflow(code: str, cwd: pathlib.Path, stdin: str = ''
-                        ) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, '-c', _NO_TENSORFLOW + code], cwd=cwd, input=stdin,
-                        capture_output=True, text=True, timeout=600)
-
-
 @pytest.mark.slow
 def test_everything_but_wmt14_works_without_tensorflow(tmp_path):
-  """Every module imports, the demo's short run trains, averages and scores, and translate
-  translates, where importing TensorFlow fails; WMT14's entries say in one line what to
-  install, before any work."""
-  imported = _without_tensorflow(
-      'import importlib, pkgutil, jaxformer\n'
+  """Every module imports where importing TensorFlow fails, and WMT14's entries say in one line
+  what to install, before any work (the demo's short run, eval and translate without
+  TensorFlow: test_demo.py)."""
+  found = without_tensorflow(
+      'import contextlib, importlib, io, json, pkgutil, jaxformer\n'
       "names = [m.name for m in pkgutil.walk_packages(jaxformer.__path__, 'jaxformer.')]\n"
       'for name in names: importlib.import_module(name)\n'
-      'print(len(names))', ROOT)
-  assert imported.returncode == 0 and int(imported.stdout) > 30, imported.stderr[-2000:]
-  demo = _without_tensorflow(
-      'import runpy; sys.argv = ["demo.py", "--workdir", "w", "--num-steps", "6", '
-      '"--train-pairs", "3000", "--test-pairs", "12"]\n'
-      f'runpy.run_path({str(ROOT / "experiments" / "demo.py")!r}, run_name="__main__")', tmp_path)
-  assert demo.returncode == 0 and 'BLEU' in demo.stdout, demo.stderr[-3000:]
-  command = 'from jaxformer.__main__ import main; sys.exit(main(sys.argv[1:]))'
-  translated = subprocess.run(
-      [sys.executable, '-c', _NO_TENSORFLOW + command, 'translate', '--model', 'w'],
-      cwd=tmp_path, input='the red dog\n', capture_output=True, text=True, timeout=600)
-  assert translated.returncode == 0 and len(translated.stdout.splitlines()) == 1, \
-      translated.stderr[-2000:]
-  for argv in (['train', '--config', 'base', '--workdir', 'b', '--allow-cpu'],
-               ['eval', '--model', 'w']):
-    refused = subprocess.run([sys.executable, '-c', _NO_TENSORFLOW + command, *argv],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1] == (
-        'error: WMT14 is read through tensorflow-datasets, which this install lacks: pip '
-        "install 'jaxformer[wmt]' (the make targets install it)."), refused.stderr[-2000:]
+      'from jaxformer.__main__ import main\n'
+      'results = [len(names)]\n'
+      "for argv in (['train', '--config', 'base', '--workdir', 'b', '--allow-cpu'],\n"
+      "             ['eval', '--model', 'w']):\n"
+      '  err = io.StringIO()\n'
+      '  with contextlib.redirect_stderr(err):\n'
+      '    results.append([main(argv), err.getvalue().strip().splitlines()[-1]])\n'
+      'print(json.dumps(results))', cwd=tmp_path)
+  assert found.returncode == 0, found.stderr[-2000:]
+  imported, *refusals = json.loads(found.stdout.splitlines()[-1])
+  assert imported > 30
+  assert refusals == [[1, 'error: WMT14 is read through tensorflow-datasets, which this install '
+                       "lacks: pip install 'jaxformer[wmt]' (the make targets install it)."]] * 2
   assert not (tmp_path / 'b').exists()  # refused before any work
 
 

@@ -10,7 +10,7 @@ import sys
 import jax.numpy as jnp
 import pytest
 
-from jaxformer import cli, config, files, recipes
+from jaxformer import cli, commands, config, files, recipes
 from jaxformer import config as config_lib
 from jaxformer import model as model_lib
 from jaxformer.recipes import auto, table3
@@ -68,7 +68,7 @@ def test_table3_module_prints_its_table_without_warnings():
 
 
 def _recipe(*argv: str):
-  return cli.recipe_of(cli.build_parser().parse_args(['train', '--workdir', 'w', *argv]))
+  return commands.recipe_of(cli.build_parser().parse_args(['train', '--workdir', 'w', *argv]))
 
 
 def test_train_command_selects_a_variant():
@@ -91,10 +91,11 @@ def test_an_unknown_variant_is_a_one_line_error(capsys):
 def test_only_the_paper_recipes_require_an_accelerator(config, variant):
   argv = ['train', '--config', config, '--workdir', 'w']
   args = cli.build_parser().parse_args(argv + (['--variant', variant] if variant else []))
-  assert cli.recipe_of(args).train.require_accelerator == (
+  assert commands.recipe_of(args).train.require_accelerator == (
       config not in ('demo', 'multi30k'))
   for flag in ('--allow-cpu', '--allow-cpu', '--no-require-accelerator'):
-    assert not cli.recipe_of(cli.build_parser().parse_args(argv + [flag])).train.require_accelerator
+    args = cli.build_parser().parse_args(argv + [flag])
+    assert not commands.recipe_of(args).train.require_accelerator
 
 
 @pytest.mark.parametrize('config_text,message', [
@@ -128,7 +129,7 @@ def test_train_reports_a_bad_config_file_in_one_line(tmp_path, capsys, config_te
 
 def test_every_setting_can_be_set_from_the_command_line():
   def recipe(*argv):
-    return cli.recipe_of(cli.build_parser().parse_args(
+    return commands.recipe_of(cli.build_parser().parse_args(
         ['train', '--config', 'demo', '--workdir', 'w', *argv]))
   changed = recipe('--set', 'model.dropout_rate=0.2', '--set', 'train.num_steps=5000',
                    '--set', 'model.vocab_size=8000', '--set', 'model.qk_dim=none',

@@ -181,6 +181,58 @@ def _argmax_times(rows: int = 32) -> dict:
   return {'rows': rows, **_op_times(fns, rows, (1000, 8000, 37000))}
 
 
+def step_costs(translator: Translator, model_dir: pathlib.Path, sentences: list[str], *,
+               rows: tuple[int, ...] = (1, 32), steps: tuple[int, int] = (8, 24),
+               repeats: int = 7) -> dict:
+  """Milliseconds one decoder step of `rows` sentences costs, jaxformer against CTranslate2 on
+  the same weights: each search forced to run `steps` steps (jaxformer: search.advance with no
+  early stop, from a state made beforehand; CTranslate2: min and max decoding length both the
+  count), the step's cost the difference of the two times over the difference of the counts,
+  so that encoding, the call and the results cancel out. Every step computes every row, as at
+  the start of a batch: the cost of a step, not of finished rows. Medians of `repeats` runs in
+  turn; CTranslate2 on 1 and 2 intra-op threads."""
+  import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
+  engines = {f'ctranslate2_{t}_thread{"s" * (t > 1)}': ctranslate2.Translator(
+      str(model_dir), device='cpu', inter_threads=1, intra_threads=t) for t in (1, 2)}
+  tok, cfg, params = translator.tokenizer, translator.config, translator.params
+  src_ids = [ids + [data.EOS_ID] for ids in tok.encode(sentences)]
+  room = decode.stage_lengths(max(steps))[-1]
+  results = {}
+  for name, beam in (('greedy', 1), ('beam4', 4)):
+    decoding = config.DecodingConfig(beam_size=beam)
+    first = jax.jit(lambda p, src, lengths, decoding=decoding: search.grow(search.start(
+        p, src, lengths, config=cfg, max_len=room, decoding=decoding), room=room))
+    advance = jax.jit(functools.partial(search.advance, config=cfg, decoding=decoding))
+    for count in rows:
+      chosen = src_ids[:count]
+      src = np.zeros((count, max(map(len, chosen))), np.int32)
+      for r, ids in enumerate(chosen):
+        src[r, :len(ids)] = ids
+      state = first(params, src, jnp.full((count,), room, jnp.int32))
+      pieces = [tok.pieces(ids) for ids in chosen]
+
+      def ours(k, state=state):
+        return jax.block_until_ready(advance(params, state, jnp.int32(k), 0))
+
+      def theirs(engine, k, pieces=pieces, beam=beam):
+        return engine.translate_batch(pieces, beam_size=beam, min_decoding_length=k,
+                                      max_decoding_length=k, length_penalty=0.6)
+      fns = {f'{system}_{k}': functools.partial(fn, k=k) for k in steps for system, fn in
+             (('jaxformer', ours), *((n, functools.partial(theirs, e))
+                                     for n, e in engines.items()))}
+      for fn in fns.values():
+        fn()  # compile, load and warm up
+      _, seconds = _alternating(fns, repeats)
+      per_step = {system: round(1000 * (seconds[f'{system}_{steps[1]}'] - seconds[
+          f'{system}_{steps[0]}']) / (steps[1] - steps[0]), 3)
+                  for system in ('jaxformer', *engines)}
+      best = min(engines, key=per_step.get)
+      results[f'{name}_{count}_rows'] = {**{f'{k}_ms': v for k, v in per_step.items()},
+                                         'ratio_to_ctranslate2': round(
+                                             per_step[best] / per_step['jaxformer'], 3)}
+  return {'steps': list(steps), 'repeats': repeats, **results}
+
+
 def _side_by_side(data_dir: pathlib.Path, trained: dict[str, str]) -> dict:
   """compare_ctranslate2 at base dimensions with random weights (64 newstest2014 sources of 20
   pieces each, outputs to the length limit) and on each trained model given: 'demo' on 256
@@ -205,6 +257,7 @@ def _side_by_side(data_dir: pathlib.Path, trained: dict[str, str]) -> dict:
       translator = Translator.from_checkpoint(path)
       results[f'{name}_model'] = {'model': path, **compare_ctranslate2(
           translator, model_dir, sentences)}
+      results[f'{name}_model_step_costs'] = step_costs(translator, model_dir, sentences)
       if name == 'multi30k':  # the whole test set too
         results['multi30k_model_1000'] = {'model': path, **compare_ctranslate2(
             translator, model_dir, data.read_lines(
