@@ -7,12 +7,11 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import (CFG, CHEAP_COMPILES, TEXT, demo_sized_corpus, optimised_env,
+from helpers import (CFG, CHEAP_COMPILES, TEXT, demo_sized_corpus, optimised_env, run_folder,
                      synthetic_text, train_settings)
 
 from jaxformer import config as config_lib
@@ -28,8 +27,7 @@ if CHEAP_COMPILES not in os.environ.get('XLA_FLAGS', ''):  # (pytest-xdist's wor
 # One persistent XLA compilation cache for the whole run: the pytest workers and the processes
 # the tests start (through the environment) compile the same small programs many times. It
 # halves the trainer tests' time; the process that started the run removes it.
-_XLA_CACHE = pathlib.Path(tempfile.gettempdir()) / (
-    'jaxformer-tests-xla-' + os.environ.get('PYTEST_XDIST_TESTRUNUID', str(os.getpid())))
+_XLA_CACHE = run_folder('xla')
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', str(_XLA_CACHE))
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
 jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
@@ -143,6 +141,8 @@ def corpus(tokenizer) -> data.TokenizedCorpus:
 
 
 def pytest_sessionfinish(session):
-  """The process that started the run removes the compilation cache (its workers share it)."""
+  """The process that started the run removes the run's folders (its workers share them): the
+  compilation cache, pip's report (test_makefile.py)."""
   if not os.environ.get('PYTEST_XDIST_WORKER'):
-    shutil.rmtree(_XLA_CACHE, ignore_errors=True)
+    for kind in ('xla', 'pip'):
+      shutil.rmtree(run_folder(kind), ignore_errors=True)

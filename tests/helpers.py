@@ -8,6 +8,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -143,6 +144,13 @@ def start_worker(*args: str, tmp_path: pathlib.Path) -> subprocess.Popen:
   env = dict(os.environ, WORKER_TMP=str(tmp_path), XLA_FLAGS=CHEAP_COMPILES)
   return subprocess.Popen([sys.executable, str(TESTS / 'distributed_worker.py'), *args],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run_folder(kind: str) -> pathlib.Path:
+  """A folder of this test run's, the same in each of its workers (the process that started
+  the run removes it at the end: conftest.py)."""
+  run = os.environ.get('PYTEST_XDIST_TESTRUNUID', str(os.getpid()))
+  return pathlib.Path(tempfile.gettempdir()) / f'jaxformer-tests-{kind}-{run}'
 
 
 # A process where importing TensorFlow (and tensorflow-datasets) fails, as in the core install.
