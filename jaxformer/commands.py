@@ -94,10 +94,9 @@ def train_command(args: argparse.Namespace) -> int:
 
 
 def translator(path: str, args: argparse.Namespace) -> tuple[Translator, int]:
-  """A Translator of a workdir, checkpoint folder or exported folder, and the model's step."""
-  params, config, spm_model, step = export.load_model(path, args.average_last)
-  tokenizer = data.Tokenizer.from_bytes(spm_model, f'the vocabulary of {path}')
-  return Translator(params, config, tokenizer, arguments.decoding_of(args)), step
+  """The Translator of any model path (Translator.load) with the flags' decoding, and its step."""
+  model = Translator.load(path, args.average_last, decoding=arguments.decoding_of(args))
+  return model, model.step
 
 
 def _test_set(args: argparse.Namespace, lang: str) -> data.ParallelText:

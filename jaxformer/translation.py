@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from jaxformer import checkpoint, compilation, export, protocol, search, text
+from jaxformer import compilation, export, protocol, search, text
 from jaxformer.config import DecodingConfig, SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.errors import DataError
@@ -146,8 +146,9 @@ class Translator:
 
   def __init__(self, params: Any, config: TransformerConfig, tokenizer: Tokenizer,
                decoding: DecodingConfig | None = None, *, workers: int | None = None,
-               fixed_shapes: bool | None = None, **settings: Any):
+               fixed_shapes: bool | None = None, step: int | None = None, **settings: Any):
     self.params = _on_device(params)
+    self.step = step  # the model's training step, when loaded (`load`)
     self.config, self.tokenizer = config, tokenizer
     self.decoding = (decoding or DecodingConfig()).replace(**settings)
     if workers is not None and (type(workers) is not int or workers < 1):
@@ -158,25 +159,31 @@ class Translator:
     self._scores = _jitted_scores(config)
 
   @classmethod
+  def load(cls, path: str, average_last: int | None = None, **kwargs: Any) -> 'Translator':
+    """From any model path (export.load_model's kinds: a workdir, its checkpoints folder, an
+    averaged checkpoint, an export); with average_last, the mean of a workdir's last N
+    checkpoints. Its `step` is the model's training step."""
+    params, config, spm_model, step = export.load_model(path, average_last)
+    return cls(params, config, Tokenizer.from_bytes(spm_model, f'the vocabulary of {path}'),
+               step=step, **kwargs)
+
+  @classmethod
   def from_checkpoint(cls, path: str, average_last: int | None = None,
                       **kwargs: Any) -> 'Translator':
-    """From a workdir, its checkpoints folder or an averaged checkpoint; with average_last,
-    the mean of the workdir's last N checkpoints."""
-    params, config, spm_model, _ = checkpoint.load(path, average_last)
-    return cls(params, config, Tokenizer.from_bytes(spm_model), **kwargs)
+    """`load` (its older name, for a workdir or checkpoint)."""
+    return cls.load(path, average_last, **kwargs)
 
   @classmethod
   def from_pretrained(cls, path: str, **kwargs: Any) -> 'Translator':
-    """From a folder written by `jaxformer export` (config.json, spm.model, safetensors)."""
-    params, config, spm_model, _ = export.load(path)
-    return cls(params, config, Tokenizer.from_bytes(spm_model, f'{path}/spm.model'), **kwargs)
+    """`load` (its older name, for a folder written by `jaxformer export`)."""
+    return cls.load(path, **kwargs)
 
   def replace(self, params: Any = None, **settings: Any) -> 'Translator':
     """This translator over other params (a run's evaluations: one per checkpoint) or with
     some decoding settings changed (a server's request); the rest as it is."""
     return Translator(self.params if params is None else params, self.config, self.tokenizer,
                       self.decoding.replace(**settings), workers=self.workers,
-                      fixed_shapes=self.fixed_shapes)
+                      fixed_shapes=self.fixed_shapes, step=self.step if params is None else None)
 
   # --- translating --------------------------------------------------------------------------------
 

@@ -148,10 +148,15 @@ def test_outputs_respect_the_length_limit(workdir):
 
 def test_averaged_translator_loads(workdir):
   averaged = translation.Translator.from_checkpoint(str(workdir), average_last=2, batch_size=4)
-  from_dir = translation.Translator.from_checkpoint(str(workdir / 'average-last2'), batch_size=4)
+  from_dir = translation.Translator.load(str(workdir / 'average-last2'), batch_size=4)
   for a, b in zip(jax.tree.leaves(averaged.params), jax.tree.leaves(from_dir.params)):
     np.testing.assert_allclose(a, b, rtol=1e-6)
   assert averaged.translate(SENTENCES[:2]) == from_dir.translate(SENTENCES[:2])
+  # `load` reads any kind of model path, and says the model's step (kept by replace, unless
+  # other params come in).
+  newest = translation.Translator.load(str(workdir / 'checkpoints'), batch_size=4)
+  assert (averaged.step, from_dir.step, newest.step) == (4, 4, 4)
+  assert newest.replace(beam_size=2).step == 4 and newest.replace(newest.params).step is None
 
 
 def test_over_long_sources_are_cut_to_the_model_and_counted(translator, caplog):
