@@ -25,6 +25,8 @@ Array = jax.Array
 
 
 def train_item(state: TrainState, rng: Array) -> dict[str, Any]:
+  """What a checkpoint keeps beside the params to resume training: the optimiser state, the
+  step and the rng."""
   return {'opt_state': state.opt_state, 'step': state.step,
           'rng': np.asarray(jax.random.key_data(rng))}  # host arrays: multi-host orbax needs them
 
