@@ -6,7 +6,6 @@ command line's (a recipe in); `train_and_evaluate` is the loop over a built pipe
 resumes from its workdir's newest checkpoint.
 """
 
-import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -22,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer import (checkpoint, compilation, files, finetune, monitor, parallel, resume,
-                       scoring)
+                       validation)
 from jaxformer import data as data_lib
 from jaxformer.config import (OptimConfig, TrainConfig, TransformerConfig,
                               config_to_dict)
@@ -149,45 +148,6 @@ def _hparams(config: TransformerConfig, train_cfg: TrainConfig, optim: OptimConf
 # A copy of a (replicated) state on its devices, queued behind the steps before it: what a
 # background save reads while the next step, which donates the state, runs.
 _device_copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
-
-
-# --- evaluation ---------------------------------------------------------------------------------
-
-
-def validation_metrics(p_eval_step: Any, p_state: TrainState,
-                       pipeline: pipeline_lib.Pipeline) -> dict[str, float]:
-  """Loss, perplexity and token accuracy over one pass of the validation set (all hosts)."""
-  totals = collections.Counter()  # (every batch queued, then one read: no wait per batch)
-  for sums in jax.device_get([p_eval_step(p_state, b) for b in pipeline.validation_batches()]):
-    totals.update({k: float(np.sum(v)) for k, v in sums.items()})
-  totals = parallel.all_hosts(np.array([totals[k] for k in ('loss_sum', 'nll_sum', 'correct',
-                                                            'tokens')])).sum(0)
-  loss_sum, nll_sum, correct, tokens = map(float, totals)
-  tokens = max(tokens, 1.0)
-  return {'loss': loss_sum / tokens, 'perplexity': float(np.exp(nll_sum / tokens)),
-          'accuracy': correct / tokens, 'tokens': tokens}
-
-
-def _translate_validation(translator: Translator, params: Any, text: data_lib.ParallelText,
-                          train_cfg: TrainConfig, sink: monitor.MetricsSink, step: int
-                          ) -> dict[str, float]:
-  """{'bleu': sacreBLEU of the first bleu_sentences validation sentences} (empty without
-  them), and to TensorBoard a markdown table of the first sample_translations (source,
-  hypothesis, reference), decoded as in §6.1 by the run's one translator (its searches
-  compiled at the first evaluation only)."""
-  count = max(train_cfg.bleu_sentences, train_cfg.sample_translations)
-  hypotheses = translator.replace(params).translate(text.src[:count])
-  if step == train_cfg.num_steps and (warning := scoring.undertrained(hypotheses, step)):
-    log.warning('validation at step %d: %s', step, warning)  # (earlier, expected)
-  if train_cfg.sample_translations:
-    cell = lambda s: s.replace('|', '\\|')  # noqa: E731
-    rows = [f'| {cell(src)} | {cell(hyp)} | {cell(ref)} |' for src, hyp, ref in
-            list(zip(text.src, hypotheses, text.tgt))[:train_cfg.sample_translations]]
-    sink.text(step, 'samples', '\n'.join(['| source | hypothesis | reference |', '|---|---|---|',
-                                          *rows]))
-  if not train_cfg.bleu_sentences:
-    return {}
-  return {'bleu': scoring.sacre_bleu(hypotheses, text.tgt[:train_cfg.bleu_sentences])[0]}
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -356,11 +316,11 @@ class Run:
     """Validation loss, perplexity and accuracy (all hosts); on process 0 also sacreBLEU and
     sample translations, as configured."""
     train_cfg = self.train_cfg
-    result = self.summary['eval'] = validation_metrics(self.p_eval_step, self.p_state,
+    result = self.summary['eval'] = validation.metrics(self.p_eval_step, self.p_state,
                                                        self.pipeline)
     self.stop_early = self.patience.update(result['loss'])  # the same on every host
     if self._translates():
-      result.update(_translate_validation(
+      result.update(validation.translated(
           self.translator, parallel.unreplicate(self.p_state.params),
           self.pipeline.validation_text, train_cfg, self.sink, step))
     self.sink.scalars(step, 'eval', result)
@@ -453,6 +413,7 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
   actions, device_batches = run.actions(), pipeline.device_batches()
   watch = run.watch
   run.compile_ahead()
+  nonfinite = None
   try:
     with run.sink, monitor.PreemptionGuard() as guard:
       run.sink.start(run.start_step, run.facts, describe_run(run.facts), run.hparams)
@@ -474,9 +435,11 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
           run.stop(step, guard.signal)
           break
   except monitor.NonFiniteLoss as e:
-    raise _nonfinite_error(e, run.manager) from None
+    nonfinite = e  # reported once the saves in flight committed: the last good one may be one
   finally:
     device_batches.close()
     with watch('save'):
       run.finish_saves()
+  if nonfinite is not None:
+    raise _nonfinite_error(nonfinite, run.manager) from None
   return run.finish()

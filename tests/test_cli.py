@@ -180,10 +180,13 @@ def test_reading_commands_create_and_change_nothing(workdir, tmp_path, caplog):
   missing = tmp_path / 'no-such-workdir'
   assert cli.main(['average', '--workdir', str(missing), '--last', '2']) == 1
   assert not missing.exists()
-  for read in (checkpoint.load, lambda p: checkpoint.average_checkpoints(p, 1),
-               translation.Translator.from_checkpoint):
-    with pytest.raises(checkpoint.CheckpointError, match='does not exist, where a training '
-                       'workdir or a checkpoint folder belongs'):
+  checkpoints = 'a training workdir or a checkpoint folder'
+  for read, belongs in ((checkpoint.load, checkpoints),
+                        (lambda p: checkpoint.average_checkpoints(p, 1), checkpoints),
+                        (translation.Translator.load, r'a model \(a training workdir, a '
+                         r'checkpoint folder or an exported model\)')):
+    with pytest.raises(checkpoint.CheckpointError, match=f'does not exist, where {belongs} '
+                       'belongs'):
       read(missing)
     assert not missing.exists()
   before = _tree_snapshot(workdir)

@@ -16,7 +16,7 @@ from helpers import (
 )
 from helpers import train_settings as _tc
 
-from jaxformer import checkpoint, config, data, optim, resume, trainer
+from jaxformer import checkpoint, config, data, optim, resume, trainer, validation
 
 
 def test_resuming_with_other_row_lengths_is_a_data_change(trained, tmp_path):
@@ -101,7 +101,7 @@ def test_average_best_keeps_and_averages_the_best_beside_the_newest(tmp_path, mo
   its loss; the best two (steps 4 and 8) stay beside the newest two (10 and 12), and their mean
   is average-best2 (the last-2 average is made as before)."""
   losses = iter([3.0, 1.0, 2.0, 1.5, 2.5, 2.8])
-  monkeypatch.setattr(trainer, 'validation_metrics', lambda *a: {'loss': next(losses)})
+  monkeypatch.setattr(validation, 'metrics', lambda *a: {'loss': next(losses)})
   summary = trainer.train(CFG, _tc(num_steps=12, eval_every_steps=2, checkpoint_every_steps=4,
                                    keep_checkpoints=2, average_last=2, average_best=2),
                           tmp_path, TEXT, synthetic_text(20, seed=9))
