@@ -8,7 +8,6 @@ import argparse
 import http.client
 import json
 import os
-import sys
 import urllib.error
 import urllib.request
 from typing import Any
@@ -160,6 +159,5 @@ def _translate_with(args: argparse.Namespace) -> int:
                              api_key=api_key, **settings)
         bar.update(len(lines[part]))
       return answers
-    text.translate_lines(args.input, args.output, args.prefix,
-                         1 if sys.stdin.isatty() else CLIENT_LINES, ask, args.nbest)
+    text.translate_lines(args.input, args.output, args.prefix, CLIENT_LINES, ask, args.nbest)
   return 0

@@ -156,13 +156,11 @@ def translate_command(args: argparse.Namespace) -> int:
   model = translator(args.model, args)[0]
   if args.nbest:  # (before any input is read)
     protocol.check_nbest(args.nbest, model.decoding)
-  # From a terminal each line is answered; from a pipe, a batch for each of the workers.
-  chunk = 1 if sys.stdin.isatty() else model.decoding.batch_size * model.workers
-
   def translate(lines: list[str], first: int, prefixes: list[str] | None) -> list[Any]:
     return model.run(protocol.TranslateRequest(lines, args.nbest, prefixes, first),
                      progress=bool(args.input))
-  text_lib.translate_lines(args.input, args.output, args.prefix, chunk, translate, args.nbest)
+  text_lib.translate_lines(args.input, args.output, args.prefix,  # from a pipe: a batch a worker
+                           model.decoding.batch_size * model.workers, translate, args.nbest)
   return 0  # (input that is not UTF-8 stops at that line: a DataError)
 
 

@@ -138,7 +138,8 @@ def check_pairs(sources: Sequence[str], targets: Sequence[str]) -> None:
 def translate_lines(input_path: str | None, output: str | None, prefix_path: str | None,
                     chunk: int, translate: Translate, nbest: int | None) -> None:
   """`jaxformer translate`'s input and output, with a model here or a server's: the input file
-  read whole, or stdin `chunk` lines at a time; each part's translations, `translate(lines,
+  read whole, or stdin `chunk` lines at a time (a line at a time from a terminal, so that each
+  typed line is answered at once); each part's translations, `translate(lines,
   index of lines[0] in the input, their prefixes or None)`, written as it is done (see
   write_translations). The prefix file (`prefix_path`) has a line for each input line;
   DataError when the counts differ (from stdin: found when one runs out)."""
@@ -150,7 +151,7 @@ def translate_lines(input_path: str | None, output: str | None, prefix_path: str
                       f'{len(lines)}: give one prefix a line (an empty line for none).')
     parts: Iterable[list[str]] = [lines]
   else:
-    parts = chunks(sys.stdin.buffer, 'stdin', chunk)
+    parts = chunks(sys.stdin.buffer, 'stdin', 1 if sys.stdin.isatty() else chunk)
 
   def aligned(lines: list[str], first: int) -> Sequence[Any]:
     part = None if prefixes is None else prefixes[first:first + len(lines)]
