@@ -25,6 +25,9 @@ from jaxformer.settings import ServerLimits
 from jaxformer.errors import exit_code
 
 
+_PRESETS = ('tiny', 'base', 'big')  # what `jaxformer params` counts
+
+
 def compilation_cache_dir(environ: typing.Mapping[str, str]) -> pathlib.Path:
   """Where the commands keep compiled programs: $JAXFORMER_CACHE_DIR, else
   $XDG_CACHE_HOME/jaxformer, else ~/.cache/jaxformer (the XDG default), in its folder 'xla'."""
@@ -323,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help='validation metric that ranks checkpoints for --best')
 
   params = command('params', 'count the parameters of a preset')
-  params.add_argument('--preset', choices=commands.PRESETS, default='base', help='the preset')
+  params.add_argument('--preset', choices=_PRESETS, default='base', help='the preset')
   flag(params, 'vocab_size', type=positive_int, default=37000, help='shared vocabulary size')
   return parser
 

@@ -26,9 +26,6 @@ from jaxformer.model import parameter_count
 from jaxformer.recipes import auto as auto_recipe
 from jaxformer.translation import Translator
 
-PRESETS = ('tiny', 'base', 'big')
-
-
 def setup_logging() -> None:
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s',
                       force=True)  # absl may have installed a handler already

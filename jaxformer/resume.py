@@ -135,7 +135,9 @@ def average(workdir: pathlib.Path, manager: Any, train_cfg: TrainConfig, *, fini
   average_best by validation best_metric ('averaged_best'), when there are enough. Returns
   the paths written, under those names, for the run's summary."""
   written: dict[str, str] = {}
-  available = len(manager.all_steps()) if finished else 0
+  if not finished:
+    return written
+  available = len(manager.all_steps())
   if train_cfg.average_last and available:
     # A short run averages the checkpoints it has, under a name that says how many.
     count = min(available, train_cfg.average_last)
@@ -144,7 +146,7 @@ def average(workdir: pathlib.Path, manager: Any, train_cfg: TrainConfig, *, fini
       log.warning('the run saved %d checkpoint(s), fewer than average_last=%d: averaged those '
                   'into %s; use that path next.', count, train_cfg.average_last,
                   written['averaged'])
-  if finished and train_cfg.average_best:
+  if train_cfg.average_best:
     ranked = sum(manager.metrics(step) is not None for step in manager.all_steps())
     if ranked >= train_cfg.average_best:
       written['averaged_best'] = str(checkpoint.save_average(

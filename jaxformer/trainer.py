@@ -23,12 +23,11 @@ import numpy as np
 from jaxformer import (checkpoint, compilation, files, finetune, monitor, parallel, resume,
                        validation)
 from jaxformer import data as data_lib
-from jaxformer.config import (OptimConfig, TrainConfig, TransformerConfig,
-                              config_to_dict)
+from jaxformer.config import OptimConfig, TrainConfig, TransformerConfig, config_to_dict
 from jaxformer.data import pipeline as pipeline_lib
 from jaxformer.errors import TrainingError  # noqa: F401  (imported from here before)
 from jaxformer.recipes import Recipe
-from jaxformer.train import (TrainState, eval_step, train_step)
+from jaxformer.train import TrainState, eval_step, train_step
 from jaxformer.translation import Translator
 
 log = logging.getLogger(__name__)

@@ -13,14 +13,16 @@ Translate, Score = protocol.TranslateRequest, protocol.ScoreRequest
 
 class Echo:
   """A model that answers each sentence with itself (its prefix first), recording each search;
-  the first search waits for `release`, so that the requests after it queue meanwhile."""
+  a search says it began (`entered`) and waits for `release`, so that the requests after the
+  first queue meanwhile."""
 
   decoding = DecodingConfig()
 
   def __init__(self):
-    self.searches, self.release = [], threading.Event()
+    self.searches, self.entered, self.release = [], threading.Event(), threading.Event()
 
   def run(self, request):
+    self.entered.set()
     assert self.release.wait(30)
     self.searches.append(request)
     if any(s == 'bad' for s in request.src):
@@ -38,7 +40,7 @@ def _answers(requests, model=None):
   batcher = batching.Batcher(model, max_batch=100, batch_wait=0.0)
   try:
     futures = [batcher.submit(requests[0])]
-    threading.Event().wait(0.2)  # (the thread has taken the first: the others queue behind it)
+    assert model.entered.wait(30)  # the first is being searched: the others queue behind it
     futures += [batcher.submit(r) for r in requests[1:]]
     model.release.set()
     return [f.exception(30) or f.result() for f in futures], model.searches

@@ -99,7 +99,8 @@ def test_answers_are_read_as_they_were_written():
     def as_dict(self, token_log_probs):
       return {'log_prob': -1.0, **({'token_log_probs': [-1.0]} if token_log_probs else {})}
   assert nbest.read(nbest.answer([[['x', -1.0]]])) == [[['x', -1.0]]]
-  assert plain.answer(['x']) == {'translations': ['x']} and plain.read({'translations': ['x']})
+  assert plain.answer(['x']) == {'translations': ['x']}
+  assert plain.read({'translations': ['x']}) == ['x']
   assert score.read(score.answer([Found()])) == [{'log_prob': -1.0, 'token_log_probs': [-1.0]}]
 
 
