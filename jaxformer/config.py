@@ -92,6 +92,14 @@ class TransformerConfig:
   """A learned [max_len, D] table per stack (Table 3 row E)."""
   attention_window: int | None = None
   """Restricted self-attention: keys within +-r only (§4)."""
+  activation: str = 'relu'
+  """The FFN's nonlinearity: the paper's 'relu' (§3.3), or 'swish' (SiLU, OPUS-MT's) or
+  'gelu' (exact) for models made elsewhere (a MarianMT folder's activation_function)."""
+  output_bias: bool = False
+  """A learned bias on the output logits (Marian's final_logits_bias); the paper has none."""
+  norm_epsilon: float = 1e-6
+  """LayerNorm's epsilon: tensor2tensor's 1e-6 (the paper is silent); torch's and Marian's
+  1e-5 for a MarianMT folder's weights."""
   execution: Execution = Execution()
   """How it is computed (dtype, attention kernel, remat)."""
 
@@ -99,12 +107,17 @@ class TransformerConfig:
       'vocab_size': Range(4), 'num_layers': AT_LEAST_1, 'd_model': AT_LEAST_1,
       'd_ff': AT_LEAST_1, 'num_heads': AT_LEAST_1, 'qk_dim': AT_LEAST_1, 'v_dim': AT_LEAST_1,
       'dropout_rate': FRACTION, 'attention_dropout_rate': FRACTION,
-      'relu_dropout_rate': FRACTION, 'max_len': Range(2), 'attention_window': AT_LEAST_0}
+      'relu_dropout_rate': FRACTION, 'max_len': Range(2), 'attention_window': AT_LEAST_0,
+      'norm_epsilon': POSITIVE}
+  ACTIVATIONS = ('relu', 'swish', 'gelu')
   # What a fine-tuning run may change (`--init-from`): the others fix what the params mean.
   FINE_TUNABLE = ('dropout_rate', 'attention_dropout_rate', 'relu_dropout_rate', 'max_len')
 
   def __post_init__(self):
     check_fields(self, 'model', self.RANGES)
+    if self.activation not in self.ACTIVATIONS:
+      raise SettingError(f'model.activation must be one of {self.ACTIVATIONS}, got '
+                         f'{self.activation!r}.')
     if self.d_model % self.num_heads and (self.qk_dim is None or self.v_dim is None):
       raise SettingError(f'd_model={self.d_model} is not divisible by num_heads='
                        f'{self.num_heads}: set qk_dim and v_dim.')

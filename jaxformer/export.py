@@ -1,5 +1,5 @@
-"""Reading a model of any kind (a training workdir, a checkpoint folder or jaxformer's own
-export: `load_model`), and writing one out in a format of jaxformer.formats' registry: `save`
+"""Reading a model of any kind (a training workdir, a checkpoint folder, jaxformer's own
+export or a MarianMT folder: `load_model`), and writing one out in a format of jaxformer.formats' registry: `save`
 (jaxformer's own, formats.native), `save_ctranslate2`, or any by name (`save_as`).
 """
 
@@ -17,11 +17,12 @@ from flax import traverse_util
 from jaxformer import checkpoint, files, formats
 from jaxformer.config import SettingError, TransformerConfig, config_from_dict
 from jaxformer.data.tokenizer import Tokenizer
-from jaxformer.formats import ctranslate2, folders, native
+from jaxformer.formats import ctranslate2, folders, huggingface, native
 from jaxformer.model import Transformer
 
 FILES = native.FILES
-MODEL = 'a model (a training workdir, a checkpoint folder or an exported model)'
+MODEL = ('a model (a training workdir, a checkpoint folder, an exported model or a MarianMT '
+         'folder)')
 save = native.save  # jaxformer's own format
 save_ctranslate2 = ctranslate2.save
 
@@ -77,21 +78,26 @@ def load_model(path: str | pathlib.Path, average_last: int | None = None
                ) -> tuple[Any, TransformerConfig, bytes, int]:
   """(params, config, sentencepiece model bytes, step) of any model: a training workdir (its
   newest checkpoint, or with average_last=N the mean of its last N), a checkpoint folder (e.g.
-  WORKDIR/average-last5) or an exported folder (one with a config.json; `load` says what it
-  lacks, if anything)."""
-  if _model_kind(path) == files.EXPORT:
-    if average_last:
-      raise SettingError(f'--average-last averages the checkpoints of a training workdir; {path} '
-                         'is an exported folder (one set of params).')
+  WORKDIR/average-last5), an exported folder (one with a config.json; `load` says what it
+  lacks, if anything) or a MarianMT folder (formats.huggingface.load: OPUS-MT's, or
+  jaxformer's Hugging Face export)."""
+  kind = _model_kind(path)
+  if kind in (files.EXPORT, files.HUGGINGFACE) and average_last:
+    raise SettingError(f'--average-last averages the checkpoints of a training workdir; {path} '
+                       f'is {kind} (one set of params).')
+  if kind == files.EXPORT:
     return load(path)
+  if kind == files.HUGGINGFACE:
+    return huggingface.load(path)
   return checkpoint.load(path, average_last)
 
 
 def _model_kind(path: str | pathlib.Path) -> str:
-  """files.describe's word for `path` when it is a model (an export, a training workdir or a
-  checkpoint folder); the one-line CheckpointError naming what it is otherwise."""
+  """files.describe's word for `path` when it is a model (an export, a MarianMT folder, a
+  training workdir or a checkpoint folder); the one-line CheckpointError naming what it is
+  otherwise."""
   found = files.describe(path)
-  if found not in (files.EXPORT, files.WORKDIR, files.CHECKPOINTS):
+  if found not in (files.EXPORT, files.HUGGINGFACE, files.WORKDIR, files.CHECKPOINTS):
     raise checkpoint.CheckpointError(files.misplaced(path, found, MODEL))
   return found
 
@@ -99,7 +105,10 @@ def _model_kind(path: str | pathlib.Path) -> str:
 def model_config(path: str | pathlib.Path) -> tuple[TransformerConfig, bytes]:
   """(config, sentencepiece model bytes) of any model load_model reads, without its arrays."""
   path = pathlib.Path(path)
-  if _model_kind(path) == files.EXPORT:
+  kind = _model_kind(path)
+  if kind == files.HUGGINGFACE:
+    return huggingface.read_config(path), huggingface.vocabulary(path)
+  if kind == files.EXPORT:
     meta, where = _export_meta(path)
     model = files.field(meta, 'model', dict, where)
     try:

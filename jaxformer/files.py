@@ -59,13 +59,15 @@ WORKDIR, CHECKPOINTS, EXPORT, CTRANSLATE2, HUGGINGFACE = (
     Kind.WORKDIR, Kind.CHECKPOINTS, Kind.EXPORT, Kind.CTRANSLATE2, Kind.HUGGINGFACE)
 # The file beside config.json that tells an export of another format from jaxformer's own
 # (whose is params.safetensors); jaxformer.formats' registry checks that each format has one.
-EXPORT_MARKERS = {'model.bin': Kind.CTRANSLATE2, 'model.safetensors': Kind.HUGGINGFACE}
+EXPORT_MARKERS = {'model.bin': Kind.CTRANSLATE2, 'model.safetensors': Kind.HUGGINGFACE,
+                  'pytorch_model.bin': Kind.HUGGINGFACE}
 
 
 def describe(path: str | os.PathLike) -> Kind:
   """What `path` is: MISSING, FILE, FIFO, DEVICE, PARTIAL (an export stopped while its files
   moved in: UNFINISHED), EXPORT (a config.json of jaxformer's;
-  `export.load` says what else it lacks), CTRANSLATE2 or HUGGINGFACE (EXPORT_MARKERS), WORKDIR
+  `export.load` says what else it lacks), CTRANSLATE2 or HUGGINGFACE (EXPORT_MARKERS, or a
+  model's folder in the Hub's download cache: models--ORG--NAME), WORKDIR
   (checkpoints/, or the vocabulary a run writes first), CHECKPOINTS (numbered step folders, e.g.
   WORKDIR/average-last5), EMPTY, or FOLDER (anything else)."""
   path = pathlib.Path(path)
@@ -75,6 +77,8 @@ def describe(path: str | os.PathLike) -> Kind:
     return Kind.FILE if path.is_file() else Kind.FIFO if path.is_fifo() else Kind.DEVICE
   if (path / UNFINISHED).exists():
     return Kind.PARTIAL
+  if (path / 'snapshots').is_dir() and (path / 'refs').is_dir():  # the Hub's download cache
+    return HUGGINGFACE
   if (path / 'config.json').is_file():
     return next((kind for marker, kind in EXPORT_MARKERS.items() if (path / marker).is_file()),
                 EXPORT)

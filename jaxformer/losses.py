@@ -147,8 +147,8 @@ _projected_sums.defvjp(_projected_sums_fwd, _projected_sums_bwd)
 
 
 def chunked_smoothed_cross_entropy(hidden: Array, embedding: Array, targets: Array,
-                                   weights: Array, epsilon: float, *,
-                                   chunk: int = 1024) -> tuple[Array, Array, Array]:
+                                   weights: Array, epsilon: float, *, chunk: int = 1024,
+                                   bias: Array | None = None) -> tuple[Array, Array, Array]:
   """`smoothed_cross_entropy` and `accuracy` of logits = hidden @ embedding.T, without them.
 
   The softmax projection and the loss run over `chunk` positions at a time, so the [..., V]
@@ -161,10 +161,16 @@ def chunked_smoothed_cross_entropy(hidden: Array, embedding: Array, targets: Arr
     targets, weights: [...] as for `smoothed_cross_entropy`.
     epsilon: the smoothing mass epsilon_ls.
     chunk: positions per chunk (the last one is padded).
+    bias: [V] added to the logits (config.output_bias), with its gradient: carried as one more
+      column of the embedding against a column of ones in hidden, so that the projection and
+      its custom VJP stay one matrix product.
 
   Returns:
     (loss_sum, weight_sum, correct_sum), float32 scalars; only loss_sum has a gradient.
   """
+  if bias is not None:
+    hidden = jnp.concatenate([hidden, jnp.ones((*hidden.shape[:-1], 1), hidden.dtype)], -1)
+    embedding = jnp.concatenate([embedding, bias[:, None].astype(embedding.dtype)], -1)
   weights = weights.reshape(-1).astype(jnp.float32)
   chunk = min(chunk, weights.shape[0])
   loss_sum, correct = _projected_sums(

@@ -29,7 +29,7 @@ _dense_init = nn.initializers.xavier_uniform()  # tensor2tensor's uniform_unit_s
 
 def _layer_norm(config: TransformerConfig) -> nn.LayerNorm:
   """LayerNorm (statistics and params in float32) whose output is in execution.norm_dtype."""
-  return nn.LayerNorm(epsilon=1e-6, dtype=config.execution.norm_dtype)
+  return nn.LayerNorm(epsilon=config.norm_epsilon, dtype=config.execution.norm_dtype)
 
 
 def sinusoidal_positions(positions: Array, d_model: int) -> Array:
@@ -153,15 +153,19 @@ class MultiHeadAttention(nn.Module):
     return jnp.swapaxes(heads, 1, 2)  # [B, T, H, J]
 
 
+ACTIVATIONS = {'relu': nn.relu, 'swish': nn.silu,
+               'gelu': functools.partial(nn.gelu, approximate=False)}
+
+
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3), or another config.activation than max(0, .)."""
   config: TransformerConfig
 
   @nn.compact
   def __call__(self, x: Array, *, deterministic: bool) -> Array:
     cfg = self.config
     dense = functools.partial(nn.Dense, dtype=cfg.execution.dtype, kernel_init=_dense_init)
-    h = nn.relu(dense(cfg.d_ff)(x))  # [B, T, F]
+    h = ACTIVATIONS[cfg.activation](dense(cfg.d_ff)(x))  # [B, T, F]
     h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
     return dense(cfg.d_model)(h)  # [B, T, D]
 
@@ -340,6 +344,9 @@ class Transformer(nn.Module):
                           embedding_init=nn.initializers.normal(stddev=cfg.d_model ** -0.5))
     self.encoder = Encoder(cfg, self.embed)
     self.decoder = Decoder(cfg, self.embed)
+    if cfg.output_bias:
+      self.output_bias = self.param('output_bias', nn.initializers.zeros, (cfg.vocab_size,),
+                                    jnp.float32)
 
   def encode(self, src: Array, layout: Layout | None = None, *,
              deterministic: bool = True) -> Array:
@@ -362,8 +369,9 @@ class Transformer(nn.Module):
 
   def logits(self, hidden: Array) -> Array:
     """The softmax's input: the shared embedding applied to decoder outputs [.., D] -> [.., V]
-    (float32)."""
-    return self.embed.attend(hidden).astype(jnp.float32)
+    (float32), plus config.output_bias's bias."""
+    logits = self.embed.attend(hidden).astype(jnp.float32)
+    return logits + self.output_bias if self.config.output_bias else logits
 
   def decode(self, encoded: Array, src: Array, tgt_in: Array, layout: Layout | None = None, *,
              deterministic: bool = True) -> Array:

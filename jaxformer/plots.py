@@ -27,7 +27,7 @@ def cross_attention(translator: Translator, sentence: str, translation: str | No
   if translation is None:
     translation = translator.translate([sentence])[0]
   src = tokenizer.encode([sentence])[0] + [EOS_ID]
-  tgt = tokenizer.encode([translation])[0] + [EOS_ID]
+  tgt = tokenizer.encode_target([translation])[0] + [EOS_ID]
   _, state = _forward_with_intermediates(translator.config)(
       {'params': translator.params}, jnp.array([src]), jnp.array([[0] + tgt[:-1]]))
   decoder = state['intermediates']['decoder']

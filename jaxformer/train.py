@@ -121,7 +121,7 @@ def train_step(state: TrainState, batch: Batch, rng: Array, *, config: Transform
       loss_sum, weight_sum, correct = losses.chunked_smoothed_cross_entropy(
           hidden.astype(config.execution.dtype), params['embed']['embedding'],
           micro_batch['tgt_out'], micro_batch['weights'], optim.label_smoothing,
-          chunk=config.execution.loss_chunk)
+          chunk=config.execution.loss_chunk, bias=params.get('output_bias'))
       return loss_sum, (weight_sum, correct)
     (loss_sum, (weight_sum, correct)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     return grads, jnp.stack([loss_sum, weight_sum, correct])

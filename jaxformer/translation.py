@@ -292,7 +292,7 @@ class Translator:
     if len(prefixes) != count:
       raise DataError(f'{len(prefixes)} prefixes for {count} sentences: give one a sentence '
                       "('' for none).")
-    ids = self.tokenizer.encode(prefixes)
+    ids = self.tokenizer.encode_target(prefixes)
     for i, pieces in enumerate(ids):
       if len(pieces) >= self.config.max_len:
         raise DataError(f'the prefix of sentence {first_index + i + 1} has {len(pieces)} '
@@ -350,7 +350,7 @@ class Translator:
     model's max_len is not scored but marked (`skipped` says why), never dropped. DataError for
     a count that differs or an empty target (a blank source is scored as an empty one)."""
     text.check_pairs(sources, targets)
-    src_ids, tgt_ids = self.tokenizer.encode(sources), self.tokenizer.encode(targets)
+    src_ids, tgt_ids = self.tokenizer.encode(sources), self.tokenizer.encode_target(targets)
     if empty := [i + 1 for i, t in enumerate(tgt_ids) if not t]:
       raise DataError(f'target {empty[0]} is empty ({len(empty)} empty in all): there is '
                       'nothing to score; remove or fill it.')

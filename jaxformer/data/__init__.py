@@ -8,11 +8,12 @@ from jaxformer.data.packing import (PackedBatches, pack_rows, padding_efficiency
                                     rows_per_device)
 from jaxformer.data.sources import (DataError, PairSource, ParallelText, TextFiles, TfdsSplit,
                                     load_tfds, load_wmt14, read_parallel_text, wmt14)
-from jaxformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from jaxformer.data.tokenizer import (EOS_ID, PAD_ID, UNK_ID, SidedTokenizer, Tokenizer,
+                                      train_tokenizer)
 from jaxformer.text import decode_line, read_lines
 
 __all__ = ['DataError', 'EOS_ID', 'PAD_ID', 'PackedBatches', 'PairSource', 'ParallelText',
-           'TextFiles', 'TfdsSplit', 'TokenizedCorpus', 'Tokenizer', 'UNK_ID', 'decode_line',
-           'embedded', 'load_tfds', 'load_wmt14', 'pack_rows', 'padding_efficiency', 'pipeline',
+           'SidedTokenizer', 'TextFiles', 'TfdsSplit', 'TokenizedCorpus', 'Tokenizer', 'UNK_ID',
+           'decode_line', 'embedded', 'load_tfds', 'load_wmt14', 'pack_rows', 'padding_efficiency', 'pipeline',
            'read_lines', 'read_parallel_text', 'row_lengths', 'rows_per_device',
            'tokenize_corpus', 'tokenizer', 'train_tokenizer', 'wmt14']

@@ -162,7 +162,7 @@ def _tokenize(text: PairSource, tokenizer: Tokenizer, max_len: int, folder: path
     with tqdm(total=len(text), desc=f'tokenising {text.origin}', unit='pairs') as bar:
       for src, tgt in text.chunks(_CHUNK):
         (src_tokens, src_lengths), (tgt_tokens, tgt_lengths) = (
-            _ids(tokenizer.encode(side), dtype) for side in (src, tgt))
+            _ids(tokenizer.encode(src), dtype), _ids(tokenizer.encode_target(tgt), dtype))
         empty = (src_lengths == 0) | (tgt_lengths == 0)
         too_long = ~empty & (np.maximum(src_lengths, tgt_lengths) + 1 > max_len)
         keep = ~(empty | too_long)

@@ -25,15 +25,20 @@ _ONE_LINE = {ord(c): ' ' for c in '\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029'}  #
 
 
 class Tokenizer:
-  """A loaded sentencepiece model: text <-> ids, with 0 = pad, 1 = eos, 2 = unk."""
+  """A loaded sentencepiece model: text <-> ids, with 0 = pad, 1 = eos, 2 = unk.
+
+  The same model reads the source and the target (`encode`, `encode_target`). A model made
+  elsewhere with one per side over a joint vocabulary (a MarianMT folder's) loads as a
+  SidedTokenizer, from the same constructor: the bytes say which (SIDED_MAGIC)."""
+
+  def __new__(cls, model_path: str | os.PathLike, model_proto: bytes | None = None):
+    if cls is Tokenizer and _content(model_path, model_proto).startswith(SIDED_MAGIC):
+      cls = SidedTokenizer
+    return super().__new__(cls)
 
   def __init__(self, model_path: str | os.PathLike, model_proto: bytes | None = None):
     self.path = pathlib.Path(model_path)
-    try:
-      self._sp = spm.SentencePieceProcessor(model_file=str(self.path)) if model_proto is None \
-          else spm.SentencePieceProcessor(model_proto=model_proto)
-    except (OSError, RuntimeError, TypeError) as e:
-      raise DataError(f'{self.path}: not a sentencepiece model ({e}).') from None
+    self._sp = _processor(self.path, _content(model_path, model_proto))
     if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
       raise DataError(f'{self.path}: expected pad=0, eos=1, unk=2; train it with '
                       'jaxformer.data.train_tokenizer.')
@@ -50,8 +55,21 @@ class Tokenizer:
     return self._sp.get_piece_size()
 
   def encode(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
-    """Token ids of each text, without EOS."""
+    """Token ids of each source text, without EOS."""
     return self._sp.encode(list(texts), num_threads=num_threads)
+
+  def encode_target(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each target text (a reference, a forced prefix), without EOS."""
+    return self.encode(texts)
+
+  def files(self) -> dict[str, bytes]:
+    """The sentencepiece file(s) that tokenize for this vocabulary outside jaxformer, by the
+    names an export writes them under."""
+    return {'spm.model': self.model_proto}
+
+  def sides(self) -> tuple[bytes, bytes]:
+    """The sentencepiece models of the source and of the target (this one, twice)."""
+    return self.model_proto, self.model_proto
 
   def coverage(self, texts: Sequence[str]) -> dict[str, float]:
     """How well this vocabulary fits `texts`: the share of their characters spelled with
@@ -61,11 +79,14 @@ class Tokenizer:
     words = sum(len(text.split()) for text in texts)
     ids = self.encode(texts)
     pieces = sum(map(len, ids))
-    # A character in byte pieces is its UTF-8 lead byte plus continuation bytes (0b10xxxxxx).
-    lead = lambda i: int(self._sp.id_to_piece(i)[1:-1], 16) >> 6 != 2  # noqa: E731  ('<0xNN>')
-    fallback = sum(1 for row in ids for i in row
-                   if i == UNK_ID or (self._sp.is_byte(i) and lead(i)))
+    fallback = sum(1 for row in ids for i in row if self._unseen(i))
     return {'fallback_share': fallback / max(chars, 1), 'pieces_per_word': pieces / max(words, 1)}
+
+  def _unseen(self, i: int) -> bool:
+    """Whether piece i spells a character the vocabulary has not seen (counted once)."""
+    # A character in byte pieces is its UTF-8 lead byte plus continuation bytes (0b10xxxxxx).
+    return i == UNK_ID or (self._sp.is_byte(i) and int(self._sp.id_to_piece(i)[1:-1], 16) >> 6
+                           != 2)  # ('<0xNN>')
 
   def pieces(self, ids: Sequence[int]) -> list[str]:
     """The sentencepiece string of each id (for plots, debugging and CTranslate2)."""
@@ -81,13 +102,112 @@ class Tokenizer:
     Byte-fallback pieces can spell line breaks; they become spaces, so that one sentence is
     always one line of output.
     """
-    texts = []
-    for row in ids:
-      row = [int(i) for i in row]
-      if EOS_ID in row:
-        row = row[:row.index(EOS_ID)]
-      texts.append(self._sp.decode([i for i in row if i != PAD_ID]).translate(_ONE_LINE))
-    return texts
+    return [self._decode_row([i for i in _until_eos(row) if i != PAD_ID]).translate(_ONE_LINE)
+            for row in ids]
+
+  def _decode_row(self, ids: list[int]) -> str:
+    return self._sp.decode(ids)
+
+
+# The first bytes of a SidedTokenizer's serialisation (what checkpoints and exports store as
+# their spm.model), then a line of JSON ({'pieces', 'source', 'target'}: the joint vocabulary
+# in id order, and the byte sizes of the two sentencepiece models), then the two models.
+SIDED_MAGIC = b'jaxformer two-sided vocabulary 1\n'
+
+
+class SidedTokenizer(Tokenizer):
+  """Two sentencepiece models, one for the source and one for the target, over one joint
+  vocabulary of pieces (a MarianMT's source.spm, target.spm and vocab.json): text becomes the
+  side's pieces, and pieces the joint vocabulary's ids, a piece it lacks unk, as transformers'
+  MarianTokenizer does. A leading language code (`>>fr<<`, multilingual OPUS-MT models) is one
+  piece of its own, as there. Ids 0, 1 and 2 are pad, EOS and unk, as for every jaxformer
+  vocabulary (`sided_bytes` makes it so)."""
+
+  def __init__(self, model_path: str | os.PathLike, model_proto: bytes | None = None):
+    self.path = pathlib.Path(model_path)
+    self.model_proto = _content(model_path, model_proto)
+    header, rest = self.model_proto[len(SIDED_MAGIC):].split(b'\n', 1)
+    try:
+      layout = json.loads(header)
+      source, target = rest[:layout['source']], rest[layout['source']:]
+      self._pieces: list[str] = layout['pieces']
+    except (ValueError, KeyError, TypeError) as e:
+      raise DataError(f'{self.path}: a damaged two-sided vocabulary ({e}).') from None
+    self._source, self._sp = _processor(self.path, source), _processor(self.path, target)
+    self._ids = {piece: i for i, piece in enumerate(self._pieces)}
+
+  @property
+  def vocab_size(self) -> int:
+    """The number of pieces of the joint vocabulary."""
+    return len(self._pieces)
+
+  def encode(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+    """Token ids of each source text (by the source model), without EOS."""
+    return [self._joint_ids(self._source, text) for text in texts]
+
+  def encode_target(self, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each target text (by the target model), without EOS."""
+    return [self._joint_ids(self._sp, text) for text in texts]
+
+  def _joint_ids(self, model: spm.SentencePieceProcessor, text: str) -> list[int]:
+    code = []
+    if text.startswith('>>') and (end := text.find('<<')) != -1:
+      code, text = [text[:end + 2]], text[end + 2:]
+    return self.piece_ids(code + model.encode(text, out_type=str))
+
+  def files(self) -> dict[str, bytes]:
+    """source.spm and target.spm, as a MarianMT folder names them."""
+    return dict(zip(('source.spm', 'target.spm'), self.sides()))
+
+  def sides(self) -> tuple[bytes, bytes]:
+    """The sentencepiece models of the source and of the target."""
+    return self._source.serialized_model_proto(), self._sp.serialized_model_proto()
+
+  def _unseen(self, i: int) -> bool:
+    return i == UNK_ID
+
+  def pieces(self, ids: Sequence[int]) -> list[str]:
+    """The joint vocabulary's piece of each id."""
+    return [self._pieces[int(i)] for i in ids]
+
+  def piece_ids(self, pieces: Sequence[str]) -> list[int]:
+    """The joint vocabulary's id of each piece; unk for a piece it lacks."""
+    return [self._ids.get(p, UNK_ID) for p in pieces]
+
+  def _decode_row(self, ids: list[int]) -> str:
+    # A joint vocabulary's piece may be the source model's alone, which the target model's
+    # decoder passes through as it is: its word boundaries go as transformers' do.
+    return self._sp.decode_pieces(self.pieces(ids)).replace('\u2581', ' ').strip()
+
+
+def sided_bytes(source: bytes, target: bytes, pieces: Sequence[str]) -> bytes:
+  """A SidedTokenizer's serialisation: the source and target sentencepiece models and the
+  joint vocabulary's pieces in id order (pad, EOS and unk first)."""
+  header = json.dumps({'pieces': list(pieces), 'source': len(source), 'target': len(target)},
+                      ensure_ascii=False).encode()
+  return SIDED_MAGIC + header + b'\n' + source + target
+
+
+def _content(model_path: str | os.PathLike, model_proto: bytes | None) -> bytes:
+  """The model's bytes: `model_proto`, else the file's (a DataError if it cannot be read)."""
+  if model_proto is not None:
+    return model_proto
+  try:
+    return pathlib.Path(model_path).read_bytes()
+  except OSError as e:
+    raise DataError(f'{model_path}: not a sentencepiece model ({e.strerror}).') from None
+
+
+def _processor(path: pathlib.Path, model: bytes) -> spm.SentencePieceProcessor:
+  try:
+    return spm.SentencePieceProcessor(model_proto=model)
+  except (OSError, RuntimeError, TypeError) as e:
+    raise DataError(f'{path}: not a sentencepiece model ({e}).') from None
+
+
+def _until_eos(row: Sequence[int]) -> list[int]:
+  row = [int(i) for i in row]
+  return row[:row.index(EOS_ID)] if EOS_ID in row else row
 
 
 class VocabularyTooLarge(DataError):

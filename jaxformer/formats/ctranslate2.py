@@ -1,6 +1,7 @@
 """CTranslate2's Transformer (the optional extra jaxformer[ctranslate2]): the engine MT
 practitioners deploy, and an independent check of jaxformer's decoding. The folder is
-CTranslate2's own (config.json, model.bin, the vocabularies) with spm.model beside it."""
+CTranslate2's own (config.json, model.bin, the vocabularies) with the sentencepiece model(s)
+beside it (Tokenizer.files: spm.model, or a MarianMT's source.spm and target.spm)."""
 
 import importlib.util
 import pathlib
@@ -76,11 +77,14 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
   if reason := cannot(config):
     raise checkpoint.CheckpointError(f'CTranslate2 has no Transformer with {reason}.')
   out = folders.prepare(out, files.CTRANSLATE2, overwrite)  # before the work: fails at once
-  from ctranslate2.specs import transformer_spec  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from ctranslate2.specs import common_spec, transformer_spec
 
   params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
   n, heads, pre_ln = config.num_layers, config.num_heads, config.pre_ln
-  options = dict(pre_norm=pre_ln, head_dim=config.key_dim)
+  activation = {'relu': common_spec.Activation.RELU, 'swish': common_spec.Activation.SWISH,
+                'gelu': common_spec.Activation.GELU}[config.activation]
+  options = dict(pre_norm=pre_ln, head_dim=config.key_dim, activation=activation)
   spec = transformer_spec.TransformerSpec(
       transformer_spec.TransformerEncoderSpec(n, heads, **options),
       transformer_spec.TransformerDecoderSpec(n, heads, **options))
@@ -102,20 +106,22 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
     _attention(layer.attention, p['cross_attention'], p['residuals_1']['norm'], cross=True)
     _ffn(layer.ffn, p['ffn'], p['residuals_2']['norm'])
   spec.decoder.projection.weight = embedding
-  spec.decoder.projection.bias = np.zeros(embedding.shape[0], np.float32)
+  spec.decoder.projection.bias = params.get('output_bias',
+                                            np.zeros(embedding.shape[0], np.float32))
   tokenizer = Tokenizer.from_bytes(spm_model)
   pieces = tokenizer.pieces(range(config.vocab_size))
   spec.register_source_vocabulary(pieces)
   spec.register_target_vocabulary(pieces)
   spec.config.unk_token, spec.config.eos_token = pieces[2], pieces[1]
   spec.config.bos_token = spec.config.decoder_start_token = pieces[0]
-  spec.config.layer_norm_epsilon = 1e-6
+  spec.config.layer_norm_epsilon = config.norm_epsilon
   spec.validate()
   spec.optimize(quantization='float32')
   try:
     with folders.written_whole(out, params, spm_model) as tmp:
       spec.save(str(tmp))
-      (tmp / 'spm.model').write_bytes(spm_model)  # to tokenize for it: pieces in, pieces out
+      for name, content in tokenizer.files().items():  # to tokenize for it: pieces in and out
+        (tmp / name).write_bytes(content)
   except files.DiskFullError:
     raise
   except OSError as e:

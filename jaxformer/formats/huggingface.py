@@ -4,7 +4,8 @@ of the OPUS-MT models on the Hub. Written with numpy alone: neither torch nor tr
 needed to export.
 
 The architectures are the same (post-LN layers, biases on every projection, one embedding for
-encoder, decoder and output scaled by sqrt(d_model), static sinusoids, ReLU, decoding from the
+encoder, decoder and output scaled by sqrt(d_model), static sinusoids, the FFN's activation
+and the output bias as config.activation and config.output_bias say, decoding from the
 padding token). What differs, and how it is bridged:
 
 - Marian's position table holds the sines in the first half of the dimensions and the cosines
@@ -12,28 +13,33 @@ padding token). What differs, and how it is bridged:
   reads a saved table (it makes its own), so the model's d_model basis is permuted instead,
   through every weight that reads or writes it (`tensors`): jaxformer's dimension perm[k]
   becomes Marian's k. Layer norms are equivariant under it, so the model computes the same.
-- Marian's LayerNorms keep torch's epsilon, 1e-5 (jaxformer's: 1e-6); MarianConfig cannot set
-  it. docs/BENCHMARKS.md measures what it moves.
+- Marian's LayerNorms keep torch's epsilon, 1e-5 (jaxformer's: 1e-6, unless the model came
+  from a MarianMT folder: model.norm_epsilon); MarianConfig cannot set it. docs/BENCHMARKS.md
+  measures what it moves.
 - transformers' beam search divides a hypothesis's log-probability by length^alpha, not by
   GNMT's ((5 + length) / 6)^alpha (§6.1): beam outputs may differ, greedy ones do not.
-- The output layer's final_logits_bias is zeros; the shared sentencepiece model serves as both
-  source.spm and target.spm, and vocab.json maps its pieces to jaxformer's ids.
+- The output layer's final_logits_bias is the model's output_bias, or zeros; the shared
+  sentencepiece model serves as both source.spm and target.spm (a MarianMT's own two where the
+  model came from one), and vocab.json maps the pieces to jaxformer's ids.
 """
 
 import json
 import math
+import os
 import pathlib
 from typing import Any
 
 import jax
 import numpy as np
+import safetensors
 import safetensors.numpy
 from flax import traverse_util
 
 from jaxformer import checkpoint, files
-from jaxformer.config import TransformerConfig
-from jaxformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from jaxformer.config import SettingError, TransformerConfig
+from jaxformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer, sided_bytes
 from jaxformer.formats import folders
+from jaxformer.model import Transformer
 
 
 def cannot(config: TransformerConfig) -> str | None:
@@ -105,7 +111,8 @@ def tensors(params: Any, config: TransformerConfig) -> dict[str, np.ndarray]:
         'encoder_attn_layer_norm': _norm(p['residuals_1']['norm'], perm),
         **_ffn(p['ffn'], perm), 'final_layer_norm': _norm(p['residuals_2']['norm'], perm)}
   flat = {'model.shared.weight': embedding[:, perm],
-          'final_logits_bias': np.zeros((1, config.vocab_size), np.float32)}
+          'final_logits_bias': params.get('output_bias', np.zeros(config.vocab_size, np.float32)
+                                          ).reshape(1, -1)}
   flat.update(traverse_util.flatten_dict(layers, sep='.'))
   return {name: np.ascontiguousarray(value) for name, value in flat.items()}
 
@@ -118,7 +125,7 @@ def model_config(config: TransformerConfig) -> dict[str, Any]:
       'd_model': config.d_model, 'encoder_layers': config.num_layers,
       'decoder_layers': config.num_layers, 'encoder_attention_heads': config.num_heads,
       'decoder_attention_heads': config.num_heads, 'encoder_ffn_dim': config.d_ff,
-      'decoder_ffn_dim': config.d_ff, 'activation_function': 'relu',
+      'decoder_ffn_dim': config.d_ff, 'activation_function': config.activation,
       'dropout': config.dropout_rate, 'attention_dropout': config.attention_dropout_rate,
       'activation_dropout': config.relu_dropout_rate,
       'max_position_embeddings': config.max_len, 'scale_embedding': True,
@@ -160,6 +167,8 @@ def card(origin: str | pathlib.Path | None, config: TransformerConfig, step: int
             'not recorded with the model (see its training command)')
   bleu = _last_validation_bleu(origin) if origin else 'not measured with the model'
   languages = f'language: [{source}, {target}]\n' if data else ''
+  epsilon = ('' if config.norm_epsilon == 1e-5 else "- Marian's layer norms use epsilon 1e-5 "
+             f'where jaxformer trained with {config.norm_epsilon:g}.\n')
   return f"""---
 {languages}library_name: transformers
 pipeline_tag: translation
@@ -192,8 +201,7 @@ print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
   divides by GNMT's ((5 + length) / 6)^alpha (§6.1 of the paper), so beam outputs may differ.
 - The length limit is {config.max_len} pieces for every sentence (`max_length`); jaxformer's is
   each input's length + 50: pass `max_new_tokens` for that.
-- Marian's layer norms use epsilon 1e-5 where jaxformer trained with 1e-6.
-- The d_model dimensions are stored permuted (Marian's position table puts the sines first);
+{epsilon}- The d_model dimensions are stored permuted (Marian's position table puts the sines first);
   the model computes the same function.
 """
 
@@ -231,7 +239,8 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
   if reason := cannot(config):
     raise checkpoint.CheckpointError(f'the huggingface format cannot express {reason}.')
   out = folders.prepare(out, files.HUGGINGFACE, overwrite)  # before the work: fails at once
-  pieces = Tokenizer.from_bytes(spm_model).pieces(range(config.vocab_size))
+  tokenizer = Tokenizer.from_bytes(spm_model)
+  pieces = tokenizer.pieces(range(config.vocab_size))
   data, rules = _recorded_data(origin)
   with folders.written_whole(out, params, spm_model) as tmp:
     safetensors.numpy.save_file(tensors(params, config), tmp / 'model.safetensors',
@@ -248,7 +257,253 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
             'pad_token': pieces[PAD_ID], 'eos_token': pieces[EOS_ID],
             'unk_token': pieces[UNK_ID]})):
       (tmp / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + '\n')
-    for name in ('source.spm', 'target.spm'):
-      (tmp / name).write_bytes(spm_model)
+    for name, model in zip(('source.spm', 'target.spm'), tokenizer.sides()):
+      (tmp / name).write_bytes(model)
     (tmp / 'README.md').write_text(card(origin, config, step, data, rules))
   return out
+
+
+# --- reading a MarianMT folder (an OPUS-MT model, or this module's own export) ------------------
+#
+# Read in place, not converted by a command of its own: every command and Translator.load
+# take the folder (or the Hub cache's folder of it) as they take any model, as transformers
+# users expect of a model path, and reading costs less than a second at OPUS-MT's size. The
+# vocabulary is renumbered so that pad, EOS and unk take jaxformer's ids 0, 1 and 2 (the rest
+# keep Marian's order), the embedding's and the output bias's rows with it; the sinusoid
+# permutation is undone; the layer norms keep Marian's epsilon, 1e-5 (model.norm_epsilon).
+
+MARIAN_FILES = ('config.json', 'vocab.json', 'source.spm', 'target.spm')
+# MarianConfig's fields (and the BART-era ones OPUS-MT's config.json still carries) that a
+# jaxformer Transformer cannot compute with these values: (field, the value it must have, why).
+_REFUSED = (
+    ('share_encoder_decoder_embeddings', True, 'separate source and target embeddings'),
+    ('scale_embedding', True, 'embeddings not scaled by sqrt(d_model)'),
+    ('normalize_embedding', False, 'a layer norm on the embeddings'),
+    ('layernorm_embedding', False, 'a layer norm on the embeddings'),
+    ('normalize_before', False, 'layer norms before each sub-layer (pre-LN) in Marian'),
+    ('add_final_layer_norm', False, 'a final layer norm in each stack'),
+    ('static_position_embeddings', True, 'learned positions in Marian'),
+    ('add_bias_logits', False, 'a second output bias'))
+_ACTIVATIONS = {'relu': 'relu', 'swish': 'swish', 'silu': 'swish', 'gelu': 'gelu'}
+
+
+def resolve(path: str | os.PathLike) -> pathlib.Path:
+  """The MarianMT folder at `path`, or, for a folder of the Hub's download cache
+  (models--ORG--NAME, with refs/ and snapshots/), its snapshot of refs/main (or its only one)."""
+  path = pathlib.Path(path)
+  if not (path / 'snapshots').is_dir():
+    return path
+  ref = path / 'refs' / 'main'
+  snapshots = sorted((path / 'snapshots').iterdir())
+  if ref.is_file():
+    return path / 'snapshots' / ref.read_text().strip()
+  if len(snapshots) == 1:
+    return snapshots[0]
+  raise checkpoint.CheckpointError(f'{path}: a Hub cache folder of {len(snapshots)} snapshots '
+                                   'and no refs/main: give the snapshot folder itself.')
+
+
+def _marian_config(path: pathlib.Path) -> tuple[dict[str, Any], str]:
+  """config.json of a MarianMT folder (CheckpointError naming what is missing or not Marian)."""
+  if missing := [name for name in MARIAN_FILES if not (path / name).is_file()]:
+    raise checkpoint.CheckpointError(f'{path}: not a MarianMT model (missing '
+                                     f'{", ".join(missing)}).')
+  where = str(path / 'config.json')
+  meta = files.read_record(where, "the model's settings")
+  if (kind := files.field(meta, 'model_type', str, where, None)) != 'marian':
+    raise checkpoint.CheckpointError(f'{where}: a {kind or "untyped"} model; jaxformer reads '
+                                     'MarianMT ones (model_type "marian").')
+  return meta, where
+
+
+def read_config(path: str | os.PathLike) -> TransformerConfig:
+  """The TransformerConfig of a MarianMT folder: its shape, dropouts, activation, the output
+  bias, Marian's epsilon, and as max_len the fewer of its positions and its generation
+  config's max_length (less the start token). One line naming the field for what a jaxformer
+  Transformer cannot compute."""
+  path = resolve(path)
+  meta, where = _marian_config(path)
+  number = lambda name, default=None: files.field(meta, name, int, where, default)  # noqa: E731
+  for name, wanted, what in _REFUSED:
+    if name in meta and meta[name] != wanted:
+      raise checkpoint.CheckpointError(f'{where}: "{name}": {json.dumps(meta[name])} ({what}) '
+                                       'is not supported.')
+  for mine, theirs in (('encoder_layers', 'decoder_layers'), ('encoder_ffn_dim', 'decoder_ffn_dim'),
+                       ('encoder_attention_heads', 'decoder_attention_heads'),
+                       ('vocab_size', 'decoder_vocab_size')):
+    if number(theirs, number(mine)) != number(mine):
+      raise checkpoint.CheckpointError(f'{where}: "{mine}" {number(mine)} and "{theirs}" '
+                                       f'{number(theirs)} differ (jaxformer has one of each).')
+  if meta.get('decoder_start_token_id') != meta.get('pad_token_id'):
+    raise checkpoint.CheckpointError(f'{where}: "decoder_start_token_id" is not the padding '
+                                     "token (Marian's and jaxformer's decoders start from it).")
+  activation = files.field(meta, 'activation_function', str, where, 'relu')
+  if activation not in _ACTIVATIONS:
+    raise checkpoint.CheckpointError(f'{where}: "activation_function": "{activation}" is not '
+                                     f'supported (only {", ".join(_ACTIVATIONS)}).')
+  max_len = number('max_position_embeddings')
+  generation = _generation(path, meta)
+  if 'max_length' in generation:
+    max_len = min(max_len, files.field(generation, 'max_length', int, where) - 1)
+  fraction = lambda name: float(files.field(meta, name, (int, float), where, 0.0))  # noqa: E731
+  try:
+    return TransformerConfig(
+        vocab_size=number('vocab_size'), num_layers=number('encoder_layers'),
+        d_model=number('d_model'), d_ff=number('encoder_ffn_dim'),
+        num_heads=number('encoder_attention_heads'), dropout_rate=fraction('dropout'),
+        attention_dropout_rate=fraction('attention_dropout'),
+        relu_dropout_rate=fraction('activation_dropout'), max_len=max_len,
+        activation=_ACTIVATIONS[activation], output_bias=True, norm_epsilon=1e-5)
+  except SettingError as e:
+    raise checkpoint.CheckpointError(f'{where}: {e}') from None
+
+
+def _generation(path: pathlib.Path, meta: dict[str, Any]) -> dict[str, Any]:
+  """The generation settings (generation_config.json's, else config.json's), checked: a
+  bad_words_ids other than the padding token (which no jaxformer search emits) is refused."""
+  found = path / 'generation_config.json'
+  generation = files.read_record(found, 'the generation settings') if found.is_file() else meta
+  bad = generation.get('bad_words_ids') or []
+  if any(words != [meta.get('pad_token_id')] for words in bad):
+    raise checkpoint.CheckpointError(f'{found}: "bad_words_ids" {json.dumps(bad)[:60]}: only '
+                                     'the padding token is supported.')
+  return generation
+
+
+def _renumbering(path: pathlib.Path, meta: dict[str, Any], vocab_size: int
+                 ) -> tuple[np.ndarray, list[str]]:
+  """(order, pieces): jaxformer's id j is Marian's order[j] (pad, EOS, unk, then the rest in
+  Marian's order), and pieces[j] its piece."""
+  where = str(path / 'vocab.json')
+  vocab = files.read_record(where, 'the vocabulary')
+  tokens = files.read_record(path / 'tokenizer_config.json', "the tokenizer's settings") \
+      if (path / 'tokenizer_config.json').is_file() else {}
+  if tokens.get('separate_vocabs'):
+    raise checkpoint.CheckpointError(f'{path}/tokenizer_config.json: "separate_vocabs": true '
+                                     '(separate source and target vocabularies) is not '
+                                     'supported.')
+  by_id = {i: piece for piece, i in vocab.items() if isinstance(i, int)}
+  if sorted(by_id) != list(range(vocab_size)):
+    raise checkpoint.CheckpointError(f'{where}: not the ids 0..{vocab_size - 1} of the '
+                                     f'model\'s vocab_size ({len(by_id)} ids).')
+  unk = vocab.get(str(tokens.get('unk_token', '<unk>')))
+  special = [meta.get('pad_token_id'), meta.get('eos_token_id'), unk]
+  if None in special or len(set(special)) < 3:
+    raise checkpoint.CheckpointError(f'{path}: the padding, end and unknown tokens are not '
+                                     f'three ids of the vocabulary ({special}).')
+  order = np.array(special + [i for i in range(vocab_size) if i not in special])
+  return order, [by_id[int(i)] for i in order]
+
+
+def _state_dict(path: pathlib.Path) -> dict[str, np.ndarray]:
+  """The weights, from model.safetensors, or from pytorch_model.bin with torch."""
+  if (path / 'model.safetensors').is_file():
+    try:
+      return safetensors.numpy.load_file(path / 'model.safetensors')
+    except (OSError, ValueError, safetensors.SafetensorError) as e:
+      raise checkpoint.CheckpointError(f'{path}/model.safetensors: damaged ({e}).') from None
+  if not (path / 'pytorch_model.bin').is_file():
+    raise checkpoint.CheckpointError(f'{path}: no weights (model.safetensors or '
+                                     'pytorch_model.bin).')
+  try:
+    import torch  # pylint: disable=g-import-not-at-top  (only for torch's own format)
+  except ImportError:
+    raise checkpoint.CheckpointError(f'{path}/pytorch_model.bin: reading it needs torch (pip '
+                                     'install torch), or a model.safetensors.') from None
+  weights = torch.load(path / 'pytorch_model.bin', map_location='cpu', weights_only=True)
+  return {name: value.float().numpy() for name, value in weights.items()}
+
+
+def _embedding(path: pathlib.Path, state: dict[str, np.ndarray]) -> np.ndarray:
+  """The one embedding every tied name holds (a folder may keep any of them)."""
+  names = ('model.shared.weight', 'model.encoder.embed_tokens.weight',
+           'model.decoder.embed_tokens.weight', 'lm_head.weight')
+  found = [state[name] for name in names if name in state]
+  if not found:
+    raise checkpoint.CheckpointError(f'{path}: no embedding ({names[0]}) among the weights.')
+  if any(not np.array_equal(found[0], other) for other in found[1:]):
+    raise checkpoint.CheckpointError(f'{path}: the encoder, decoder and output embeddings differ '
+                                     '(separate embeddings are not supported).')
+  return found[0]
+
+
+def params_of(state: dict[str, np.ndarray], config: TransformerConfig, order: np.ndarray,
+              path: pathlib.Path) -> dict[str, Any]:
+  """jaxformer's params of MarianMTModel's state dict: the inverse of `tensors`, with the
+  vocabulary's rows in jaxformer's order (`order`, _renumbering)."""
+  inverse = np.argsort(permutation(config.d_model))  # jaxformer's dimension k is Marian's inverse[k]
+  shapes = jax.eval_shape(lambda: Transformer(config).init(
+      jax.random.key(0), np.ones((1, 2), np.int32), np.ones((1, 2), np.int32)))['params']
+  wanted = traverse_util.flatten_dict(shapes, sep='/')
+
+  def get(name: str) -> np.ndarray:
+    if name not in state:
+      raise checkpoint.CheckpointError(f'{path}: {name} is missing from the weights.')
+    return np.asarray(state[name], np.float32)
+
+  def linear(name: str, ours: str, reads: bool) -> dict[str, np.ndarray]:
+    weight, bias = get(f'{name}.weight').T, get(f'{name}.bias')  # [in, out]
+    if reads:
+      weight = weight[inverse]
+    else:
+      weight, bias = weight[:, inverse], bias[inverse]
+    return {'kernel': weight.reshape(wanted[f'{ours}/kernel'].shape),
+            'bias': bias.reshape(wanted[f'{ours}/bias'].shape)}
+
+  flat: dict[str, np.ndarray] = {}
+  stacks = (('encoder', 'encoder', ('self_attn', 'fc')),
+            ('decoder', 'decoder', ('self_attn', 'encoder_attn', 'fc')))
+  for stack, ours_stack, blocks in stacks:
+    for i in range(config.num_layers):
+      theirs, ours = f'model.{stack}.layers.{i}', f'{ours_stack}/layers_{i}'
+      attentions = {'self_attn': 'self_attention', 'encoder_attn': 'cross_attention'}
+      norms = {'self_attn': 'self_attn_layer_norm', 'encoder_attn': 'encoder_attn_layer_norm',
+               'fc': 'final_layer_norm'}
+      for index, block in enumerate(blocks):
+        if block == 'fc':
+          for dense, name, reads in (('Dense_0', 'fc1', True), ('Dense_1', 'fc2', False)):
+            flat.update(_prefixed(f'{ours}/ffn/{dense}', linear(f'{theirs}.{name}',
+                                                                f'{ours}/ffn/{dense}', reads)))
+        else:
+          for proj, name in (('q_proj', 'query'), ('k_proj', 'key'), ('v_proj', 'value'),
+                             ('out_proj', 'out')):
+            where = f'{ours}/{attentions[block]}/{name}'
+            flat.update(_prefixed(where, linear(f'{theirs}.{block}.{proj}', where,
+                                                proj != 'out_proj')))
+        norm = f'{theirs}.{norms[block]}'
+        flat[f'{ours}/residuals_{index}/norm/scale'] = get(f'{norm}.weight')[inverse]
+        flat[f'{ours}/residuals_{index}/norm/bias'] = get(f'{norm}.bias')[inverse]
+  flat['embed/embedding'] = _embedding(path, state).astype(np.float32)[order][:, inverse]
+  flat['output_bias'] = get('final_logits_bias').reshape(-1)[order]
+  for name in sorted(set(wanted) | set(flat)):
+    if name not in flat or name not in wanted or flat[name].shape != wanted[name].shape:
+      raise checkpoint.CheckpointError(f'{path}: the weights do not fit config.json ({name}).')
+  return traverse_util.unflatten_dict(flat, sep='/')
+
+
+def _prefixed(prefix: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  return {f'{prefix}/{name}': value for name, value in arrays.items()}
+
+
+def vocabulary(path: str | os.PathLike) -> bytes:
+  """A MarianMT folder's vocabulary as a SidedTokenizer's bytes: its two sentencepiece models
+  over the joint vocabulary, renumbered (_renumbering)."""
+  path = resolve(path)
+  meta, where = _marian_config(path)
+  pieces = _renumbering(path, meta, files.field(meta, 'vocab_size', int, where))[1]
+  found = sided_bytes((path / 'source.spm').read_bytes(), (path / 'target.spm').read_bytes(),
+                      pieces)
+  Tokenizer.from_bytes(found, str(path))  # a damaged sentencepiece model fails here
+  return found
+
+
+def load(path: str | os.PathLike) -> tuple[Any, TransformerConfig, bytes, int]:
+  """(params, config, vocabulary bytes, step) of a MarianMT folder, as export.load_model gives
+  every model: the vocabulary's (`vocabulary`), the step 0 (or the one jaxformer's export
+  recorded)."""
+  path = resolve(path)
+  config = read_config(path)
+  meta, where = _marian_config(path)
+  order = _renumbering(path, meta, config.vocab_size)[0]
+  params = params_of(_state_dict(path), config, order, path)
+  return params, config, vocabulary(path), files.field(meta, 'jaxformer_step', int, where, 0)
