@@ -39,7 +39,8 @@ def _spm(sentences: list[str], vocab_size: int) -> bytes:
 
 def make(out: str | os.PathLike, sources: list[str], targets: list[str], *, vocab_size: int = 400,
          d_model: int = 64, layers: int = 2, heads: int = 4, ffn: int = 128, seed: int = 0,
-         activation: str = 'swish', init_std: float = 0.15, eos_bias: float = 4.0, **config: object) -> pathlib.Path:
+         activation: str = 'swish', init_std: float = 0.15, eos_bias: float = 4.0,
+         **config: object) -> pathlib.Path:
   """The folder `out` (see the module's docstring); `config` overrides MarianConfig fields."""
   out = pathlib.Path(out)
   models = {'source.spm': _spm(sources, vocab_size), 'target.spm': _spm(targets, vocab_size)}

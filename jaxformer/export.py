@@ -1,6 +1,7 @@
 """Reading a model of any kind (a training workdir, a checkpoint folder, jaxformer's own
-export or a MarianMT folder: `load_model`), and writing one out in a format of jaxformer.formats' registry: `save`
-(jaxformer's own, formats.native), `save_ctranslate2`, or any by name (`save_as`).
+export or a MarianMT folder: `load_model`), and writing one out in a format of jaxformer.formats'
+registry: `save` (jaxformer's own, formats.native), `save_ctranslate2`, or any by name
+(`save_as`).
 """
 
 import hashlib

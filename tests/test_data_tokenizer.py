@@ -1,5 +1,6 @@
 """jaxformer.data.tokenizer: the shared sentencepiece vocabulary."""
 
+import io
 import json
 import pathlib
 import re
@@ -9,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+import sentencepiece as spm
 from helpers import synthetic_text
 
 from jaxformer import data, files
@@ -163,3 +165,43 @@ def test_a_vocabulary_without_its_record_is_used_with_a_warning(tmp_path, caplog
   assert again.model_proto == first.model_proto
   assert (f'{tmp_path / "spm.model"}: its training data is not recorded (no spm.model.json '
           'beside it); using it as given') in caplog.text
+
+
+def _side(texts: list[str], vocab_size: int) -> bytes:
+  """A sentencepiece model as Marian's are made (its own ids: <unk> 0, <s> 1, </s> 2)."""
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=model,
+                                 vocab_size=vocab_size, minloglevel=2, num_threads=1)
+  return model.getvalue()
+
+
+def test_a_two_sided_vocabulary_reads_each_side_with_its_own_model(tmp_path):
+  """Source text by the source model, targets by the target model, both onto one joint list
+  of pieces; a piece the list lacks is unk, as a leading language code is one piece; the bytes
+  load from a file as any vocabulary does, and decode as the target model spells."""
+  text = synthetic_text(300, seed=2)
+  source, target = _side(text.src, 34), _side(text.tgt, 36)
+  pieces = ['<pad>', '</s>', '<unk>', '>>de<<']
+  for model in (source, target):
+    processor = spm.SentencePieceProcessor(model_proto=model)
+    pieces += [p for p in (processor.id_to_piece(i) for i in range(3, processor.get_piece_size()))
+               if p not in pieces]
+  dropped = pieces.pop()  # one piece the joint vocabulary lacks: unk
+  (tmp_path / 'spm.model').write_bytes(data.tokenizer.sided_bytes(source, target, pieces))
+  tok = data.Tokenizer(tmp_path / 'spm.model')
+  assert isinstance(tok, data.SidedTokenizer) and tok.vocab_size == len(pieces)
+  src_pieces = spm.SentencePieceProcessor(model_proto=source).encode(text.src[:20], out_type=str)
+  tgt_pieces = spm.SentencePieceProcessor(model_proto=target).encode(text.tgt[:20], out_type=str)
+  expect = lambda rows: [[pieces.index(p) if p in pieces else data.UNK_ID for p in row]  # noqa: E731
+                         for row in rows]
+  assert tok.encode(text.src[:20]) == expect(src_pieces)
+  assert tok.encode_target(text.tgt[:20]) == expect(tgt_pieces)
+  assert tok.encode_target(text.tgt[:20]) != tok.encode(text.tgt[:20])  # two models
+  assert tok.encode(['>>de<<' + text.src[0]])[0] == [3] + tok.encode(text.src[:1])[0]
+  assert tok.decode(tok.encode_target(text.tgt[:5])) == [' '.join(t.split()) for t in text.tgt[:5]]
+  assert tok.piece_ids([dropped, '</s>']) == [data.UNK_ID, data.EOS_ID]
+  assert tok.files() == {'source.spm': source, 'target.spm': target}
+  assert data.Tokenizer.from_bytes(tok.model_proto).encode(text.src[:3]) == tok.encode(text.src[:3])
+  damaged = data.tokenizer.SIDED_MAGIC + b'{"pieces": 3}\n'
+  with pytest.raises(DataError, match='damaged two-sided vocabulary'):
+    data.Tokenizer.from_bytes(damaged)

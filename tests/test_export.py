@@ -165,7 +165,7 @@ def test_a_config_that_does_not_fit_the_params_names_the_first_difference(export
 
 def test_options_that_do_not_apply_to_an_exported_folder_are_refused(exported, capsys):
   assert _one_line_error(['translate', '--model', str(exported), '--average-last', '2'],
-                         capsys).endswith('is an exported folder (one set of params).')
+                         capsys).endswith('is an exported model (one set of params).')
   with pytest.raises(SystemExit):
     cli.main(['translate', '--model', str(exported), '--extra-length', '-1'])
   assert "--extra-length: must be an integer in [0, 100000], got '-1'" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import pytest
 from helpers import TESTS, one_line_error
 
 from jaxformer import cli, config, data, export, files, formats, train, translation
-from jaxformer.formats import huggingface
+from jaxformer.formats import card, huggingface
 from jaxformer.model import sinusoidal_positions
 
 sys.path.insert(0, str(TESTS.parent / 'experiments'))
@@ -45,10 +45,12 @@ def test_the_huggingface_folder_is_recognised_and_kept(workdir, tmp_path):
   assert one_line_error('export', '--model', str(workdir), str(out)) == (
       f'error: {out}: is a Hugging Face model, where a new or empty folder for the export '
       'belongs.')
-  assert one_line_error('translate', '--model', str(out)).startswith(
-      f'error: {out}: is a Hugging Face model, where a model')
-  card = (out / 'README.md').read_text()
-  assert 'library_name: transformers' in card and 'GNMT' in card and '1e-5' in card
+  # ... and read back as a model, the same one: its epsilon recorded, its output bias zeros.
+  sentences = ['a small test.', 'two dogs run in the park.']
+  assert translation.Translator.load(str(out)).translate(sentences) == \
+      translation.Translator.load(str(workdir)).translate(sentences)
+  text = (out / 'README.md').read_text()
+  assert 'library_name: transformers' in text and 'GNMT' in text and '1e-5' in text
 
 
 @pytest.mark.parametrize('setting,value,named', [
@@ -135,13 +137,12 @@ def test_the_card_and_the_configs_say_what_transformers_is_told(workdir, tmp_pat
 def test_the_model_card_reads_the_metrics_as_records_another_tool_wrote(tmp_path):
   """A BLEU of null (what JSON tools write for NaN) is no measurement: the card says the last
   number (it was a traceback); a BLEU that is no number is a one-line RecordError."""
-  from jaxformer.formats import huggingface  # pylint: disable=g-import-not-at-top
   lines = [{'split': 'eval', 'step': 2, 'bleu': 12.5}, {'split': 'train', 'step': 3},
            {'split': 'eval', 'step': 4, 'bleu': None}]
   (tmp_path / 'metrics.jsonl').write_text(''.join(json.dumps(x) + '\n' for x in lines))
-  assert huggingface._last_validation_bleu(tmp_path).startswith(  # pylint: disable=protected-access
+  assert card.last_validation_bleu(tmp_path).startswith(
       '12.50 sacreBLEU at step 2, on the first validation sentences')
   (tmp_path / 'metrics.jsonl').write_text(json.dumps({'split': 'eval', 'bleu': 'high'}) + '\n')
   with pytest.raises(files.RecordError, match=r'metrics\.jsonl:1: "bleu" must be an integer or '
                      r'a number or null, got "high"\.$'):
-    huggingface._last_validation_bleu(tmp_path)  # pylint: disable=protected-access
+    card.last_validation_bleu(tmp_path)

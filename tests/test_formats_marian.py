@@ -151,6 +151,22 @@ def test_the_round_trip_back_to_marian_translates_as_the_original(marian, multi3
   assert_trees_equal(export.load_model(out)[0], export.load_model(marian)[0])
 
 
+def test_its_ctranslate2_export_scores_as_jaxformer_does(marian, multi30k, tmp_path):
+  """Swish, the output bias and Marian's epsilon reach CTranslate2 (a check of each apart
+  from transformers): every token's log-probability, EOS included."""
+  import ctranslate2  # pylint: disable=g-import-not-at-top  (a test dependency)
+  out, _ = export.save_as('ctranslate2', str(marian), tmp_path / 'ct2')
+  assert {'source.spm', 'target.spm'} <= {p.name for p in out.iterdir()}
+  sources, targets = (side[:30] for side in multi30k['test'])
+  translator = translation.Translator.load(str(marian))
+  tok = translator.tokenizer
+  theirs = ctranslate2.Translator(str(out), device='cpu').score_batch(
+      [tok.pieces(ids + [data.EOS_ID]) for ids in tok.encode(sources)],
+      [tok.pieces(ids) for ids in tok.encode_target(targets)])
+  for ours, their in zip(translator.score(sources, targets), theirs):
+    np.testing.assert_allclose(ours.token_log_probs, their.log_probs, atol=1e-4)
+
+
 def test_a_hub_cache_folder_and_torch_weights_read_as_the_folder(marian, tmp_path):
   cache = tmp_path / 'models--Helsinki-NLP--opus-mt-en-de'
   snapshot = cache / 'snapshots' / '0123abc'

@@ -106,6 +106,29 @@ def test_chunked_loss_equals_the_loss_of_whole_logits(epsilon, chunk):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
 
 
+def test_chunked_loss_with_an_output_bias_equals_the_loss_of_biased_logits():
+  """config.output_bias: the bias rides as one more embedding column; the loss and the
+  gradients of hidden, embedding and bias are those of whole logits + bias, by autodiff."""
+  hidden, embedding, targets, weights = _hidden_case()
+  bias = jnp.asarray(np.random.default_rng(1).standard_normal(embedding.shape[0]), jnp.float32)
+
+  def reference(hidden, embedding, bias):
+    logits = jnp.dot(hidden, embedding.T) + bias
+    return losses.smoothed_cross_entropy(logits, targets, weights, 0.1)[0]
+
+  def chunked(hidden, embedding, bias):
+    return losses.chunked_smoothed_cross_entropy(hidden, embedding, targets, weights, 0.1,
+                                                 chunk=8, bias=bias)[0]
+
+  want, want_grads = jax.value_and_grad(reference, argnums=(0, 1, 2))(hidden, embedding, bias)
+  got, got_grads = jax.jit(jax.value_and_grad(chunked, argnums=(0, 1, 2)))(hidden, embedding,
+                                                                           bias)
+  assert float(got) == pytest.approx(float(want), rel=1e-5)
+  assert float(got) != pytest.approx(float(reference(hidden, embedding, 0 * bias)), rel=1e-3)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
 def test_chunked_loss_scales_its_gradient_by_the_cotangent():
   hidden, embedding, targets, weights = _hidden_case()
   loss = lambda h, s: s * losses.chunked_smoothed_cross_entropy(  # noqa: E731

@@ -129,6 +129,32 @@ def test_pre_ln_adds_only_the_final_norms(tiny_config):
   assert model_lib.parameter_count(cfg) == _formula(50, 2, 32, 64, pre_ln=True)
 
 
+def test_a_marian_models_settings_change_what_they_say_and_nothing_else(tiny_config):
+  """model.activation, model.output_bias and model.norm_epsilon (a MarianMT folder's): the
+  bias is one [V] parameter added to the logits, the activation the FFN's, the epsilon every
+  layer norm's; the paper's defaults compute what they did."""
+  src, tgt = jnp.array([[5, 9, 3, 1]]), jnp.array([[0, 7, 8]])
+  params = Transformer(tiny_config).init(jax.random.key(0), src, tgt)['params']
+  logits = lambda cfg, p: Transformer(cfg).apply({'params': p}, src, tgt)  # noqa: E731
+  base = logits(tiny_config, params)
+  biased = tiny_config.replace(output_bias=True)
+  assert model_lib.parameter_count(biased) == model_lib.parameter_count(tiny_config) + 50
+  bias = jnp.arange(50, dtype=jnp.float32) / 10
+  np.testing.assert_allclose(logits(biased, {**params, 'output_bias': bias}), base + bias,
+                             rtol=1e-6, atol=1e-5)
+  for change in (dict(activation='swish'), dict(activation='gelu'), dict(norm_epsilon=1e-1)):
+    assert not np.allclose(logits(tiny_config.replace(**change), params), base, atol=1e-4)
+  ffn = model_lib.FeedForward(tiny_config.replace(activation='swish', d_model=4, d_ff=2))
+  x = jnp.array([[[1.0, -2.0, 0.5, 3.0]]])
+  ffn_params = ffn.init(jax.random.key(1), x, deterministic=True)
+  inner = x @ ffn_params['params']['Dense_0']['kernel'] + ffn_params['params']['Dense_0']['bias']
+  want = (inner * jax.nn.sigmoid(inner)) @ ffn_params['params']['Dense_1']['kernel'] + \
+      ffn_params['params']['Dense_1']['bias']
+  np.testing.assert_allclose(ffn.apply(ffn_params, x, deterministic=True), want, rtol=1e-6)
+  with pytest.raises(config_lib.SettingError, match="model.activation must be one of"):
+    tiny_config.replace(activation='tanh')
+
+
 def test_decoder_is_causal(tiny_model):
   """d logits[t] / d (decoder input at s) is exactly zero for s > t and nonzero for s <= t."""
   model, params = tiny_model

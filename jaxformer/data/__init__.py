@@ -14,6 +14,6 @@ from jaxformer.text import decode_line, read_lines
 
 __all__ = ['DataError', 'EOS_ID', 'PAD_ID', 'PackedBatches', 'PairSource', 'ParallelText',
            'SidedTokenizer', 'TextFiles', 'TfdsSplit', 'TokenizedCorpus', 'Tokenizer', 'UNK_ID',
-           'decode_line', 'embedded', 'load_tfds', 'load_wmt14', 'pack_rows', 'padding_efficiency', 'pipeline',
-           'read_lines', 'read_parallel_text', 'row_lengths', 'rows_per_device',
+           'decode_line', 'embedded', 'load_tfds', 'load_wmt14', 'pack_rows', 'padding_efficiency',
+           'pipeline', 'read_lines', 'read_parallel_text', 'row_lengths', 'rows_per_device',
            'tokenize_corpus', 'tokenizer', 'train_tokenizer', 'wmt14']

@@ -24,7 +24,6 @@ padding token). What differs, and how it is bridged:
 """
 
 import json
-import math
 import os
 import pathlib
 from typing import Any
@@ -38,7 +37,7 @@ from flax import traverse_util
 from jaxformer import checkpoint, files
 from jaxformer.config import SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer, sided_bytes
-from jaxformer.formats import folders
+from jaxformer.formats import card, folders
 from jaxformer.model import Transformer
 
 
@@ -145,91 +144,6 @@ def generation_config(config: TransformerConfig, alpha: float, beam_size: int) -
           'max_length': config.max_len + 1, 'early_stopping': True, 'forced_eos_token_id': None}
 
 
-def _recorded_data(origin: str | pathlib.Path | None) -> tuple[dict[str, Any], list]:
-  """The data section and the rules of the recipe the model's workdir recorded, if any."""
-  found = origin and files.record_near(origin, 'recipe.json')
-  if not found:
-    return {}, []
-  return (files.field(found[1], 'data', dict, str(found[0]), {}),
-          files.field(found[1], 'rules', list, str(found[0]), []))
-
-
-def card(origin: str | pathlib.Path | None, config: TransformerConfig, step: int,
-         data: dict[str, Any], rules: list) -> str:
-  """README.md: what the model is, what it was trained on and with (`data`, `rules`: what its
-  workdir recorded, _recorded_data), its last validation BLEU (where measured), how to load it,
-  and what differs."""
-  source, target = data.get('source_language', '?'), data.get('target_language', '?')
-  trained_on = (f"`{data.get('train_src')}` / `{data.get('train_tgt')}`"
-                if data.get('train_src') else 'not recorded with the model')
-  recipe = ('the automatic recipe:' + ''.join(f'\n  - {" ".join(str(rule).split())}'
-                                              for rule in rules) if rules else
-            'not recorded with the model (see its training command)')
-  bleu = _last_validation_bleu(origin) if origin else 'not measured with the model'
-  languages = f'language: [{source}, {target}]\n' if data else ''
-  epsilon = ('' if config.norm_epsilon == 1e-5 else "- Marian's layer norms use epsilon 1e-5 "
-             f'where jaxformer trained with {config.norm_epsilon:g}.\n')
-  return f"""---
-{languages}library_name: transformers
-pipeline_tag: translation
-tags: [translation, marian, jaxformer]
----
-
-# A Transformer{f" for {source}→{target}" if data else ""}, trained with jaxformer
-
-A Transformer (Vaswani et al., 2017) trained with jaxformer (a JAX/Flax reproduction of the paper)
-and exported at step {step:,} as a MarianMT model: N={config.num_layers}, d_model
-{config.d_model}, d_ff {config.d_ff}, h {config.num_heads}, a shared sentencepiece vocabulary of
-{config.vocab_size:,} pieces, positions up to {config.max_len}.
-
-- **Training data:** {trained_on}
-- **Recipe:** {recipe}
-- **BLEU:** {bleu}
-
-```python
-from transformers import MarianMTModel, MarianTokenizer
-tokenizer = MarianTokenizer.from_pretrained(PATH)
-model = MarianMTModel.from_pretrained(PATH)
-batch = tokenizer(["..."], return_tensors="pt", padding=True)
-print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
-```
-
-## What differs from jaxformer's own decoding
-
-- Greedy search (`num_beams=1`) gives jaxformer's outputs. Beam search here divides a
-  hypothesis's log-probability by length^alpha (length_penalty 0.6), where jaxformer
-  divides by GNMT's ((5 + length) / 6)^alpha (§6.1 of the paper), so beam outputs may differ.
-- The length limit is {config.max_len} pieces for every sentence (`max_length`); jaxformer's is
-  each input's length + 50: pass `max_new_tokens` for that.
-{epsilon}- The d_model dimensions are stored permuted (Marian's position table puts the sines first);
-  the model computes the same function.
-"""
-
-
-def _last_validation_bleu(origin: str | pathlib.Path) -> str:
-  """The last validation BLEU in the workdir's metrics.jsonl, said with its step, or why not.
-  Its fields are read as any record another tool may have written (files.field): a BLEU of
-  null (what JSON tools write for NaN) is no measurement, a string a one-line RecordError."""
-  metrics, last = files.near(origin, 'metrics.jsonl'), None
-  if metrics:
-    lines = metrics.read_text(encoding='utf-8', errors='replace').splitlines()
-    for number, line in enumerate(lines, 1):
-      try:
-        record = json.loads(line)
-      except ValueError:
-        continue
-      if isinstance(record, dict) and record.get('split') == 'eval' and 'bleu' in record:
-        where = f'{metrics}:{number}'
-        bleu = files.field(record, 'bleu', (int, float, type(None)), where)
-        if bleu is not None and math.isfinite(bleu):
-          last = (bleu, files.field(record, 'step', int, where, None))
-  if last is None:
-    return 'not measured with the model (score it with `jaxformer eval`)'
-  return (f'{float(last[0]):.2f} sacreBLEU at step {last[1]}, on the first validation '
-          'sentences of its training run (train.bleu_sentences), beam 4; score it on a test '
-          'set with `jaxformer eval`')
-
-
 def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_model: bytes, *,
          step: int, overwrite: bool = False, origin: str | pathlib.Path | None = None,
          alpha: float = 0.6, beam_size: int = 4, **unused: Any) -> pathlib.Path:
@@ -241,13 +155,14 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
   out = folders.prepare(out, files.HUGGINGFACE, overwrite)  # before the work: fails at once
   tokenizer = Tokenizer.from_bytes(spm_model)
   pieces = tokenizer.pieces(range(config.vocab_size))
-  data, rules = _recorded_data(origin)
+  data, rules = card.recorded_data(origin)
   with folders.written_whole(out, params, spm_model) as tmp:
     safetensors.numpy.save_file(tensors(params, config), tmp / 'model.safetensors',
                                 metadata={'format': 'pt'})
     files.respect_umask(tmp / 'model.safetensors')
     for name, content in (
-        ('config.json', {**model_config(config), 'jaxformer_step': step}),
+        ('config.json', {**model_config(config), 'jaxformer_step': step,
+                         'jaxformer_norm_epsilon': config.norm_epsilon}),
         ('generation_config.json', generation_config(config, alpha, beam_size)),
         ('vocab.json', {piece: i for i, piece in enumerate(pieces)}),
         ('tokenizer_config.json', {
@@ -259,7 +174,7 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
       (tmp / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + '\n')
     for name, model in zip(('source.spm', 'target.spm'), tokenizer.sides()):
       (tmp / name).write_bytes(model)
-    (tmp / 'README.md').write_text(card(origin, config, step, data, rules))
+    (tmp / 'README.md').write_text(card.markdown(origin, config, step, data, rules))
   return out
 
 
@@ -319,8 +234,9 @@ def _marian_config(path: pathlib.Path) -> tuple[dict[str, Any], str]:
 def read_config(path: str | os.PathLike) -> TransformerConfig:
   """The TransformerConfig of a MarianMT folder: its shape, dropouts, activation, the output
   bias, Marian's epsilon, and as max_len the fewer of its positions and its generation
-  config's max_length (less the start token). One line naming the field for what a jaxformer
-  Transformer cannot compute."""
+  config's max_length (less the start token). The epsilon is Marian's, 1e-5, unless
+  jaxformer's export recorded the model's own. One line naming the field for what a
+  jaxformer Transformer cannot compute."""
   path = resolve(path)
   meta, where = _marian_config(path)
   number = lambda name, default=None: files.field(meta, name, int, where, default)  # noqa: E731
@@ -353,7 +269,8 @@ def read_config(path: str | os.PathLike) -> TransformerConfig:
         num_heads=number('encoder_attention_heads'), dropout_rate=fraction('dropout'),
         attention_dropout_rate=fraction('attention_dropout'),
         relu_dropout_rate=fraction('activation_dropout'), max_len=max_len,
-        activation=_ACTIVATIONS[activation], output_bias=True, norm_epsilon=1e-5)
+        activation=_ACTIVATIONS[activation], output_bias=True,
+        norm_epsilon=fraction('jaxformer_norm_epsilon') or 1e-5)  # jaxformer's, else torch's
   except SettingError as e:
     raise checkpoint.CheckpointError(f'{where}: {e}') from None
 
@@ -431,7 +348,7 @@ def params_of(state: dict[str, np.ndarray], config: TransformerConfig, order: np
               path: pathlib.Path) -> dict[str, Any]:
   """jaxformer's params of MarianMTModel's state dict: the inverse of `tensors`, with the
   vocabulary's rows in jaxformer's order (`order`, _renumbering)."""
-  inverse = np.argsort(permutation(config.d_model))  # jaxformer's dimension k is Marian's inverse[k]
+  inverse = np.argsort(permutation(config.d_model))  # jaxformer's dimension k: Marian's inverse[k]
   shapes = jax.eval_shape(lambda: Transformer(config).init(
       jax.random.key(0), np.ones((1, 2), np.int32), np.ones((1, 2), np.int32)))['params']
   wanted = traverse_util.flatten_dict(shapes, sep='/')
