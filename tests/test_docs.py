@@ -19,6 +19,9 @@ import pytest
 from jaxformer import checkpoint, cli, commands, config, data, export, train
 from jaxformer.data import sources
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'experiments'))
+import opus_mt_folder  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
 # Every page a user reads; the benchmarks log is a record, and its commands are of their day.
@@ -47,8 +50,9 @@ def _commands(code: str) -> list[str]:
 def sandbox(tmp_path_factory, workdir, shared_data) -> pathlib.Path:
   """What the examples expect in their folder: train/val files (Multi30k's first lines), a
   trained workdir at workdirs/demo with its average and test split, the same model exported at
-  exported/demo, and a CTranslate2 export at exported/base-ct2 (a random model with the
-  recipes' max_len, as the serving example decodes to CTranslate2's default length)."""
+  exported/demo, a CTranslate2 export at exported/base-ct2 (a random model with the
+  recipes' max_len, as the serving example decodes to CTranslate2's default length), and an
+  OPUS-MT-like MarianMT folder at opus-mt-en-de (the fine-tuning guide's)."""
   folder = tmp_path_factory.mktemp('docs')
   for split, lines in (('train', 3000), ('val', 50)):
     for lang in ('en', 'de'):
@@ -68,6 +72,9 @@ def sandbox(tmp_path_factory, workdir, shared_data) -> pathlib.Path:
   for name in ('demo', 'mine'):
     export.save(folder / 'exported' / name, params, cfg, spm_model, step=step)
   export.save_as('huggingface', workdir / 'average-last2', folder / 'exported' / 'mine-hf')
+  # The fine-tuning guide's OPUS-MT folder, as experiments/opus_mt_folder.py makes it:
+  opus_mt_folder.make(folder / 'opus-mt-en-de', *(
+      (folder / f'train.{lang}').read_text().splitlines()[:2000] for lang in ('en', 'de')))
   text = data.read_parallel_text(folder / 'train.en', folder / 'train.de')
   tokenizer = data.train_tokenizer(text.src[:2000] + text.tgt[:2000], folder / 'ct2.model',
                                    vocab_size=500)
@@ -243,8 +250,9 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
 
 def test_every_flag_the_docs_name_exists():
   """A flag in the docs is one of the `jaxformer` command's or of a script of experiments/,
-  except the other tools' flags the guides name (sacrebleu's, TensorBoard's, XLA's)."""
-  known = _options(cli.build_parser()) | {'--echo', '--logdir'}
+  except the other tools' flags the guides name (sacrebleu's, TensorBoard's, XLA's,
+  huggingface-cli's)."""
+  known = _options(cli.build_parser()) | {'--echo', '--logdir', '--local-dir'}
   for script in [*(ROOT / 'experiments').rglob('*.py'), ROOT / 'experiments' / 'gpu_bench.sh']:
     known |= set(re.findall(r"""['"](--[a-z][a-z0-9_-]*)""", script.read_text()))
   named = {flag: page.name for page in PAGES
