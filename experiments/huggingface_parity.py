@@ -3,6 +3,7 @@ sentence by sentence (pip install 'jaxformer[test]' brings torch and transformer
 
   python experiments/huggingface_parity.py --model workdirs/demo/average-last5 --out report.json
   python experiments/huggingface_parity.py --model W/average-last5 --src test_2016_flickr.en
+  python experiments/huggingface_parity.py --marian --model FOLDER --src S --tgt T
 
 Exports the model (`jaxformer export --format huggingface`) into a temporary folder, then
 translates the demo's 1,000 test sentences (or --src FILE) with both: greedy, and beam 4 with
@@ -12,6 +13,10 @@ as near to GNMT's as one exponent of the length can be there). Every search has 
 limit, min(input + 50, max_len) pieces. Then the teacher-forced logits of both on the first 100
 sentences' greedy outputs: their largest difference with Marian's layer norms as transformers
 makes them (epsilon 1e-5) and with jaxformer's epsilon, 1e-6, put in.
+
+With --marian, --model is a MarianMT folder (an OPUS-MT model, or experiments/opus_mt_folder.py's)
+that jaxformer reads as it is: its greedy and beam outputs (no length penalty on either side)
+and its forced-decoding scores against transformers' on the same folder (marian_report).
 """
 
 import argparse
@@ -73,6 +78,60 @@ def _theirs(model, tokenizer, sentences: list[str], beams: int, penalty: float) 
   return out
 
 
+def generate_per_length(model, tokenizer, sentences: list[str], beams: int) -> list[str]:
+  """transformers' outputs with jaxformer's limit (input + 50, EOS counted): a batch for each
+  input length, so that every sentence has its own limit; no length penalty (as jaxformer's
+  alpha 0); no EOS forced at the limit (OPUS-MT's forced_eos_token_id replaces the last piece
+  there, which jaxformer's search does not)."""
+  by_length: dict[int, list[int]] = {}
+  for i, row in enumerate(tokenizer(sentences).input_ids):
+    by_length.setdefault(len(row), []).append(i)
+  out = [''] * len(sentences)
+  for length, chosen in by_length.items():
+    batch = tokenizer([sentences[i] for i in chosen], return_tensors='pt', padding=True)
+    with torch.no_grad():
+      made = model.generate(**batch, num_beams=beams, do_sample=False, length_penalty=0.0,
+                            max_new_tokens=length + 50, forced_eos_token_id=None)
+    for i, text in zip(chosen, tokenizer.batch_decode(made, skip_special_tokens=True)):
+      out[i] = text
+  return out
+
+
+def forced_log_probs(folder: pathlib.Path, sources: list[str], targets: list[str]) -> np.ndarray:
+  """transformers' log-probability of each target (its pieces and EOS) given its source."""
+  tokenizer = transformers.MarianTokenizer.from_pretrained(folder)
+  model = transformers.MarianMTModel.from_pretrained(folder).eval()
+  batch = tokenizer(sources, text_target=targets, return_tensors='pt', padding=True)
+  labels = batch.pop('labels')
+  with torch.no_grad():
+    logits = model(**batch, labels=labels).logits.double()
+  picked = logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+  return (picked * (labels != tokenizer.pad_token_id)).sum(-1).numpy()
+
+
+def marian_report(folder: pathlib.Path, sources: list[str], targets: list[str]) -> dict:
+  """A MarianMT folder read by jaxformer against transformers on the same folder: greedy
+  and beam 4 without a length penalty on both sides (beam: how many of the differing outputs
+  jaxformer scores higher), and forced decoding's log-probabilities."""
+  ours = translation.Translator.load(str(folder), alpha=0.0)
+  tokenizer = transformers.MarianTokenizer.from_pretrained(folder)
+  model = transformers.MarianMTModel.from_pretrained(folder).eval()
+  report = {'model': str(folder), 'sentences': len(sources),
+            'transformers': transformers.__version__}
+  for name, beams in (('greedy', 1), ('beam4_no_penalty', 4)):
+    found = [best[0] for best in ours.replace(beam_size=beams).translate_nbest(sources, 1)]
+    theirs = generate_per_length(model, tokenizer, sources, beams)
+    report[name] = _agreement([text for text, _ in found], theirs)
+    differ = [i for i, ((text, _), other) in enumerate(zip(found, theirs)) if text != other]
+    scored = ours.score([sources[i] for i in differ], [theirs[i] or '.' for i in differ])
+    report[name]['jaxformer_scores_higher'] = sum(
+        found[i][1] > other.log_prob for i, other in zip(differ, scored))
+  gap = np.abs(np.array([s.log_prob for s in ours.score(sources, targets)])
+               - forced_log_probs(folder, sources, targets))
+  report['score_max_abs_diff'] = float(gap.max())
+  return report
+
+
 def _agreement(ours: list[str], theirs: list[str]) -> dict:
   differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
   return {'same_output': round(1 - len(differ) / len(ours), 4), 'differing': len(differ),
@@ -84,11 +143,18 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--model', required=True, help='a workdir, checkpoint or exported folder')
+  parser.add_argument('--marian', action='store_true',
+                      help='--model is a MarianMT folder: read it as it is and compare (with '
+                      '--src and --tgt: greedy, beam 4 and forced decoding)')
+  parser.add_argument('--tgt', help='with --marian: the targets to score, one a line')
   parser.add_argument('--src', help='source sentences, one a line (default: the demo test set)')
   parser.add_argument('--out', help='write the report here too')
   args = parser.parse_args()
   transformers.logging.set_verbosity_error()
   sentences = backend_parity.sources(args.src)
+  if args.marian:
+    targets = pathlib.Path(args.tgt).read_text(encoding='utf-8').splitlines()[:len(sentences)]
+    return _write(marian_report(pathlib.Path(args.model), sentences, targets), args.out)
   ours = (translation.Translator.from_pretrained(args.model)
           if files.describe(args.model) == files.EXPORT else
           translation.Translator.from_checkpoint(args.model))
@@ -110,10 +176,14 @@ def main() -> int:
         folder, pathlib.Path(args.model), sentences[:100], greedy[:100])
     report['logits_max_abs_diff_eps_1e-6'] = teacher_forced_gap(
         folder, pathlib.Path(args.model), sentences[:100], greedy[:100], eps=1e-6)
+  return _write(report, args.out)
+
+
+def _write(report: dict, out: str | None) -> int:
   text = json.dumps(report, indent=1, ensure_ascii=False)
   print(text)
-  if args.out:
-    pathlib.Path(args.out).write_text(text + '\n', encoding='utf-8')
+  if out:
+    pathlib.Path(out).write_text(text + '\n', encoding='utf-8')
   return 0
 
 

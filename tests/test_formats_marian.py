@@ -41,22 +41,12 @@ def marian(multi30k, tmp_path_factory):
   return opus_mt_folder.make(tmp_path_factory.mktemp('m') / 'opus-mt-en-de', *multi30k['train'])
 
 
-def _generate(model, tokenizer, sentences, beams):
-  """transformers' outputs with jaxformer's limit (input + 50, EOS counted), a batch for each
-  input length so that every sentence has its own; no EOS forced at the limit (OPUS-MT's
-  forced_eos_token_id replaces the last piece there, which jaxformer's search does not)."""
-  by_length: dict[int, list[int]] = {}
-  for i, row in enumerate(tokenizer(sentences).input_ids):
-    by_length.setdefault(len(row), []).append(i)
-  out = [None] * len(sentences)
-  for length, chosen in by_length.items():
-    batch = tokenizer([sentences[i] for i in chosen], return_tensors='pt', padding=True)
-    with torch.no_grad():
-      made = model.generate(**batch, num_beams=beams, do_sample=False, length_penalty=0.0,
-                            max_new_tokens=length + 50, forced_eos_token_id=None)
-    for i, text in zip(chosen, tokenizer.batch_decode(made, skip_special_tokens=True)):
-      out[i] = text
-  return out
+def _theirs(folder, sentences, beams):
+  """transformers' outputs on `folder` (huggingface_parity.generate_per_length: jaxformer's
+  per-sentence limit, no length penalty, no EOS forced at the limit)."""
+  return huggingface_parity.generate_per_length(
+      transformers.MarianMTModel.from_pretrained(folder).eval(),
+      transformers.MarianTokenizer.from_pretrained(folder), sentences, beams)
 
 
 def test_the_folder_reads_as_opus_mt_describes_it(marian):
@@ -95,25 +85,17 @@ def test_the_tokenizer_gives_marian_tokenizers_ids(marian, multi30k):
 def test_scores_equal_transformers_forced_decoding(marian, multi30k):
   sources, targets = multi30k['test']
   ours = translation.Translator.load(str(marian)).score(sources, targets)
+  theirs = huggingface_parity.forced_log_probs(marian, sources, targets)
   tokenizer = transformers.MarianTokenizer.from_pretrained(marian)
-  model = transformers.MarianMTModel.from_pretrained(marian).eval()
-  batch = tokenizer(sources, text_target=targets, return_tensors='pt', padding=True)
-  labels = batch.pop('labels')
-  with torch.no_grad():
-    logits = model(**batch, labels=labels).logits.double()
-  mask = labels != tokenizer.pad_token_id
-  picked = logits.log_softmax(-1).gather(-1, labels.clamp(min=0)[..., None])[..., 0]
-  theirs = (picked * mask).sum(-1).numpy()
+  assert [s.tokens for s in ours] == [len(row) for row in tokenizer(text_target=targets).input_ids]
   gap = np.abs(np.array([s.log_prob for s in ours]) - theirs)
-  assert [s.tokens for s in ours] == mask.sum(-1).tolist()  # pieces and EOS, as they count
   assert gap.max() < 1e-4, gap.max()
 
 
 def test_greedy_outputs_equal_transformers_generate(marian, multi30k):
   sources = multi30k['test'][0]
   ours = translation.Translator.load(str(marian), beam_size=1).translate(sources)
-  theirs = _generate(transformers.MarianMTModel.from_pretrained(marian).eval(),
-                     transformers.MarianTokenizer.from_pretrained(marian), sources, 1)
+  theirs = _theirs(marian, sources, 1)
   assert ours == theirs
   assert len(set(ours)) > 50  # outputs that depend on their input
   assert sum(len(o.split()) < 10 for o in ours) > 10  # and some end by EOS, not the limit
@@ -129,8 +111,7 @@ def test_beam_outputs_equal_transformers_or_score_higher(marian, multi30k):
   sources = multi30k['test'][0]
   ours = translation.Translator.load(str(marian), beam_size=4, alpha=0.0)
   found = [best[0] for best in ours.translate_nbest(sources, 1)]
-  theirs = _generate(transformers.MarianMTModel.from_pretrained(marian).eval(),
-                     transformers.MarianTokenizer.from_pretrained(marian), sources, 4)
+  theirs = _theirs(marian, sources, 4)
   differ = [i for i, ((text, _), other) in enumerate(zip(found, theirs)) if text != other]
   assert len(differ) <= 40, len(differ)
   scored = ours.score([sources[i] for i in differ], [theirs[i] for i in differ])
@@ -140,12 +121,7 @@ def test_beam_outputs_equal_transformers_or_score_higher(marian, multi30k):
 def test_the_round_trip_back_to_marian_translates_as_the_original(marian, multi30k, tmp_path):
   out, _ = export.save_as('huggingface', str(marian), tmp_path / 'back')
   sources = multi30k['test'][0][:40]
-  outputs = []
-  for folder in (marian, out):
-    model = transformers.MarianMTModel.from_pretrained(folder).eval()
-    outputs.append(_generate(model, transformers.MarianTokenizer.from_pretrained(folder),
-                             sources, 1))
-  assert outputs[0] == outputs[1]
+  assert _theirs(marian, sources, 1) == _theirs(out, sources, 1)
   config = json.loads((out / 'config.json').read_text())
   assert config['activation_function'] == 'swish'
   assert_trees_equal(export.load_model(out)[0], export.load_model(marian)[0])
@@ -195,8 +171,7 @@ def test_fine_tuning_from_it_lowers_the_loss_and_exports_back(marian, multi30k, 
   assert (workdir / 'spm.model').read_bytes() == export.load_model(marian)[2]  # its vocabulary
   out, _ = export.save_as('huggingface', str(workdir), tmp_path / 'hf')
   child = translation.Translator.load(str(workdir), beam_size=1)
-  theirs = _generate(transformers.MarianMTModel.from_pretrained(out).eval(),
-                     transformers.MarianTokenizer.from_pretrained(out), held_out[0][:20], 1)
+  theirs = _theirs(out, held_out[0][:20], 1)
   assert sum(a == b for a, b in zip(child.translate(held_out[0][:20]), theirs)) >= 19
 
 
