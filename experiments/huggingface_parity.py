@@ -111,21 +111,24 @@ def forced_log_probs(folder: pathlib.Path, sources: list[str], targets: list[str
 
 def marian_report(folder: pathlib.Path, sources: list[str], targets: list[str]) -> dict:
   """A MarianMT folder read by jaxformer against transformers on the same folder: greedy
-  and beam 4 without a length penalty on both sides (beam: how many of the differing outputs
-  jaxformer scores higher), and forced decoding's log-probabilities."""
+  search, beam 4 without a length penalty on both sides (and how many of the differing
+  outputs jaxformer's search scores higher), and forced decoding's log-probabilities."""
   ours = translation.Translator.load(str(folder), alpha=0.0)
   tokenizer = transformers.MarianTokenizer.from_pretrained(folder)
   model = transformers.MarianMTModel.from_pretrained(folder).eval()
   report = {'model': str(folder), 'sentences': len(sources),
             'transformers': transformers.__version__}
-  for name, beams in (('greedy', 1), ('beam4_no_penalty', 4)):
-    found = [best[0] for best in ours.replace(beam_size=beams).translate_nbest(sources, 1)]
-    theirs = generate_per_length(model, tokenizer, sources, beams)
-    report[name] = _agreement([text for text, _ in found], theirs)
-    differ = [i for i, ((text, _), other) in enumerate(zip(found, theirs)) if text != other]
-    scored = ours.score([sources[i] for i in differ], [theirs[i] or '.' for i in differ])
-    report[name]['jaxformer_scores_higher'] = sum(
-        found[i][1] > other.log_prob for i, other in zip(differ, scored))
+  report['greedy'] = _agreement(ours.replace(beam_size=1).translate(sources),
+                                generate_per_length(model, tokenizer, sources, 1))
+  found = [best[0] for best in ours.replace(beam_size=4).translate_nbest(sources, 1)]
+  theirs = generate_per_length(model, tokenizer, sources, 4)
+  report['beam4_no_penalty'] = _agreement([text for text, _ in found], theirs)
+  # Where they differ, which output the model itself prefers (transformers' empty ones, none
+  # here, could not be scored: score refuses an empty target).
+  differ = [i for i, ((text, _), other) in enumerate(zip(found, theirs)) if text != other]
+  scored = ours.score([sources[i] for i in differ], [theirs[i] for i in differ])
+  report['beam4_no_penalty']['jaxformer_scores_higher'] = sum(
+      found[i][1] > other.log_prob for i, other in zip(differ, scored))
   gap = np.abs(np.array([s.log_prob for s in ours.score(sources, targets)])
                - forced_log_probs(folder, sources, targets))
   report['score_max_abs_diff'] = float(gap.max())

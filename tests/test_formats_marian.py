@@ -106,8 +106,8 @@ def test_beam_outputs_equal_transformers_or_score_higher(marian, multi30k):
   output, or where they differ, jaxformer's scores higher under the model. transformers
   admits a finished hypothesis only when its EOS ranks among the top num_beams candidates of a
   step; tensor2tensor's search (jaxformer's) among the top 2 * beam, so on a random model's
-  flat distributions it finds short outputs transformers never considers (measured: 70 of the
-  100 the same, docs/BENCHMARKS.md)."""
+  flat distributions it finds short outputs transformers never considers (measured in
+  docs/BENCHMARKS.md)."""
   sources = multi30k['test'][0]
   ours = translation.Translator.load(str(marian), beam_size=4, alpha=0.0)
   found = [best[0] for best in ours.translate_nbest(sources, 1)]
