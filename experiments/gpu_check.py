@@ -206,8 +206,8 @@ def check_decoding(params: dict, cfg: config.TransformerConfig = CFG) -> str:
   correct = []
   for beam in (1, 4):
     cached, uncached = (np.asarray(jax.jit(functools.partial(
-        fn, params, src, lengths, config=cfg, max_len=LENGTH + 4,
-        decoding=config.DecodingConfig(beam_size=beam)))())
+        fn, params, search.Batch(src, lengths), config=cfg, max_len=LENGTH + 4,
+        decoding=config.DecodingConfig(beam_size=beam)))()[0])
         for fn in (search.decode_batch, uncached_decoding.decode_batch))
     if not np.array_equal(cached, uncached):
       rows = int((cached != uncached).any(-1).sum())

@@ -145,8 +145,9 @@ def _search(args: argparse.Namespace):
   jitted = jax.jit(functools.partial(
       search.decode_batch, config=cfg, max_len=64,
       decoding=config.DecodingConfig(beam_size=1 if args.search == 'greedy' else 4)))
-  compiled = jitted.lower(params, src, lengths).compile()
-  return compiled, _profile(compiled, lambda: compiled(params, src, lengths), SEARCH_PARTS)
+  batch = search.Batch(src, lengths)
+  compiled = jitted.lower(params, batch).compile()
+  return compiled, _profile(compiled, lambda: compiled(params, batch), SEARCH_PARTS)
 
 
 def main() -> int:

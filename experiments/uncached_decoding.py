@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxformer import decode
+from jaxformer import decode, search
 from jaxformer.config import DecodingConfig, TransformerConfig
 from jaxformer.model import Transformer
 
@@ -28,12 +28,12 @@ def tokens_to_logits(model: Transformer, params: Any, src: Array, encoded: Array
   return fn
 
 
-def decode_batch(params: Any, src: Array, max_lengths: Array, prefix: Array | None = None, *,
-                 config: TransformerConfig, max_len: int,
-                 decoding: DecodingConfig = DecodingConfig()) -> Array:
-  """search.decode_batch's ids [B, max_len] (greedy when beam_size is 1; beam search),
-  uncached: each hypothesis holds its own copy of the source and its prefix, reordered with its
-  beam."""
+def decode_batch(params: Any, batch: search.Batch, *, config: TransformerConfig, max_len: int,
+                 decoding: DecodingConfig = DecodingConfig()) -> tuple[Array, Array]:
+  """search.decode_batch's (ids [B, max_len], scores [B]) (greedy when beam_size is 1, its
+  scores zeros; beam search), uncached: each hypothesis holds its own copy of the source and
+  its prefix, reordered with its beam."""
+  src, max_lengths, prefix = batch.src, batch.max_lengths, batch.prefix
   beam_size = decoding.beam_size
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
@@ -41,6 +41,7 @@ def decode_batch(params: Any, src: Array, max_lengths: Array, prefix: Array | No
   cache = {'tokens': jnp.zeros((src.shape[0], max_len), jnp.int32), 'index': jnp.array(0)}
   step = tokens_to_logits(model, params, src, encoded)
   if beam_size == 1:
-    return decode.greedy_search(step, cache, max_lengths, max_len, prefix=prefix)
+    ids = decode.greedy_search(step, cache, max_lengths, max_len, prefix=prefix)
+    return ids, jnp.zeros(ids.shape[0], jnp.float32)
   return decode.beam_search(step, cache, max_lengths, max_len, beam_size=beam_size,
-                            alpha=decoding.alpha, prefix=prefix)[0]
+                            alpha=decoding.alpha, prefix=prefix)

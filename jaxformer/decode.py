@@ -62,8 +62,8 @@ def length_penalty(length: Array, alpha: float) -> Array:
 # (`take_sentences`): jaxformer.search does that.
 
 
-def take_sentences(state: Any, sentences: Array, count: int) -> Any:
-  """`state` with only the sentences `sentences` [b] (in that order) of its `count`: every
+def take_sentences(state: Any, indices: Array, count: int) -> Any:
+  """`state` with only its sentences at `indices` [b] (in that order) of its `count`: every
   array whose leading axis holds the sentences [count, ...] or their hypotheses
   [count * W, ...] (a sentence's W adjacent) is gathered along it; scalars (a step, a cache
   position) are kept. The one gather that moves a search to fewer rows."""
@@ -73,7 +73,7 @@ def take_sentences(state: Any, sentences: Array, count: int) -> Any:
     per = x.shape[0] // count
     if per * count != x.shape[0]:
       raise ValueError(f'an array of {x.shape[0]} rows in a state of {count} sentences')
-    rows = (sentences[:, None] * per + jnp.arange(per)).reshape(-1)
+    rows = (indices[:, None] * per + jnp.arange(per)).reshape(-1)
     return take_rows(x, rows)
   return jax.tree.map(take, state)
 

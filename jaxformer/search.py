@@ -20,7 +20,7 @@ decoder step masks the encoder's padding: {'src': [B, S], 'model': ...}.
 """
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,17 @@ from jaxformer.model import Transformer
 Array = jax.Array
 MIN_ROWS = 8  # fewer rows than this are searched in one program: little to gain from shrinking
 SHRINK = 4  # a batch's rows go from R to R / 4, R / 16, ...: few programs to compile
+
+
+class Batch(NamedTuple):
+  """What a search takes of each sentence of a batch (a pytree: one argument of the jitted
+  search, its None fields absent from the program)."""
+  src: Array                   # [B, S] source ids, EOS included, 0 after
+  max_lengths: Array           # [B] the most tokens each output may have, EOS included
+  prefix: Array | None = None  # [B, max_len] forced first tokens (decode's module docstring)
+  seed: Array | None = None    # [] sampling's seed
+  indices: Array | None = None  # [B] each sentence's index in the whole input: its samples'
+                                # keys are decode.sample_keys(seed, indices, n), whatever its row
 
 
 def cached_tokens_to_logits(model: Transformer, params: Any, src: Array
@@ -80,14 +91,11 @@ def _search_of(decoding: DecodingConfig, num_results: int | None) -> decode.Path
 # --- the pieces of a search, each a pure function ------------------------------------------------
 
 
-def start(params: Any, src: Array, max_lengths: Array, prefix: Array | None = None,
-          seed: Array | None = None, sentences: Array | None = None, *,
-          config: TransformerConfig, max_len: int, decoding: DecodingConfig = DecodingConfig(),
-          num_results: int | None = None) -> Any:
-  """The search's first state: src [B, S] encoded once, the hypotheses of a sentence sharing its
-  encoder keys/values, the cache made for the first stage. `prefix` [B, max_len] forces each
-  output's first tokens (decode's module docstring); sampling draws with
-  decode.sample_keys(seed, sentences [B], n)."""
+def start(params: Any, batch: Batch, *, config: TransformerConfig, max_len: int,
+          decoding: DecodingConfig = DecodingConfig(), num_results: int | None = None) -> Any:
+  """The search's first state: the batch's sources encoded once, the hypotheses of a sentence
+  sharing its encoder keys/values, the cache made for the first stage."""
+  src, max_lengths, prefix = batch.src, batch.max_lengths, batch.prefix
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
   rows = _hypotheses(decoding, num_results)
@@ -100,7 +108,7 @@ def start(params: Any, src: Array, max_lengths: Array, prefix: Array | None = No
   repeat = functools.partial(jnp.repeat, repeats=rows, axis=0)  # a sentence's samples adjacent
   return search.start(cache, repeat(max_lengths), max_len,
                       None if prefix is None else repeat(prefix),
-                      decode.sample_keys(seed, sentences, rows), per_sentence=rows)
+                      decode.sample_keys(batch.seed, batch.indices, rows), per_sentence=rows)
 
 
 def grow(state: Any, *, room: int) -> Any:
@@ -132,28 +140,24 @@ def finish(state: Any, *, decoding: DecodingConfig = DecodingConfig(),
   return ids, scores
 
 
-def take(state: Any, sentences: Array, *, decoding: DecodingConfig = DecodingConfig(),
+def take(state: Any, kept: Array, *, decoding: DecodingConfig = DecodingConfig(),
          num_results: int | None = None) -> Any:
-  """The state of the sentences `sentences` [b] alone, in that order."""
+  """The state of its sentences at `kept` [b] (indices) alone, in that order."""
   count = _search_of(decoding, num_results).live(state).shape[0]
-  return decode.take_sentences(state, sentences, count)
+  return decode.take_sentences(state, kept, count)
 
 
-def decode_batch(params: Any, src: Array, max_lengths: Array, prefix: Array | None = None,
-                 seed: Array | None = None, sentences: Array | None = None, *,
-                 config: TransformerConfig, max_len: int,
+def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_len: int,
                  decoding: DecodingConfig = DecodingConfig(),
-                 num_results: int | None = None) -> Array | tuple[Array, Array]:
-  """The whole search of a batch in one program (`start` as to its arguments): [B, max_len]
-  ids by `decoding`'s search (greedy when its beam_size is 1); with num_results=n, `finish`'s
-  n best and their scores (or samples and their log-probabilities)."""
+                 num_results: int | None = None) -> tuple[Array, Array]:
+  """The whole search of a batch in one program, by `decoding`'s search (greedy when its
+  beam_size is 1): `finish`'s (ids [B, max_len], scores [B]), or with num_results=n its n best
+  and their scores (samples and their log-probabilities). Greedy search scores nothing: zeros."""
   settings = {'decoding': decoding, 'num_results': num_results}
-  state = start(params, src, max_lengths, prefix, seed, sentences, config=config,
-                max_len=max_len, **settings)
+  state = start(params, batch, config=config, max_len=max_len, **settings)
   for room in decode.stage_lengths(max_len):
     state, _ = advance(params, grow(state, room=room), room, config=config, **settings)
-  found = finish(state, **settings)
-  return found if num_results else found[0]
+  return finish(state, **settings)
 
 
 # --- in segments, finished sentences leaving ------------------------------------------------------
@@ -199,17 +203,17 @@ class Segmented:
     """Whether a batch of `rows` sentences is searched in one program (the class's docstring)."""
     return rows < MIN_ROWS or _hypotheses(self._decoding, num_results) == 1
 
-  def compile(self, params: Any, src: Array, *args: Any, max_len: int,
+  def compile(self, params: Any, batch: Batch, *, max_len: int,
               num_results: int | None = None) -> None:
     """Compiles the programs a batch of these arguments takes while all its rows are live
     (those of fewer rows compile when a search first needs them), running nothing."""
     rest = {'num_results': num_results}
-    if self._in_one_program(len(src), num_results):
-      self._whole.compile(params, src, *args, max_len=max_len, **rest)
+    if self._in_one_program(len(batch.src), num_results):
+      self._whole.compile(params, batch, max_len=max_len, **rest)
       return
-    self._start.compile(params, src, *args, max_len=max_len, **rest)
+    self._start.compile(params, batch, max_len=max_len, **rest)
     state = _shapes(lambda *a: self._start.transformed(*a, max_len=max_len, **rest), params,
-                    src, *args)
+                    batch)
     for room in decode.stage_lengths(max_len):
       if _room(state) < room:
         self._grow.compile(state, room=room)
@@ -217,13 +221,13 @@ class Segmented:
       self._advance.compile(params, state, np.int32(0), np.int32(0), **rest)
     self._finish.compile(state, **rest)
 
-  def __call__(self, params: Any, src: Array, *args: Any, max_len: int,
-               num_results: int | None = None) -> Any:
+  def __call__(self, params: Any, batch: Batch, *, max_len: int,
+               num_results: int | None = None) -> tuple[Any, Any]:
     rest = {'num_results': num_results}
-    if self._in_one_program(len(src), num_results):
-      return self._whole(params, src, *args, max_len=max_len, **rest)
-    state = self._start(params, src, *args, max_len=max_len, **rest)
-    rows = np.arange(len(src))  # the batch row each row of the state holds; -1: none
+    if self._in_one_program(len(batch.src), num_results):
+      return self._whole(params, batch, max_len=max_len, **rest)
+    state = self._start(params, batch, max_len=max_len, **rest)
+    rows = np.arange(len(batch.src))  # the batch row each row of the state holds; -1: none
     found = _Found(len(rows))
     for room in decode.stage_lengths(max_len):
       if _room(state) < room:
@@ -237,12 +241,12 @@ class Segmented:
         size = _rows(int(live.sum()), len(rows))
         found.put(rows, ~live, self._finish(state, **rest))
         if not live.any():
-          return found.results(num_results)
+          return found.results()
         index = _kept(live, size)
         state = self._take(state, index, **rest)
         rows = np.where(np.arange(size) < live.sum(), rows[index], -1)
     found.put(rows, rows >= 0, self._finish(state, **rest))
-    return found.results(num_results)
+    return found.results()
 
 
 def _shapes(fn: Any, *args: Any) -> Any:
@@ -283,6 +287,6 @@ class _Found:
     for out, x in zip(self.arrays, found):
       out[rows[which]] = x[which]
 
-  def results(self, num_results: int | None) -> Any:
-    """As decode_batch returns them: (ids, scores) with num_results, else ids."""
-    return tuple(self.arrays) if num_results else self.arrays[0]
+  def results(self) -> tuple[Any, Any]:
+    """As decode_batch returns them: (ids, scores)."""
+    return tuple(self.arrays)

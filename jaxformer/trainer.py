@@ -212,8 +212,8 @@ def _on_skip(step: int, skipped: int) -> None:
 
 
 class Run:
-  """One training run in progress: the replicated state, the save clock, the data position, the
-  run's translator, early stopping and the summary, with the loop's actions as methods (`log`,
+  """One training run in progress: the replicated state, the save clock, the data position,
+  early stopping and the summary, with the loop's actions as methods (`log`,
   `evaluate`, `save`, `stop`) and its state changed only by them and `train_step`.
   train_and_evaluate starts one (`Run.start`: restored or initialised), steps it and finishes
   it. The constructor only takes what it is given: it computes, compiles and logs nothing."""
@@ -249,7 +249,9 @@ class Run:
     self.sink = monitor.MetricsSink(workdir, enabled=jax.process_index() == 0,
                                     start_step=self.start_step, total_steps=train_cfg.num_steps)
     self.summary: dict[str, Any] = {'preempted': False, 'train': {}}
-    self.translator = Translator(None, config, pipeline.tokenizer)  # params at each evaluation
+    # The model over given params (an evaluation's, or shapes to compile ahead): its searches
+    # are compiled once for the run (translation's cache of programs).
+    self.translator = functools.partial(Translator, config=config, tokenizer=pipeline.tokenizer)
     self.last_save, self.data_state, self.saved_step = time.monotonic(), None, None
     # Work off the loop's thread: compiling the validation's programs ahead, and saving (the
     # device-to-host copy and orbax's part of a save, which its own threads then finish).
@@ -271,8 +273,12 @@ class Run:
     progress bar."""
     self.data_state = position
     self.p_state, metrics = self.p_train_step(self.p_state, batch, self.p_rng)
-    self.sink.progress.update(self.reader.read(keep=STEPS_IN_FLIGHT))
+    self.read_metrics(keep=STEPS_IN_FLIGHT)
     self.reader.push(step, metrics)
+
+  def read_metrics(self, keep: int = 0) -> None:
+    """The queued steps' metrics, but the newest `keep`, into the progress bar."""
+    self.sink.progress.update(self.reader.read(keep=keep))
 
   def _translates(self) -> int:
     """Validation sentences each evaluation translates (BLEU, samples) on this process."""
@@ -290,7 +296,7 @@ class Run:
       return
     shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)  # noqa: E731
     state, batch = jax.tree.map(shape, self.p_state), self.pipeline.validation_batch_shapes()
-    translator = self.translator.replace(params=jax.tree.map(
+    translator = self.translator(jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), self.p_state.params))
     sentences = self.pipeline.validation_text.src[:self._translates()]
 
@@ -320,7 +326,7 @@ class Run:
     self.stop_early = self.patience.update(result['loss'])  # the same on every host
     if self._translates():
       result.update(validation.translated(
-          self.translator, parallel.unreplicate(self.p_state.params),
+          self.translator(parallel.unreplicate(self.p_state.params)),
           self.pipeline.validation_text, train_cfg, self.sink, step))
     self.sink.scalars(step, 'eval', result)
     if train_cfg.average_best:  # a checkpoint at every evaluation, ranked by its metric
@@ -420,13 +426,13 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
         with watch('first_step' if step == run.start_step + 1 else 'steps'):
           run.train_step(step, *next(device_batches))
           if step == run.start_step + 1:  # its compile and run, apart from the steps' rate
-            run.sink.progress.update(run.reader.read())
+            run.read_metrics()
         preempted, timed_save = _agree(guard, run.last_save, train_cfg) if host_sync_due(
             step, train_cfg, jax.process_count()) else (False, False)
         now = due(actions, step, train_cfg.num_steps, save_signal=preempted or timed_save)
         if now:  # never report or save past an unchecked update
           with watch('steps'):
-            run.sink.progress.update(run.reader.read())
+            run.read_metrics()
         for action in now:
           with watch(action.name):
             action.run(step)

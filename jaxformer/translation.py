@@ -235,10 +235,8 @@ class Translator:
 
     def run_batch(chosen: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
       args, static = self._search_arguments(chosen, ids, forced, first_index, num_results)
-      result = jax.device_get(self._search(*args, **static))
-      if num_results is None:
-        return result[:len(chosen)], None
-      return result[0][:len(chosen)], result[1][:len(chosen)]
+      found, scores = jax.device_get(self._search(*args, **static))
+      return found[:len(chosen)], None if num_results is None else scores[:len(chosen)]
 
     for chosen, (found, scores) in self._in_batches(todo, [len(x) for x in ids], run_batch,
                                                     progress, 'translating'):
@@ -265,10 +263,10 @@ class Translator:
     max_len = min(width + decoding.extra_length, cfg.max_len)
     max_lengths = _padded([[n + decoding.extra_length] for n in lengths], (size, 1))[:, 0]
     prefix = None if not any(forced) else _padded([forced[i] for i in chosen], (size, max_len))
-    sentence_ids = _padded([[first_index + i] for i in chosen], (size, 1))[:, 0]
-    return ((self.params, _padded(rows, (size, width)), np.minimum(max_lengths, max_len), prefix,
-             np.uint32(decoding.seed or 0), sentence_ids),
-            {'max_len': max_len, 'num_results': num_results})
+    indices = _padded([[first_index + i] for i in chosen], (size, 1))[:, 0]
+    batch = search.Batch(_padded(rows, (size, width)), np.minimum(max_lengths, max_len), prefix,
+                         np.uint32(decoding.seed or 0), indices)
+    return (self.params, batch), {'max_len': max_len, 'num_results': num_results}
 
   def _sources(self, sentences: Sequence[str]) -> list[list[int]]:
     """The sentences' pieces, each cut to the model's max_len with its EOS (with a warning)."""

@@ -34,15 +34,14 @@ def metrics(p_eval_step: Any, p_state: TrainState,
           'accuracy': correct / tokens, 'tokens': tokens}
 
 
-def translated(translator: Translator, params: Any, text: data_lib.ParallelText,
-                          train_cfg: TrainConfig, sink: monitor.MetricsSink, step: int
-                          ) -> dict[str, float]:
+def translated(translator: Translator, text: data_lib.ParallelText, train_cfg: TrainConfig,
+               sink: monitor.MetricsSink, step: int) -> dict[str, float]:
   """{'bleu': sacreBLEU of the first bleu_sentences validation sentences} (empty without
   them), and to TensorBoard a markdown table of the first sample_translations (source,
-  hypothesis, reference), decoded as in §6.1 by the run's one translator (its searches
-  compiled at the first evaluation only)."""
+  hypothesis, reference), decoded as in §6.1 by `translator` (the run's model at this step;
+  its searches compiled once for the run: Run.translator)."""
   count = max(train_cfg.bleu_sentences, train_cfg.sample_translations)
-  hypotheses = translator.replace(params).translate(text.src[:count])
+  hypotheses = translator.translate(text.src[:count])
   if step == train_cfg.num_steps and (warning := scoring.undertrained(hypotheses, step)):
     log.warning('validation at step %d: %s', step, warning)  # (earlier, expected)
   if train_cfg.sample_translations:

@@ -58,8 +58,9 @@ def test_params_command_prints_the_documented_counts(capsys, preset, count):
                                      'vocab_size, num_layers, d_model, d_ff, num_heads, qk_dim, '
                                      'v_dim, dropout_rate, attention_dropout_rate, '
                                      'relu_dropout_rate, pre_ln, max_len, '
-                                     'learned_positions, attention_window, '
-                                     'execution.dtype, execution.attention, execution.remat, '
+                                     'learned_positions, attention_window, activation, '
+                                     'output_bias, norm_epsilon, execution.dtype, '
+                                     'execution.attention, execution.remat, '
                                      'execution.loss_chunk, execution.norm_dtype, '
                                      'execution.dropout_rng.'),
     (['--set', 'train.num_steps=many'], "error: --set train.num_steps: expected int, got 'many'."),
@@ -83,7 +84,8 @@ def test_params_command_prints_the_documented_counts(capsys, preset, count):
     (['--target-language', 'German'], "error: data.target_language must be an ISO 639 code "
                                       "such as en, de or zh, got 'German'."),
     (['--init-from', '/nowhere/model'], 'error: /nowhere/model: does not exist, where a model '
-     '(a training workdir, a checkpoint folder or an exported model) belongs.')])
+     '(a training workdir, a checkpoint folder, an exported model or a MarianMT folder) '
+     'belongs.')])
 def test_train_refuses_bad_settings_before_any_work(tmp_path, capsys, flags, message):
   argv = ['train', '--config', str(ROOT / 'tests' / 'tiny_config.py'), '--workdir',
           str(tmp_path / 'w'), '--source', 'text', '--train-src', 'none.en', '--train-tgt',
@@ -184,7 +186,7 @@ def test_reading_commands_create_and_change_nothing(workdir, tmp_path, caplog):
   for read, belongs in ((checkpoint.load, checkpoints),
                         (lambda p: checkpoint.average_checkpoints(p, 1), checkpoints),
                         (translation.Translator.load, r'a model \(a training workdir, a '
-                         r'checkpoint folder or an exported model\)')):
+                         r'checkpoint folder, an exported model or a MarianMT folder\)')):
     with pytest.raises(checkpoint.CheckpointError, match=f'does not exist, where {belongs} '
                        'belongs'):
       read(missing)
@@ -286,8 +288,8 @@ _BAD_INPUT = {  # one of each class of bad input: (its files, argv) -> the comma
         'params --preset tiny --vocab-size 3', 'error: model.vocab_size must be >= 4, got 3.'),
     'a file where a model belongs': (
         'translate --model s.txt --input s.txt',
-        'error: s.txt: is a file, where a model (a training workdir, a checkpoint folder or an '
-        'exported model) belongs.'),
+        'error: s.txt: is a file, where a model (a training workdir, a checkpoint folder, an '
+        'exported model or a MarianMT folder) belongs.'),
     'a model that does not exist': (
         'average --workdir nowhere',
         'error: nowhere: does not exist, where a training workdir or a checkpoint folder '
@@ -308,7 +310,7 @@ _BAD_INPUT = {  # one of each class of bad input: (its files, argv) -> the comma
     'an option that does not apply to an export': (
         'translate --model export --input s.txt --average-last 2',
         'error: --average-last averages the checkpoints of a training workdir; export is an '
-        'exported folder (one set of params).'),
+        'exported model (one set of params).'),
 }
 
 

@@ -9,9 +9,9 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import TESTS, assert_trees_equal, one_line_error
+from helpers import TESTS, assert_trees_equal, one_line_error, train_settings
 
-from jaxformer import checkpoint, cli, config, data, export, files, translation
+from jaxformer import checkpoint, cli, config, data, export, files, trainer, translation
 from jaxformer.formats import huggingface
 
 sys.path.insert(0, str(TESTS.parent / 'experiments'))
@@ -157,22 +157,23 @@ def test_a_hub_cache_folder_and_torch_weights_read_as_the_folder(marian, tmp_pat
 
 
 def test_fine_tuning_from_it_lowers_the_loss_and_exports_back(marian, multi30k, tmp_path):
-  sources, targets = multi30k['train']
-  src, tgt = tmp_path / 'train.en', tmp_path / 'train.de'
-  src.write_text('\n'.join(sources[:2000]) + '\n')
-  tgt.write_text('\n'.join(targets[:2000]) + '\n')
+  """The run starts from the folder's weights and its two-sided vocabulary (the command line's
+  --init-from: the docs test runs the guide's), lowers the loss on new data, and its result
+  exports back to a MarianMT folder that transformers decodes as jaxformer does."""
+  parent = huggingface.read_config(marian).replace(max_len=64)  # (rows of 64: fine-tunable)
   workdir = tmp_path / 'child'
-  assert cli.main(['train', '--workdir', str(workdir), '--train-src', str(src), '--train-tgt',
-                   str(tgt), '--init-from', str(marian), '--num-steps', '30']) == 0  # automatic
+  trainer.train(parent, train_settings(num_steps=20, init_from=str(marian)), workdir,
+                data.ParallelText(*(side[:1000] for side in multi30k['train']), 'multi30k'),
+                optim=config.OptimConfig(learning_rate=3e-3, warmup_steps=5))
   held_out = multi30k['test']
   before = translation.Translator.load(str(marian)).score(*held_out)
   after = translation.Translator.load(str(workdir)).score(*held_out)
-  assert np.mean([s.mean for s in after]) > np.mean([s.mean for s in before]) + 0.5
+  mean = lambda scores: np.nanmean([s.mean for s in scores])  # noqa: E731  (a long pair: nan)
+  assert mean(after) > mean(before) + 1.0
   assert (workdir / 'spm.model').read_bytes() == export.load_model(marian)[2]  # its vocabulary
   out, _ = export.save_as('huggingface', str(workdir), tmp_path / 'hf')
   child = translation.Translator.load(str(workdir), beam_size=1)
-  theirs = _theirs(out, held_out[0][:20], 1)
-  assert sum(a == b for a, b in zip(child.translate(held_out[0][:20]), theirs)) >= 19
+  assert child.translate(held_out[0][:20]) == _theirs(out, held_out[0][:20], 1)
 
 
 def test_the_commands_take_the_folder(marian, tmp_path, capsys):

@@ -21,7 +21,7 @@ def params():
   return jax.jit(Transformer(CFG).init)(jax.random.key(0), dummy, dummy)['params']
 
 
-def _batch(rows: int = search.MIN_ROWS) -> tuple:
+def _batch(rows: int = search.MIN_ROWS) -> search.Batch:
   """rows sentences (one of them padding: nothing to search) whose limits end them at many
   steps, so that 8 rows shrink to 2 and end in 2; one with a forced prefix."""
   rng = np.random.default_rng(0)
@@ -30,7 +30,7 @@ def _batch(rows: int = search.MIN_ROWS) -> tuple:
   max_lengths = np.array([3, 24, 5, 9, 2, 12, 7, 0][:rows], np.int32)
   prefix = np.zeros((rows, MAX_LEN), np.int32)
   prefix[1, :3] = [7, 8, 9]
-  return src, max_lengths, prefix, np.uint32(5), np.arange(rows, dtype=np.int32)
+  return search.Batch(src, max_lengths, prefix, np.uint32(5), np.arange(rows, dtype=np.int32))
 
 
 @pytest.mark.parametrize('decoding, num_results', [
@@ -39,13 +39,12 @@ def _batch(rows: int = search.MIN_ROWS) -> tuple:
 def test_segments_give_the_one_programs_outputs(params, decoding, num_results):
   """Beam search, its n best and samples (keys follow their sentences into fewer rows), with
   a forced prefix and a padding row: the same ids, the same scores up to float rounding."""
-  args = _batch()
-  whole = jax.jit(lambda *a: search.decode_batch(
+  batch = _batch()
+  whole = jax.device_get(jax.jit(lambda *a: search.decode_batch(
       *a, config=CFG, max_len=MAX_LEN, decoding=decoding, num_results=num_results))(
-          params, *args)
+          params, batch))
   segmented = search.Segmented(CFG, decoding)
-  found = segmented(params, *args, max_len=MAX_LEN, num_results=num_results)
-  whole, found = (jax.device_get(whole), found) if num_results else ((whole,), (found,))
+  found = segmented(params, batch, max_len=MAX_LEN, num_results=num_results)
   np.testing.assert_array_equal(found[0], whole[0])
   for ours, theirs in zip(found[1:], whole[1:]):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
@@ -60,19 +59,20 @@ def test_segments_give_the_one_programs_outputs(params, decoding, num_results):
                          ids=['few-rows', 'greedy'])
 def test_few_rows_and_greedy_search_are_one_program(params, decoding, rows):
   segmented = search.Segmented(CFG, decoding)
-  src, max_lengths, prefix, seed, sentences = _batch(search.MIN_ROWS)
-  batch = (src[:rows], max_lengths[:rows], prefix[:rows], seed, sentences[:rows])
-  found = segmented(params, *batch, max_len=MAX_LEN)
+  full = _batch(search.MIN_ROWS)
+  batch = full._replace(**{name: getattr(full, name)[:rows]
+                           for name in ('src', 'max_lengths', 'prefix', 'indices')})
+  found = segmented(params, batch, max_len=MAX_LEN)
   assert [what.split(' [')[0] for what, _ in segmented.compiled] == ['the search']
-  np.testing.assert_array_equal(found, jax.jit(lambda *a: search.decode_batch(
-      *a, config=CFG, max_len=MAX_LEN, decoding=decoding))(params, *batch))
+  np.testing.assert_array_equal(found[0], jax.jit(lambda *a: search.decode_batch(
+      *a, config=CFG, max_len=MAX_LEN, decoding=decoding))(params, batch)[0])
 
 
 def test_compiling_ahead_leaves_the_full_rows_nothing_to_compile(params):
   segmented = search.Segmented(CFG, DecodingConfig(beam_size=2))
-  args = _batch()
-  segmented.compile(params, *args, max_len=MAX_LEN)
+  batch = _batch()
+  segmented.compile(params, batch, max_len=MAX_LEN)
   ahead = len(segmented.compiled)
-  every_row_live = (args[0], np.full(search.MIN_ROWS, MAX_LEN, np.int32), *args[2:])
-  segmented(params, *every_row_live, max_len=MAX_LEN)
+  every_row_live = batch._replace(max_lengths=np.full(search.MIN_ROWS, MAX_LEN, np.int32))
+  segmented(params, every_row_live, max_len=MAX_LEN)
   assert len(segmented.compiled) == ahead == 5  # start, steps in 16, room 24, its steps, results

@@ -129,13 +129,14 @@ def test_the_validation_compiles_ahead_and_saves_leave_the_loop_at_once(tmp_path
   run = trainer.Run.start(cfg, tc, tmp_path, pipeline, config.OptimConfig())
   run.compile_ahead()
   run._compiler.shutdown(wait=True)  # pylint: disable=protected-access
-  compiled = (len(run.p_eval_step), len(run.translator._search))  # pylint: disable=protected-access
+  search = run.translator(None)._search  # pylint: disable=protected-access  (the run's one)
+  compiled = (len(run.p_eval_step), len(search))
   assert compiled[0] == 1 and compiled[1] >= 1  # (on CPU: a program per length bucket)
   batches = pipeline.device_batches()
   with run.sink:
     run.train_step(1, *next(batches))
     run.evaluate(1)
-    assert (len(run.p_eval_step), len(run.translator._search)) == compiled  # pylint: disable=protected-access
+    assert (len(run.p_eval_step), len(search)) == compiled
     held, written = threading.Event(), []
     save = resume.save
 

@@ -22,9 +22,9 @@ def test_cached_and_uncached_search_agree(translator, beam_size):
   # max_len 40: the cached search grows its cache through stages of 16, 32 and 40 tokens.
   src = jnp.array([[5, 9, 13, 1, 0, 0, 0, 0], [7, 8, 1, 0, 0, 0, 0, 0]])
   lengths = jnp.array([40, 23])
-  run = lambda search: search(  # noqa: E731
-      translator.params, src, lengths, config=translator.config, max_len=40,
-      decoding=config.DecodingConfig(beam_size=beam_size))
+  run = lambda fn: fn(  # noqa: E731
+      translator.params, search.Batch(src, lengths), config=translator.config, max_len=40,
+      decoding=config.DecodingConfig(beam_size=beam_size))[0]
   cached = jax.jit(lambda: run(search.decode_batch))()
   assert (cached[0] != 0).sum() > 16  # the untrained model ran into the second stage
   np.testing.assert_array_equal(cached, jax.jit(lambda: run(uncached_decoding.decode_batch))())

@@ -201,7 +201,8 @@ def step_costs(translator: Translator, model_dir: pathlib.Path, sentences: list[
   for name, beam in (('greedy', 1), ('beam4', 4)):
     decoding = config.DecodingConfig(beam_size=beam)
     first = jax.jit(lambda p, src, lengths, decoding=decoding: search.grow(search.start(
-        p, src, lengths, config=cfg, max_len=room, decoding=decoding), room=room))
+        p, search.Batch(src, lengths), config=cfg, max_len=room, decoding=decoding),
+        room=room))
     advance = jax.jit(functools.partial(search.advance, config=cfg, decoding=decoding))
     for count in rows:
       chosen = src_ids[:count]
@@ -303,7 +304,7 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None,
       decode_batch = search.decode_batch if cached else uncached_decoding.decode_batch
       fn = jax.jit(functools.partial(decode_batch, config=cfg, max_len=out_len,
                                      decoding=config.DecodingConfig(beam_size=beam)))
-      first, median = median_time(lambda: fn(params, src, lengths), runs=2)
+      first, median = median_time(lambda: fn(params, search.Batch(src, lengths)), runs=2)
       results[f'{"greedy" if beam == 1 else "beam4"}_{"cached" if cached else "uncached"}'] = {
           'target_tokens_per_s': round(batch * out_len / median, 1),
           'seconds': round(median, 3), 'compile_and_first_s': round(first, 2)}
