@@ -90,10 +90,10 @@ def train_command(args: argparse.Namespace) -> int:
   return 0
 
 
-def translator(path: str, args: argparse.Namespace) -> tuple[Translator, int]:
+def load_translator(path: str, args: argparse.Namespace) -> tuple[Translator, int]:
   """The Translator of any model path (Translator.load) with the flags' decoding, and its step."""
-  model = Translator.load(path, args.average_last, decoding=arguments.decoding_of(args))
-  return model, model.step
+  translator = Translator.load(path, args.average_last, decoding=arguments.decoding_of(args))
+  return translator, translator.step
 
 
 def _test_set(args: argparse.Namespace, lang: str) -> data.ParallelText:
@@ -129,9 +129,9 @@ def eval_command(args: argparse.Namespace) -> int:
   output = args.output and pathlib.Path(args.output)
   if output:  # found out before the model loads and translates, not after
     files.check_output(output, 'the hypotheses')
-  model, step = translator(args.model, args)
+  translator, step = load_translator(args.model, args)
   text = _test_set(args, lang)
-  hypotheses = model.translate(text.src, progress=True)  # (Ctrl-C: nothing written)
+  hypotheses = translator.translate(text.src, progress=True)  # (Ctrl-C: nothing written)
   if output:
     files.write_atomically(output, ''.join(h + '\n' for h in hypotheses).encode(),
                            'the hypotheses')
@@ -141,7 +141,7 @@ def eval_command(args: argparse.Namespace) -> int:
   kept = f'hypotheses in {output}' if output else 'hypotheses not kept (--output FILE keeps them)'
   print('\n'.join(scoring.report(
       result, lang=lang, origin=text.origin, segments=len(text),
-      decoding=f'{model.decoding.describe()}; {kept}')))
+      decoding=f'{translator.decoding.describe()}; {kept}')))
   print(json.dumps({**result, 'segments': len(text),
                     'hypotheses': str(output) if output else None}))
   return 0
@@ -150,14 +150,14 @@ def eval_command(args: argparse.Namespace) -> int:
 def translate_command(args: argparse.Namespace) -> int:
   if given := [name for name in arguments.CLIENT_SIDE if getattr(args, name) is not None]:
     raise SettingError(f'--{given[0].replace("_", "-")} is for translating with --server.')
-  model = translator(args.model, args)[0]
+  translator = load_translator(args.model, args)[0]
   if args.nbest:  # (before any input is read)
-    protocol.check_nbest(args.nbest, model.decoding)
+    protocol.check_nbest(args.nbest, translator.decoding)
   def translate(lines: list[str], first: int, prefixes: list[str] | None) -> list[Any]:
-    return model.run(protocol.TranslateRequest(lines, args.nbest, prefixes, first),
-                     progress=bool(args.input))
-  text_lib.translate_lines(args.input, args.output, args.prefix,  # from a pipe: a batch a worker
-                           model.decoding.batch_size * model.workers, translate, args.nbest)
+    return translator.run(protocol.TranslateRequest(lines, args.nbest, prefixes, first),
+                          progress=bool(args.input))
+  batch = translator.decoding.batch_size * translator.workers  # from a pipe: a batch a worker
+  text_lib.translate_lines(args.input, args.output, args.prefix, batch, translate, args.nbest)
   return 0  # (input that is not UTF-8 stops at that line: a DataError)
 
 
@@ -168,8 +168,8 @@ def score_command(args: argparse.Namespace) -> int:
   if empty := [n for n, line in enumerate(pairs.tgt, 1) if not line.strip()]:
     raise data.DataError(f'{args.tgt}:{empty[0]}: an empty target line ({len(empty)} in all): '
                          'there is nothing to score; remove the pair or give its translation.')
-  model = translator(args.model, args)[0]
-  scores = model.score(pairs.src, pairs.tgt, progress=True)
+  translator = load_translator(args.model, args)[0]
+  scores = translator.score(pairs.src, pairs.tgt, progress=True)
   if args.format == 'tsv':
     lines = ['\t'.join([f'{s.log_prob:.6f}', str(s.tokens), f'{s.mean:.6f}'] + (
         [' '.join(f'{x:.6f}' for x in s.token_log_probs)] if args.token_log_probs else []))
@@ -192,12 +192,12 @@ def serve_command(args: argparse.Namespace) -> int:
   limits = arguments.server_limits_of(args)
   key = arguments.api_key(args.api_key_file, os.environ)
   serving.check_exposure(args.host, key, args.allow_no_key)
-  model, step = translator(args.model, args)
+  translator, step = load_translator(args.model, args)
   # SIGTERM (a service manager's stop) drains and ends with 0, as asked; Ctrl-C keeps 130.
   stop = threading.Event()
   previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
   try:
-    serving.serve(model, args.host, args.port, info={'model': args.model, 'step': step},
+    serving.serve(translator, args.host, args.port, info={'model': args.model, 'step': step},
                   limits=limits, api_key=key, stop=stop)
   finally:
     signal.signal(signal.SIGTERM, previous)

@@ -53,14 +53,14 @@ MAX_REQUEST_BYTES = 64 << 20  # a larger request is refused (413): send a file i
 
 
 class Server(http.server.ThreadingHTTPServer):
-  """Serves `model` (a Translator) at `address`; `info` (the model's name, step, ...) is
+  """Serves `translator` (a Translator) at `address`; `info` (the model's name, step, ...) is
   answered to GET /. Each connection has a thread of its own, up to limits.max_connections;
   their requests wait (at most limits.max_wait) for one model, which a Batcher gives them
   together. With `api_key`, every request but GET /health needs `Authorization: Bearer KEY`."""
   daemon_threads = True
   request_queue_size = 1024  # the listen backlog: a burst of clients waits to be accepted
 
-  def __init__(self, model: Any, address: tuple[str, int] = ('127.0.0.1', DEFAULT_PORT),
+  def __init__(self, translator: Any, address: tuple[str, int] = ('127.0.0.1', DEFAULT_PORT),
                info: dict[str, Any] | None = None, limits: ServerLimits = ServerLimits(),
                api_key: str | None = None):
     try:
@@ -68,9 +68,9 @@ class Server(http.server.ThreadingHTTPServer):
     except OSError as e:
       raise ServerError(f'cannot listen on {address[0]}:{address[1]} ({e.strerror}); choose '
                         'another --port or --host.') from None
-    self.model, self.limits, self.api_key = model, limits, api_key
-    self.info = {**(info or {}), **dataclasses.asdict(model.decoding)}
-    self.batcher = Batcher(model, limits.max_batch, limits.batch_wait)
+    self.translator, self.limits, self.api_key = translator, limits, api_key
+    self.info = {**(info or {}), **dataclasses.asdict(translator.decoding)}
+    self.batcher = Batcher(translator, limits.max_batch, limits.batch_wait)
     self.connections = threading.BoundedSemaphore(limits.max_connections)
     self.state = 'warming up'  # then 'ready' (ready), then 'stopping' (drain)
     self._answering, self._lock = 0, threading.Lock()
@@ -344,18 +344,18 @@ def _is_loopback(host: str) -> bool:
     return False
 
 
-def serve(model: Any, host: str = '127.0.0.1', port: int = DEFAULT_PORT,
+def serve(translator: Any, host: str = '127.0.0.1', port: int = DEFAULT_PORT,
           info: dict[str, Any] | None = None, limits: ServerLimits = ServerLimits(),
           api_key: str | None = None, stop: threading.Event | None = None) -> None:
-  """Serves `model` until `stop` is set or the process is interrupted (KeyboardInterrupt:
+  """Serves `translator` until `stop` is set or the process is interrupted (KeyboardInterrupt:
   Ctrl-C, or SIGTERM where the caller turns it into one). GET /health answers 503 until the
   shortest search (one sentence) is compiled, so that the first request does not wait for it,
   then 200; the address is logged once it does. On the way out, new requests are refused (503)
   and those in flight get limits.drain_timeout seconds to finish."""
-  with Server(model, (host, port), info, limits, api_key) as server:
+  with Server(translator, (host, port), info, limits, api_key) as server:
     threading.Thread(target=server.serve_forever, name='server', daemon=True).start()
     try:
-      model.run(protocol.TranslateRequest(['Ready.']))
+      translator.run(protocol.TranslateRequest(['Ready.']))
       server.ready()
       log.info('serving %s at %s (POST /translate, POST /score, GET /health; Ctrl-C stops)',
                (info or {}).get('model', 'the model'), server.url)

@@ -1,6 +1,7 @@
 """Shared fixtures, made once per pytest worker and reused by every file: a tiny model with fixed
 params, trained workdirs (tiny; demo-sized), a tokenizer and a token cache, the shared data."""
 
+import fcntl
 import logging
 import os
 import pathlib
@@ -114,16 +115,23 @@ def translator(workdir) -> Translator:
 
 
 @pytest.fixture(scope='session')
-def demo_sized(tmp_path_factory) -> tuple[pathlib.Path, list[str]]:
+def demo_sized() -> tuple[pathlib.Path, list[str]]:
   """A small model (the demo recipe's, with N=1 and d_model 64) trained 250 steps on the embedded
   corpus: enough for real, varied translations (5 to 23 pieces; the demo's own dimensions took
   4.5 min; N=2 agreed with CTranslate2 as well and took 104 CPU-s to train against 69); and 100
-  held-out test sentences. Trained in a process of its own, at XLA's backend level 1
-  (helpers.optimised_env)."""
-  path = tmp_path_factory.mktemp('demo_sized')
-  subprocess.run([sys.executable, '-c', f'import helpers; helpers.train_demo_sized({str(path)!r})'],
-                 cwd=pathlib.Path(__file__).parent, env=optimised_env(), check=True,
-                 timeout=900)
+  held-out test sentences. Trained once a run, by the first worker that needs it (the others
+  wait for it and read it: no test writes into it), in a process of its own at XLA's backend
+  level 1 (helpers.optimised_env)."""
+  path = run_folder('demo_sized')
+  with open(f'{path}.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, also by a worker that crashed
+    if not (path / '.trained').exists():
+      shutil.rmtree(path, ignore_errors=True)
+      subprocess.run([sys.executable, '-c',
+                      f'import helpers; helpers.train_demo_sized({str(path)!r})'],
+                     cwd=pathlib.Path(__file__).parent, env=optimised_env(), check=True,
+                     timeout=900)
+      (path / '.trained').touch()
   return path, demo_sized_corpus()['test'].src[:100]
 
 
@@ -142,7 +150,8 @@ def corpus(tokenizer) -> data.TokenizedCorpus:
 
 def pytest_sessionfinish(session):
   """The process that started the run removes the run's folders (its workers share them): the
-  compilation cache, pip's report (test_makefile.py)."""
+  compilation cache, pip's report (test_makefile.py), the demo-sized model."""
   if not os.environ.get('PYTEST_XDIST_WORKER'):
-    for kind in ('xla', 'pip'):
+    for kind in ('xla', 'pip', 'demo_sized'):
       shutil.rmtree(run_folder(kind), ignore_errors=True)
+    pathlib.Path(f'{run_folder("demo_sized")}.lock').unlink(missing_ok=True)

@@ -12,7 +12,7 @@ from helpers import apply, init_params
 
 from jaxformer import config as config_lib
 from jaxformer import model as model_lib
-from jaxformer import data, losses, train, translation
+from jaxformer import data, losses, search, train, translation
 from jaxformer.layout import Layout
 from jaxformer.model import Transformer
 
@@ -251,7 +251,7 @@ def test_fused_attention_agrees_with_einsum_attention(tiny_model, tiny_config):
     cfg = tiny_config.with_execution(attention=attention)
     logits = apply(Transformer(cfg), {'params': params}, **inputs)
     greedy = translation._jitted_search(cfg, config_lib.DecodingConfig(beam_size=1), False)(
-        params, inputs['src'][1:], jnp.array([9]), max_len=10)  # as a Translator runs it
+        params, search.Batch(inputs['src'][1:], jnp.array([9])), max_len=10)[0]  # as Translator
     outputs[attention] = (np.asarray(logits)[real], np.asarray(greedy))
   np.testing.assert_allclose(outputs['fused'][0], outputs['einsum'][0], rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(outputs['fused'][1], outputs['einsum'][1])

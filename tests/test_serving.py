@@ -161,7 +161,7 @@ def test_no_server_and_a_busy_port_are_one_line_errors(server, tmp_path, capsys)
       'refused); start one with `jaxformer serve --model DIR`.') and 'Traceback' not in err
   with pytest.raises(serving.ServerError, match=r'cannot listen on 127\.0\.0\.1:\d+ \(Address '
                      r'already in use\); choose another --port or --host\.'):
-    serving.Server(server.model, server.server_address)
+    serving.Server(server.translator, server.server_address)
 
 
 def test_the_client_command_imports_no_jax_and_writes_what_the_local_command_writes(
