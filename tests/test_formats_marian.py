@@ -3,6 +3,7 @@ transformers' own classes: experiments/opus_mt_folder.py) read as a jaxformer mo
 against transformers itself: scores, greedy and beam outputs, the round trip back to
 MarianMT, fine-tuning from it, and one line for each field it cannot take."""
 
+import functools
 import json
 import shutil
 import sys
@@ -41,12 +42,22 @@ def marian(multi30k, tmp_path_factory):
   return opus_mt_folder.make(tmp_path_factory.mktemp('m') / 'opus-mt-en-de', *multi30k['train'])
 
 
+@functools.cache
+def _transformers(folder):
+  """transformers' MarianMTModel and MarianTokenizer of `folder`, loaded once."""
+  return (transformers.MarianMTModel.from_pretrained(folder).eval(),
+          transformers.MarianTokenizer.from_pretrained(folder))
+
+
 def _theirs(folder, sentences, beams):
   """transformers' outputs on `folder` (huggingface_parity.generate_per_length: jaxformer's
   per-sentence limit, no length penalty, no EOS forced at the limit)."""
-  return huggingface_parity.generate_per_length(
-      transformers.MarianMTModel.from_pretrained(folder).eval(),
-      transformers.MarianTokenizer.from_pretrained(folder), sentences, beams)
+  return huggingface_parity.generate_per_length(*_transformers(folder), sentences, beams)
+
+
+def _ours(folder, **settings):
+  """jaxformer's Translator of `folder`, the 100 test sentences one batch (one program)."""
+  return translation.Translator.load(str(folder), batch_size=100, **settings)
 
 
 def test_the_folder_reads_as_opus_mt_describes_it(marian):
@@ -71,7 +82,7 @@ def test_the_folder_reads_as_opus_mt_describes_it(marian):
 
 def test_the_tokenizer_gives_marian_tokenizers_ids(marian, multi30k):
   ours = translation.Translator.load(str(marian)).tokenizer
-  theirs = transformers.MarianTokenizer.from_pretrained(marian)
+  theirs = _transformers(marian)[1]
   vocab = json.loads((marian / 'vocab.json').read_text())
   sources, targets = multi30k['test']
   marian_id = lambda ids: [vocab[p] for p in ours.pieces(ids)]  # noqa: E731
@@ -84,9 +95,9 @@ def test_the_tokenizer_gives_marian_tokenizers_ids(marian, multi30k):
 
 def test_scores_equal_transformers_forced_decoding(marian, multi30k):
   sources, targets = multi30k['test']
-  ours = translation.Translator.load(str(marian)).score(sources, targets)
+  ours = _ours(marian).score(sources, targets)
   theirs = huggingface_parity.forced_log_probs(marian, sources, targets)
-  tokenizer = transformers.MarianTokenizer.from_pretrained(marian)
+  tokenizer = _transformers(marian)[1]
   assert [s.tokens for s in ours] == [len(row) for row in tokenizer(text_target=targets).input_ids]
   gap = np.abs(np.array([s.log_prob for s in ours]) - theirs)
   assert gap.max() < 1e-4, gap.max()
@@ -94,7 +105,7 @@ def test_scores_equal_transformers_forced_decoding(marian, multi30k):
 
 def test_greedy_outputs_equal_transformers_generate(marian, multi30k):
   sources = multi30k['test'][0]
-  ours = translation.Translator.load(str(marian), beam_size=1).translate(sources)
+  ours = _ours(marian, beam_size=1).translate(sources)
   theirs = _theirs(marian, sources, 1)
   assert ours == theirs
   assert len(set(ours)) > 50  # outputs that depend on their input
@@ -109,7 +120,7 @@ def test_beam_outputs_equal_transformers_or_score_higher(marian, multi30k):
   flat distributions it finds short outputs transformers never considers (measured in
   docs/BENCHMARKS.md)."""
   sources = multi30k['test'][0]
-  ours = translation.Translator.load(str(marian), beam_size=4, alpha=0.0)
+  ours = _ours(marian, beam_size=4, alpha=0.0)
   found = [best[0] for best in ours.translate_nbest(sources, 1)]
   theirs = _theirs(marian, sources, 4)
   differ = [i for i, ((text, _), other) in enumerate(zip(found, theirs)) if text != other]
@@ -166,14 +177,13 @@ def test_fine_tuning_from_it_lowers_the_loss_and_exports_back(marian, multi30k, 
                 data.ParallelText(*(side[:1000] for side in multi30k['train']), 'multi30k'),
                 optim=config.OptimConfig(learning_rate=3e-3, warmup_steps=5))
   held_out = multi30k['test']
-  before = translation.Translator.load(str(marian)).score(*held_out)
-  after = translation.Translator.load(str(workdir)).score(*held_out)
+  before, after = (_ours(model).score(*held_out) for model in (marian, workdir))
   mean = lambda scores: np.nanmean([s.mean for s in scores])  # noqa: E731  (a long pair: nan)
   assert mean(after) > mean(before) + 1.0
   assert (workdir / 'spm.model').read_bytes() == export.load_model(marian)[2]  # its vocabulary
   out, _ = export.save_as('huggingface', str(workdir), tmp_path / 'hf')
-  child = translation.Translator.load(str(workdir), beam_size=1)
-  assert child.translate(held_out[0][:20]) == _theirs(out, held_out[0][:20], 1)
+  assert _ours(workdir, beam_size=1).translate(held_out[0][:20]) == \
+      _theirs(out, held_out[0][:20], 1)
 
 
 def test_the_commands_take_the_folder(marian, tmp_path, capsys):
