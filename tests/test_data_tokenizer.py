@@ -202,6 +202,6 @@ def test_a_two_sided_vocabulary_reads_each_side_with_its_own_model(tmp_path):
   assert tok.piece_ids([dropped, '</s>']) == [data.UNK_ID, data.EOS_ID]
   assert tok.files() == {'source.spm': source, 'target.spm': target}
   assert data.Tokenizer.from_bytes(tok.model_proto).encode(text.src[:3]) == tok.encode(text.src[:3])
-  damaged = data.tokenizer.SIDED_MAGIC + b'{"pieces": 3}\n'
-  with pytest.raises(DataError, match='damaged two-sided vocabulary'):
-    data.Tokenizer.from_bytes(damaged)
+  for damaged in (b'{"pieces": 3}\n', b'cut short'):
+    with pytest.raises(DataError, match='damaged two-sided vocabulary'):
+      data.Tokenizer.from_bytes(data.tokenizer.SIDED_MAGIC + damaged)

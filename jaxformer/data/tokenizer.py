@@ -126,8 +126,8 @@ class SidedTokenizer(Tokenizer):
   def __init__(self, model_path: str | os.PathLike, model_proto: bytes | None = None):
     self.path = pathlib.Path(model_path)
     self.model_proto = _content(model_path, model_proto)
-    header, rest = self.model_proto[len(SIDED_MAGIC):].split(b'\n', 1)
     try:
+      header, rest = self.model_proto[len(SIDED_MAGIC):].split(b'\n', 1)
       layout = json.loads(header)
       source, target = rest[:layout['source']], rest[layout['source']:]
       self._pieces: list[str] = layout['pieces']

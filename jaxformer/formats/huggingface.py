@@ -344,6 +344,19 @@ def _embedding(path: pathlib.Path, state: dict[str, np.ndarray]) -> np.ndarray:
   return found[0]
 
 
+# Marian's sub-layers of a layer, in jaxformer's order (residuals_0, _1, ...): the prefix of
+# their weights' names, jaxformer's module, the projections (Marian's name, jaxformer's, and
+# whether it reads the residual stream, whose basis is permuted), and the sub-layer's norm.
+_ATTENTION = (('q_proj', 'query', True), ('k_proj', 'key', True), ('v_proj', 'value', True),
+              ('out_proj', 'out', False))
+_FFN = ('', 'ffn', (('fc1', 'Dense_0', True), ('fc2', 'Dense_1', False)), 'final_layer_norm')
+_SUBLAYERS = {
+    'encoder': (('self_attn.', 'self_attention', _ATTENTION, 'self_attn_layer_norm'), _FFN),
+    'decoder': (('self_attn.', 'self_attention', _ATTENTION, 'self_attn_layer_norm'),
+                ('encoder_attn.', 'cross_attention', _ATTENTION, 'encoder_attn_layer_norm'),
+                _FFN)}
+
+
 def params_of(state: dict[str, np.ndarray], config: TransformerConfig, order: np.ndarray,
               path: pathlib.Path) -> dict[str, Any]:
   """jaxformer's params of MarianMTModel's state dict: the inverse of `tensors`, with the
@@ -368,28 +381,15 @@ def params_of(state: dict[str, np.ndarray], config: TransformerConfig, order: np
             'bias': bias.reshape(wanted[f'{ours}/bias'].shape)}
 
   flat: dict[str, np.ndarray] = {}
-  stacks = (('encoder', 'encoder', ('self_attn', 'fc')),
-            ('decoder', 'decoder', ('self_attn', 'encoder_attn', 'fc')))
-  for stack, ours_stack, blocks in stacks:
+  for stack, sublayers in _SUBLAYERS.items():
     for i in range(config.num_layers):
-      theirs, ours = f'model.{stack}.layers.{i}', f'{ours_stack}/layers_{i}'
-      attentions = {'self_attn': 'self_attention', 'encoder_attn': 'cross_attention'}
-      norms = {'self_attn': 'self_attn_layer_norm', 'encoder_attn': 'encoder_attn_layer_norm',
-               'fc': 'final_layer_norm'}
-      for index, block in enumerate(blocks):
-        if block == 'fc':
-          for dense, name, reads in (('Dense_0', 'fc1', True), ('Dense_1', 'fc2', False)):
-            flat.update(_prefixed(f'{ours}/ffn/{dense}', linear(f'{theirs}.{name}',
-                                                                f'{ours}/ffn/{dense}', reads)))
-        else:
-          for proj, name in (('q_proj', 'query'), ('k_proj', 'key'), ('v_proj', 'value'),
-                             ('out_proj', 'out')):
-            where = f'{ours}/{attentions[block]}/{name}'
-            flat.update(_prefixed(where, linear(f'{theirs}.{block}.{proj}', where,
-                                                proj != 'out_proj')))
-        norm = f'{theirs}.{norms[block]}'
-        flat[f'{ours}/residuals_{index}/norm/scale'] = get(f'{norm}.weight')[inverse]
-        flat[f'{ours}/residuals_{index}/norm/bias'] = get(f'{norm}.bias')[inverse]
+      theirs, ours = f'model.{stack}.layers.{i}', f'{stack}/layers_{i}'
+      for index, (prefix, module, projections, norm) in enumerate(sublayers):
+        for their_name, our_name, reads in projections:
+          where = f'{ours}/{module}/{our_name}'
+          flat.update(_prefixed(where, linear(f'{theirs}.{prefix}{their_name}', where, reads)))
+        flat[f'{ours}/residuals_{index}/norm/scale'] = get(f'{theirs}.{norm}.weight')[inverse]
+        flat[f'{ours}/residuals_{index}/norm/bias'] = get(f'{theirs}.{norm}.bias')[inverse]
   flat['embed/embedding'] = _embedding(path, state).astype(np.float32)[order][:, inverse]
   flat['output_bias'] = get('final_logits_bias').reshape(-1)[order]
   for name in sorted(set(wanted) | set(flat)):
