@@ -78,9 +78,10 @@ def _theirs(model, tokenizer, sentences: list[str], beams: int, penalty: float) 
   return out
 
 
-def generate_per_length(model, tokenizer, sentences: list[str], beams: int) -> list[str]:
-  """transformers' outputs with jaxformer's limit (input + 50, EOS counted, at most the model's
-  positions): a batch for each
+def generate_per_length(model, tokenizer, sentences: list[str], beams: int,
+                        extra_length: int = 50) -> list[str]:
+  """transformers' outputs with jaxformer's limit (input + extra_length, the paper's 50; EOS
+  counted; at most the model's positions): a batch for each
   input length, so that every sentence has its own limit; no length penalty (as jaxformer's
   alpha 0); no EOS forced at the limit (OPUS-MT's forced_eos_token_id replaces the last piece
   there, which jaxformer's search does not)."""
@@ -92,7 +93,8 @@ def generate_per_length(model, tokenizer, sentences: list[str], beams: int) -> l
     batch = tokenizer([sentences[i] for i in chosen], return_tensors='pt', padding=True)
     with torch.no_grad():
       made = model.generate(**batch, num_beams=beams, do_sample=False, length_penalty=0.0,
-                            max_new_tokens=min(length + 50, model.config.max_position_embeddings),
+                            max_new_tokens=min(length + extra_length,
+                                               model.config.max_position_embeddings),
                             forced_eos_token_id=None)
     for i, text in zip(chosen, tokenizer.batch_decode(made, skip_special_tokens=True)):
       out[i] = text

@@ -41,8 +41,8 @@ jax.config.update('jax_persistent_cache_min_compile_time_secs',
 # the run does not end on one worker alone. Every other file follows, in name order.
 _LONGEST_FIRST = ('test_trainer.py', 'test_gpu_check.py', 'test_experiments.py', 'test_model.py',
                   'test_train.py', 'test_cli.py', 'test_resume.py', 'test_docs.py',
-                  'test_formats_marian.py', 'test_export.py', 'test_package.py', 'test_demo.py',
-                  'test_parallel.py', 'test_translation.py', 'test_makefile.py')
+                  'test_export.py', 'test_package.py', 'test_demo.py', 'test_parallel.py',
+                  'test_translation.py', 'test_makefile.py')
 
 
 def pytest_collection_modifyitems(items):

@@ -1,5 +1,6 @@
 """jaxformer.translation: the Translator and its search glue."""
 
+import functools
 import os
 import threading
 import time
@@ -269,11 +270,14 @@ def test_a_prefix_starts_the_output_and_the_search_goes_on_from_it(translator):
   out = greedy.translate_ids([SENTENCES[0]], prefixes=[prefix])[0]
   forced = tok.encode([prefix])[0]
   src = translation._padded([tok.encode([SENTENCES[0]])[0] + [1]], (1, 32))
-  ids = list(forced)
-  while len(ids) < len(src[0].nonzero()[0]) + 5 and (not ids or ids[-1] != 1):
-    logits = Transformer(cfg).apply({'params': translator.params}, src,
-                                    np.array([[0, *ids]], np.int32))
-    ids.append(int(np.argmax(np.asarray(logits)[0, -1, 1:])) + 1)
+  ids, limit = list(forced), len(src[0].nonzero()[0]) + 5
+  # One program over a fixed-width decoder input: the causal mask makes position t's logits
+  # those of the first t + 1 inputs, whatever follows them.
+  forward = jax.jit(functools.partial(Transformer(cfg).apply, {'params': translator.params}))
+  while len(ids) < limit and (not ids or ids[-1] != 1):
+    tgt_in = np.zeros((1, limit + 1), np.int32)
+    tgt_in[0, 1:len(ids) + 1] = ids
+    ids.append(int(np.argmax(np.asarray(forward(src, tgt_in))[0, len(ids), 1:])) + 1)
   assert out == [t for t in ids if t != 1]
   assert out[:len(forced)] == forced
   beam = translator.replace(extra_length=5).translate_ids(SENTENCES[:2], prefixes=['', prefix])
