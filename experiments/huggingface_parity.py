@@ -79,12 +79,12 @@ def _theirs(model, tokenizer, sentences: list[str], beams: int, penalty: float) 
 
 
 def generate_per_length(model, tokenizer, sentences: list[str], beams: int,
-                        extra_length: int = 50) -> list[str]:
+                        extra_length: int = 50, length_penalty: float = 0.0) -> list[str]:
   """transformers' outputs with jaxformer's limit (input + extra_length, the paper's 50; EOS
-  counted; at most the model's positions): a batch for each
-  input length, so that every sentence has its own limit; no length penalty (as jaxformer's
-  alpha 0); no EOS forced at the limit (OPUS-MT's forced_eos_token_id replaces the last piece
-  there, which jaxformer's search does not)."""
+  counted; at most the model's positions): a batch for each input length, so that every
+  sentence has its own limit; by default no length penalty (as jaxformer's alpha 0); no EOS
+  forced at the limit (OPUS-MT's forced_eos_token_id replaces the last piece there, which
+  jaxformer's search does not)."""
   by_length: dict[int, list[int]] = {}
   for i, row in enumerate(tokenizer(sentences).input_ids):
     by_length.setdefault(len(row), []).append(i)
@@ -92,7 +92,8 @@ def generate_per_length(model, tokenizer, sentences: list[str], beams: int,
   for length, chosen in by_length.items():
     batch = tokenizer([sentences[i] for i in chosen], return_tensors='pt', padding=True)
     with torch.no_grad():
-      made = model.generate(**batch, num_beams=beams, do_sample=False, length_penalty=0.0,
+      made = model.generate(**batch, num_beams=beams, do_sample=False,
+                            length_penalty=length_penalty,
                             max_new_tokens=min(length + extra_length,
                                                model.config.max_position_embeddings),
                             forced_eos_token_id=None)
@@ -133,6 +134,13 @@ def marian_report(folder: pathlib.Path, sources: list[str], targets: list[str]) 
   scored = ours.score([sources[i] for i in differ], [theirs[i] for i in differ])
   report['beam4_no_penalty']['jaxformer_scores_higher'] = sum(
       found[i][1] > other.log_prob for i, other in zip(differ, scored))
+  # As each is used: jaxformer at the paper's alpha (GNMT's penalty), transformers at the same
+  # exponent of the length and at the one whose slope matches GNMT's at the median length.
+  beam = ours.replace(beam_size=4, alpha=0.6).translate(sources)
+  length = statistics.median(len(ids) + 1 for ids in ours.tokenizer.encode_target(beam))
+  for penalty in (0.6, round(0.6 * length / (5 + length), 3)):
+    report[f'beam4_alpha_0.6_lp_{penalty}'] = _agreement(
+        beam, generate_per_length(model, tokenizer, sources, 4, length_penalty=penalty))
   gap = np.abs(np.array([s.log_prob for s in ours.score(sources, targets)])
                - forced_log_probs(folder, sources, targets))
   report['score_max_abs_diff'] = float(gap.max())
