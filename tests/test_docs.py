@@ -74,7 +74,7 @@ def sandbox(tmp_path_factory, workdir, shared_data) -> pathlib.Path:
   export.save_as('huggingface', workdir / 'average-last2', folder / 'exported' / 'mine-hf')
   # The fine-tuning guide's OPUS-MT folder, as experiments/opus_mt_folder.py makes it:
   opus_mt_folder.make(folder / 'opus-mt-en-de', *(
-      (folder / f'train.{lang}').read_text().splitlines()[:2000] for lang in ('en', 'de')))
+      (folder / f'train.{lang}').read_text().splitlines()[:1000] for lang in ('en', 'de')))
   text = data.read_parallel_text(folder / 'train.en', folder / 'train.de')
   tokenizer = data.train_tokenizer(text.src[:2000] + text.tgt[:2000], folder / 'ct2.model',
                                    vocab_size=500)
