@@ -66,7 +66,7 @@ EXPORT_MARKERS = {'model.bin': Kind.CTRANSLATE2, 'model.safetensors': Kind.HUGGI
 def describe(path: str | os.PathLike) -> Kind:
   """What `path` is: MISSING, FILE, FIFO, DEVICE, PARTIAL (an export stopped while its files
   moved in: UNFINISHED), EXPORT (a config.json of jaxformer's;
-  `export.load` says what else it lacks), CTRANSLATE2 or HUGGINGFACE (EXPORT_MARKERS, or a
+  `formats.native.load` says what else it lacks), CTRANSLATE2 or HUGGINGFACE (EXPORT_MARKERS, or a
   model's folder in the Hub's download cache: models--ORG--NAME), WORKDIR
   (checkpoints/, or the vocabulary a run writes first), CHECKPOINTS (numbered step folders, e.g.
   WORKDIR/average-last5), EMPTY, or FOLDER (anything else)."""

@@ -402,16 +402,22 @@ def _prefixed(prefix: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarra
   return {f'{prefix}/{name}': value for name, value in arrays.items()}
 
 
-def vocabulary(path: str | os.PathLike) -> bytes:
-  """A MarianMT folder's vocabulary as a SidedTokenizer's bytes: its two sentencepiece models
-  over the joint vocabulary, renumbered (_renumbering)."""
-  path = resolve(path)
-  meta, where = _marian_config(path)
-  pieces = _renumbering(path, meta, files.field(meta, 'vocab_size', int, where))[1]
+def _vocabulary(path: pathlib.Path, meta: dict[str, Any], vocab_size: int
+                ) -> tuple[np.ndarray, bytes]:
+  """(order, as _renumbering gives it; the vocabulary as a SidedTokenizer's bytes: the two
+  sentencepiece models over the joint vocabulary, renumbered), checked to load."""
+  order, pieces = _renumbering(path, meta, vocab_size)
   found = sided_bytes((path / 'source.spm').read_bytes(), (path / 'target.spm').read_bytes(),
                       pieces)
   Tokenizer.from_bytes(found, str(path))  # a damaged sentencepiece model fails here
-  return found
+  return order, found
+
+
+def vocabulary(path: str | os.PathLike) -> bytes:
+  """A MarianMT folder's vocabulary, as a SidedTokenizer's bytes (_vocabulary)."""
+  path = resolve(path)
+  meta, where = _marian_config(path)
+  return _vocabulary(path, meta, files.field(meta, 'vocab_size', int, where))[1]
 
 
 def load(path: str | os.PathLike) -> tuple[Any, TransformerConfig, bytes, int]:
@@ -421,6 +427,6 @@ def load(path: str | os.PathLike) -> tuple[Any, TransformerConfig, bytes, int]:
   path = resolve(path)
   config = read_config(path)
   meta, where = _marian_config(path)
-  order = _renumbering(path, meta, config.vocab_size)[0]
+  order, found = _vocabulary(path, meta, config.vocab_size)
   params = params_of(_state_dict(path), config, order, path)
-  return params, config, vocabulary(path), files.field(meta, 'jaxformer_step', int, where, 0)
+  return params, config, found, files.field(meta, 'jaxformer_step', int, where, 0)
