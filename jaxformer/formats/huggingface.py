@@ -182,7 +182,7 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
 #
 # Read in place, not converted by a command of its own: every command and Translator.load
 # take the folder (or the Hub cache's folder of it) as they take any model, as transformers
-# users expect of a model path, and reading costs less than a second at OPUS-MT's size. The
+# users expect of a model path, and no converted copy can fall out of step with it. The
 # vocabulary is renumbered so that pad, EOS and unk take jaxformer's ids 0, 1 and 2 (the rest
 # keep Marian's order), the embedding's and the output bias's rows with it; the sinusoid
 # permutation is undone; the layer norms keep Marian's epsilon, 1e-5 (model.norm_epsilon).
