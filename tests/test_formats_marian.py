@@ -172,6 +172,10 @@ def test_a_hub_cache_folder_and_torch_weights_read_as_the_folder(marian, tmp_pat
   (snapshot / 'model.safetensors').unlink()
   torch.save({k: torch.from_numpy(v) for k, v in state.items()}, snapshot / 'pytorch_model.bin')
   assert_trees_equal(export.load_model(cache)[0], export.load_model(marian)[0])
+  for damaged in (b'', b'not a zip of tensors'):
+    (snapshot / 'pytorch_model.bin').write_bytes(damaged)
+    with pytest.raises(checkpoint.CheckpointError, match=r'pytorch_model\.bin: damaged \('):
+      export.load_model(cache)
 
 
 def test_fine_tuning_from_it_lowers_the_loss_and_exports_back(marian, multi30k, tmp_path):

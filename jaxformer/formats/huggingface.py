@@ -238,7 +238,11 @@ def read_config(path: str | os.PathLike) -> TransformerConfig:
   jaxformer's export recorded the model's own. One line naming the field for what a
   jaxformer Transformer cannot compute."""
   path = resolve(path)
-  meta, where = _marian_config(path)
+  return _config_of(path, *_marian_config(path))
+
+
+def _config_of(path: pathlib.Path, meta: dict[str, Any], where: str) -> TransformerConfig:
+  """read_config's, from the config.json already read."""
   number = lambda name, default=None: files.field(meta, name, int, where, default)  # noqa: E731
   for name, wanted, what in _REFUSED:
     if name in meta and meta[name] != wanted:
@@ -327,8 +331,12 @@ def _state_dict(path: pathlib.Path) -> dict[str, np.ndarray]:
   except ImportError:
     raise checkpoint.CheckpointError(f'{path}/pytorch_model.bin: reading it needs torch (pip '
                                      'install torch), or a model.safetensors.') from None
-  weights = torch.load(path / 'pytorch_model.bin', map_location='cpu', weights_only=True)
-  return {name: value.float().numpy() for name, value in weights.items()}
+  try:  # (torch's loader raises many kinds for a damaged file: any is one line here)
+    weights = torch.load(path / 'pytorch_model.bin', map_location='cpu', weights_only=True)
+    return {name: value.float().numpy() for name, value in weights.items()}
+  except Exception as e:  # pylint: disable=broad-except
+    raise checkpoint.CheckpointError(f'{path}/pytorch_model.bin: damaged ({type(e).__name__}: '
+                                     f'{str(e).splitlines()[0] if str(e) else ""}).') from None
 
 
 def _embedding(path: pathlib.Path, state: dict[str, np.ndarray]) -> np.ndarray:
@@ -425,8 +433,8 @@ def load(path: str | os.PathLike) -> tuple[Any, TransformerConfig, bytes, int]:
   every model: the vocabulary's (`vocabulary`), the step 0 (or the one jaxformer's export
   recorded)."""
   path = resolve(path)
-  config = read_config(path)
   meta, where = _marian_config(path)
+  config = _config_of(path, meta, where)
   order, found = _vocabulary(path, meta, config.vocab_size)
   params = params_of(_state_dict(path), config, order, path)
   return params, config, found, files.field(meta, 'jaxformer_step', int, where, 0)
