@@ -101,8 +101,9 @@ def _projected_chunk(hidden: Array, targets: Array, weights: Array, *, softmax_w
   return sums, d_hidden, d_embedding
 
 
-def _chunks(x: Array, chunk: int) -> Array:
-  """[N, ...] -> [N / chunk, chunk, ...], zero-padded to whole chunks (zero weight)."""
+def chunks(x: Array, chunk: int) -> Array:
+  """[N, ...] -> [N / chunk, chunk, ...], zero-padded to whole chunks (zero weight, target 0):
+  the positions a chunked projection takes at a time (the loss here, translation's scores)."""
   x = jnp.pad(x, [(0, -x.shape[0] % chunk)] + [(0, 0)] * (x.ndim - 1))
   return x.reshape(-1, chunk, *x.shape[1:])
 
@@ -174,6 +175,6 @@ def chunked_smoothed_cross_entropy(hidden: Array, embedding: Array, targets: Arr
   weights = weights.reshape(-1).astype(jnp.float32)
   chunk = min(chunk, weights.shape[0])
   loss_sum, correct = _projected_sums(
-      _chunks(hidden.reshape(-1, hidden.shape[-1]), chunk), embedding,
-      _chunks(targets.reshape(-1), chunk), _chunks(weights, chunk), epsilon)
+      chunks(hidden.reshape(-1, hidden.shape[-1]), chunk), embedding,
+      chunks(targets.reshape(-1), chunk), chunks(weights, chunk), epsilon)
   return loss_sum, jnp.sum(weights), correct

@@ -247,6 +247,25 @@ def test_scores_are_the_training_loss_without_smoothing(translator):
     np.testing.assert_allclose(sum(score.token_log_probs), score.log_prob, rtol=1e-6)
 
 
+def test_packed_scores_are_each_pairs_scored_alone(translator):
+  """score packs several pairs a row (one program a call); each pair's token log-probabilities
+  are those of the pair alone in a row of its own, the unpacked teacher-forced pass."""
+  tok = translator.tokenizer
+  sources = [' '.join(['the dog'] * (1 + i % 5)) for i in range(14)]
+  targets = [' '.join(['der hund'] * (1 + (i * 3) % 7)) for i in range(14)]
+  pairs = [(s + [1], t + [1]) for s, t in zip(tok.encode(sources), tok.encode(targets))]
+  rows = translation._pack([(len(s), len(t)) for s, t in pairs], 32)
+  assert sorted(sum(rows, [])) == list(range(14)) and len(rows) < 14  # every pair, packed
+  assert all(sum(len(pairs[i][side]) for i in row) <= 32 for row in rows for side in (0, 1))
+  scores = translator.replace(batch_size=2).score(sources, targets)  # batches of packed rows
+  for (src, tgt), score in zip(pairs, scores):
+    alone = np.asarray(translation.target_log_probs(
+        translator.params, translation._padded([src], (1, 32)),
+        translation._padded([tgt], (1, 32)), config=translator.config, chunk=5))[0]
+    np.testing.assert_allclose(score.token_log_probs, alone[:len(tgt)], rtol=1e-5, atol=1e-5)
+    assert not alone[len(tgt):].any()
+
+
 def test_scoring_marks_what_it_cannot_score_and_refuses_what_is_empty(translator, caplog):
   long = ' '.join(['dog'] * 200)  # more pieces than the tiny model's 64 positions
   scores = translator.score(['the dog', long, 'a cat'], [long, 'der hund', 'eine katze'])

@@ -4,8 +4,8 @@
 Sections, one module each of this package (its docstring says what it measures): data, train,
 checkpoint, memory, decode, and, only when asked for, scale (--only scale), loop (--only loop:
 a training run's time outside its steps), startup (--only startup [--demo-model M]), score
-(--only score --multi30k-model M: scoring against greedy translation, in decode.py) and serve
-(--only serve --demo-model M: the server under load);
+(--only score --multi30k-model M: scoring against greedy translation and CTranslate2's
+score_batch, in decode.py) and serve (--only serve --demo-model M: the server under load);
 common.py holds the timing, matmul-peak, RSS and batch helpers.
 """
 

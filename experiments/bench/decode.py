@@ -267,24 +267,62 @@ def _side_by_side(data_dir: pathlib.Path, trained: dict[str, str]) -> dict:
 
 
 def score_run(data_dir: pathlib.Path, multi30k_model: str | None = None) -> dict:
-  """Scoring (forced decoding) against greedy translation: test_2016_flickr's 1,000 sources
-  with their references scored, and the same sources translated greedily, by the `multi30k`
-  recipe's model (a workdir or checkpoint), each compiled first, then timed alternately."""
+  """Scoring (forced decoding): test_2016_flickr's 1,000 sources with their references scored by
+  the `multi30k` recipe's model (a workdir or checkpoint), against translating the same sources
+  greedily and, when ctranslate2 is installed, against CTranslate2's score_batch on the same
+  weights (batches of 32 pairs, its three ways as in compare_ctranslate2, the fastest
+  counting). Each is compiled or warmed up first (the first call's seconds and programs are
+  jaxformer's cold start), then timed alternately, 5 rounds."""
   if not multi30k_model:
     raise SystemExit('--only score needs --multi30k-model (make train-multi30k makes one)')
   text = data.read_parallel_text(data_dir / 'multi30k' / 'test_2016_flickr.en',
                                  data_dir / 'multi30k' / 'test_2016_flickr.de')
   translator = Translator.from_checkpoint(multi30k_model)
   greedy = translator.replace(beam_size=1)
-  fns = {'score': lambda: translator.score(text.src, text.tgt),
+  fns = {'score': lambda: [s.log_prob for s in translator.score(text.src, text.tgt)],
          'greedy': lambda: greedy.translate(text.src)}
-  for fn in fns.values():  # compile every width bucket
-    fn()
-  _, seconds = _alternating(fns, repeats=3)
-  return {'model': multi30k_model, 'pairs': len(text), 'workers': translator.workers,
-          'batch_size': translator.decoding.batch_size,
-          **{f'{name}_s': round(t, 3) for name, t in seconds.items()},
-          'score_over_greedy': round(seconds['score'] / seconds['greedy'], 3)}
+  with tempfile.TemporaryDirectory() as tmp:
+    engines = _ctranslate2_scorers(translator, multi30k_model, pathlib.Path(tmp), text)
+    fns.update(engines)
+    start = time.perf_counter()
+    fns['score']()
+    first = {'seconds': round(time.perf_counter() - start, 2),
+             'programs': len(translator._scores.compiled)}  # pylint: disable=protected-access
+    for fn in fns.values():  # compile every shape; load and warm up
+      fn()
+    results, seconds = _alternating(fns, repeats=5)
+  out = {'model': multi30k_model, 'pairs': len(text), 'workers': translator.workers,
+         'batch_size': translator.decoding.batch_size, 'first_call': first,
+         **{f'{name}_s': round(t, 3) for name, t in seconds.items()},
+         'score_over_greedy': round(seconds['score'] / seconds['greedy'], 3)}
+  if engines:
+    best = min(engines, key=seconds.get)
+    out['ctranslate2_fastest'] = best
+    out['ratio'] = round(seconds[best] / seconds['score'], 3)  # > 1: jaxformer faster
+    out['largest_difference'] = float(np.max(np.abs(
+        np.array(results['score']) - np.array(results[best]))))
+  return out
+
+
+def _ctranslate2_scorers(translator: Translator, model: str, tmp: pathlib.Path,
+                         text: data.ParallelText) -> dict:
+  """CTranslate2's score_batch of `text` on an export of the model, one function per way
+  (name 'ctranslate2_IxJ', as compare_ctranslate2's), each giving the pairs' log-probabilities
+  (pieces and EOS); {} without ctranslate2."""
+  if importlib.util.find_spec('ctranslate2') is None:
+    return {}
+  import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
+  params, cfg, spm_model, _ = checkpoint.load(model)
+  model_dir = export.save_ctranslate2(tmp / 'ct2', params, cfg, spm_model)
+  tok = translator.tokenizer
+  src = [tok.pieces(ids + [data.EOS_ID]) for ids in tok.encode(text.src)]
+  tgt = [tok.pieces(ids) for ids in tok.encode_target(text.tgt)]
+  def scorer(inter: int, intra: int):
+    engine = ctranslate2.Translator(str(model_dir), device='cpu', inter_threads=inter,
+                                    intra_threads=intra)
+    return lambda: [sum(r.log_probs) for r in engine.score_batch(
+        src, tgt, max_batch_size=translator.decoding.batch_size)]
+  return {f'ctranslate2_{i}x{j}': scorer(i, j) for i, j in ((1, 1), (1, 2), (2, 1))}
 
 
 def run(data_dir: pathlib.Path, demo_model: str | None = None,
