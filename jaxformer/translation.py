@@ -19,11 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from jaxformer import compilation, export, losses, protocol, search, text
+from jaxformer import compilation, export, layout, losses, protocol, search, text
 from jaxformer.config import DecodingConfig, SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.errors import DataError
-from jaxformer.layout import Layout
 from jaxformer.model import Transformer
 from jaxformer.search import cached_tokens_to_logits, decode_batch  # noqa: F401  (their old home)
 
@@ -36,26 +35,24 @@ log = logging.getLogger(__name__)
 
 SCORE_CHUNK = 256  # target positions projected at a time when scoring
 SCORE_ROW = 128  # a score's rows hold this many tokens a side (fewer if max_len is), or more
-PACK_WINDOW = 16  # the last rows opened that a score's next pair may join
 
 
-def target_log_probs(params: Any, src: Array, tgt: Array, layout: Layout | None = None, *,
+def target_log_probs(params: Any, src: Array, tgt: Array, where: layout.Layout | None = None, *,
                      config: TransformerConfig, chunk: int = SCORE_CHUNK) -> Array:
   """Forced decoding: the log-probability [B, T] of each target token tgt [B, T] (its pieces,
   then EOS, then padding 0, whose entries are 0) given the source src [B, S] and the tokens
-  before it, from one teacher-forced pass, as training computes its loss. With a `layout`, rows
-  hold several pairs each (jaxformer.layout), as training packs them.
+  before it, from one teacher-forced pass, as training computes its loss. With `where` (a
+  jaxformer.layout.Layout), rows hold several pairs each, as training packs them.
 
   The softmax projection runs over `chunk` positions at a time, each one's log-probability its
   logit less the log-sum-exp of its row, as the training loss projects in chunks: the
-  [B, T, V] logits and their log-softmax are never written whole, which on a CPU is a fifth of
-  a score's time at an 8,000-piece vocabulary (measured in docs/benchmarks-log.md)."""
+  [B, T, V] logits and their log-softmax are never written whole, so a large batch of packed
+  rows stays in the caches (measured in docs/benchmarks-log.md)."""
   model = Transformer(config)
   tgt_in = jnp.pad(tgt[:, :-1], ((0, 0), (1, 0)))  # decoding starts from token 0
-  if layout is not None:  # ... for every pair of a row
-    tgt_in = jnp.where(layout.tgt_positions == 0, 0, tgt_in)
-  hidden = model.apply({'params': params}, src, tgt_in, layout,
-                       method=Transformer.forward_hidden)
+  if where is not None:  # ... for every pair of a row
+    tgt_in = jnp.where(where.tgt_positions == 0, 0, tgt_in)
+  hidden = model.apply({'params': params}, src, tgt_in, where, method=Transformer.forward_hidden)
 
   def chunk_log_probs(chunk_of: tuple[Array, Array]) -> Array:
     hidden, targets = chunk_of  # [C, D], [C]
@@ -399,13 +396,13 @@ class Translator:
     # one program (two with a last batch of fewer rows) and pads little.
     longest = max((len(side) for i in todo for side in pairs[i]), default=1)
     width = limit if self.fixed_shapes else min(limit, max(SCORE_ROW, _bucket(longest)))
-    rows = _pack([(len(pairs[i][0]), len(pairs[i][1])) for i in todo], width)
+    rows = layout.first_fit([(len(pairs[i][0]), len(pairs[i][1])) for i in todo], width)
 
     def run(chosen: list[int]) -> np.ndarray:
       size, _ = _shape([width], len(chosen), self.decoding.batch_size, limit, self.fixed_shapes)
-      src, tgt = _packed([[pairs[todo[j]] for j in rows[r]] for r in chosen], size, width)
-      return np.asarray(self._scores(self.params, src['tokens'], tgt['tokens'], Layout(
-          src['segments'], src['positions'], tgt['segments'], tgt['positions'])))
+      src, tgt, where = layout.packed([[pairs[todo[j]] for j in rows[r]] for r in chosen],
+                                      size, width)
+      return np.asarray(self._scores(self.params, src, tgt, where))
 
     for chosen, log_probs in self._in_batches(list(range(len(rows))), [0] * len(rows), run,
                                               progress, 'scoring',
@@ -431,47 +428,6 @@ def _on_device(params: Any) -> Any:
                                                                    sharding=device)
     return jax.device_put(x) if isinstance(x, np.ndarray) else x
   return jax.tree.map(put, params)
-
-
-def _pack(lengths: list[tuple[int, int]], width: int) -> list[list[int]]:
-  """Rows of `width` tokens a side for pairs of these (source, target) lengths: the pairs'
-  indices in each row, longest targets first, each pair in the first row with room on both
-  sides among the last few opened (first fit over a window, as data.packing packs training
-  rows, here in a few lines: a score's pairs are thousands, not millions)."""
-  order = sorted(range(len(lengths)), key=lambda i: (-lengths[i][1], -lengths[i][0]))
-  rows: list[list[int]] = []
-  room: list[list[int]] = []  # [source, target] tokens left in each row
-  for i in order:
-    src, tgt = lengths[i]
-    fits = next((r for r in range(max(0, len(rows) - PACK_WINDOW), len(rows))
-                 if room[r][0] >= src and room[r][1] >= tgt), None)
-    if fits is None:
-      fits = len(rows)
-      rows.append([])
-      room.append([width, width])
-    rows[fits].append(i)
-    room[fits][0] -= src
-    room[fits][1] -= tgt
-  return rows
-
-
-def _packed(rows: list[list[tuple[list[int], list[int]]]], size: int, width: int
-            ) -> tuple[dict[str, np.ndarray], ...]:
-  """The source and target sides ({'tokens', 'segments', 'positions'}, each [size, width]) of
-  rows of pairs (ids with EOS), as jaxformer.layout lays them out."""
-  sides = tuple({key: np.zeros((size, width), np.int32)
-                 for key in ('tokens', 'segments', 'positions')} for _ in range(2))
-  for r, row in enumerate(rows):
-    for side, arrays in enumerate(sides):
-      start = 0
-      for segment, pair in enumerate(row, 1):
-        ids = pair[side]
-        where = slice(start, start + len(ids))
-        arrays['tokens'][r, where] = ids
-        arrays['segments'][r, where] = segment
-        arrays['positions'][r, where] = np.arange(len(ids))
-        start += len(ids)
-  return sides
 
 
 def _until_eos(row: np.ndarray) -> list[int]:
