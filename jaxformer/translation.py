@@ -55,8 +55,8 @@ def target_log_probs(params: Any, src: Array, tgt: Array, where: layout.Layout |
   hidden = model.apply({'params': params}, src, tgt_in, where, method=Transformer.forward_hidden)
 
   def chunk_log_probs(chunk_of: tuple[Array, Array]) -> Array:
-    hidden, targets = chunk_of  # [C, D], [C]
-    logits = model.apply({'params': params}, hidden, method=Transformer.logits)  # [C, V]
+    states, targets = chunk_of  # [C, D], [C]
+    logits = model.apply({'params': params}, states, method=Transformer.logits)  # [C, V]
     chosen = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
     return chosen - jax.nn.logsumexp(logits, axis=-1)
 
@@ -404,6 +404,7 @@ class Translator:
                                       size, width)
       return np.asarray(self._scores(self.params, src, tgt, where))
 
+    # (first_fit gives the rows longest first: their order is the batches' order.)
     for chosen, log_probs in self._in_batches(list(range(len(rows))), [0] * len(rows), run,
                                               progress, 'scoring',
                                               sizes=[len(row) for row in rows]):
