@@ -56,20 +56,20 @@ def _positions(tokens: Array, positions: Array | None) -> Array:
 
 # --- packing a few thousand pairs on the host (translation's scores) ----------------------------
 
-WINDOW = 16  # the last rows opened that the next pair may join
+OPEN_ROWS = 16  # the last rows opened that can still take the next pair (data.packing's name)
 
 
 def first_fit(lengths: list[tuple[int, int]], width: int) -> list[list[int]]:
   """Rows of `width` tokens a side for pairs of these (source, target) lengths: the pairs'
   indices in each row, longest targets first, each pair in the first row with room on both
-  sides among the last WINDOW opened (first fit over a window, as data.packing packs training
+  sides among the last OPEN_ROWS opened (first fit over a window, as data.packing packs training
   rows, here in a few lines: a score's pairs are thousands, not millions)."""
   order = sorted(range(len(lengths)), key=lambda i: (-lengths[i][1], -lengths[i][0]))
   rows: list[list[int]] = []
   room: list[list[int]] = []  # [source, target] tokens left in each row
   for i in order:
     src, tgt = lengths[i]
-    fits = next((r for r in range(max(0, len(rows) - WINDOW), len(rows))
+    fits = next((r for r in range(max(0, len(rows) - OPEN_ROWS), len(rows))
                  if room[r][0] >= src and room[r][1] >= tgt), None)
     if fits is None:
       fits = len(rows)
