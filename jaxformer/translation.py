@@ -390,18 +390,18 @@ class Translator:
       log.warning('%d pair(s) longer than the model\'s %d tokens were not scored (indices '
                   '%s%s).', len(skipped), limit, ', '.join(map(str, skipped[:10])),
                   ', ...' if len(skipped) > 10 else '')
-    pairs = [(src_ids[i] + [EOS_ID], tgt_ids[i] + [EOS_ID]) for i in range(len(out))]
     todo = [i for i, s in enumerate(out) if s is None]
+    pairs = [(src_ids[i] + [EOS_ID], tgt_ids[i] + [EOS_ID]) for i in todo]  # as `todo`
     # Pairs are packed into rows of one width (jaxformer.layout), so that a whole call compiles
     # one program (two with a last batch of fewer rows) and pads little.
-    longest = max((len(side) for i in todo for side in pairs[i]), default=1)
+    longest = max((len(side) for pair in pairs for side in pair), default=1)
     width = limit if self.fixed_shapes else min(limit, max(SCORE_ROW, _bucket(longest)))
-    rows = layout.first_fit([(len(pairs[i][0]), len(pairs[i][1])) for i in todo], width)
+    rows = layout.first_fit([(len(src), len(tgt)) for src, tgt in pairs], width)
 
     def run(chosen: list[int]) -> np.ndarray:
       size, _ = _shape([width], len(chosen), self.decoding.batch_size, limit, self.fixed_shapes)
-      src, tgt, where = layout.packed([[pairs[todo[j]] for j in rows[r]] for r in chosen],
-                                      size, width)
+      src, tgt, where = layout.packed([[pairs[j] for j in rows[r]] for r in chosen], size,
+                                      width)
       return np.asarray(self._scores(self.params, src, tgt, where))
 
     # (first_fit gives the rows longest first: their order is the batches' order.)
@@ -411,7 +411,7 @@ class Translator:
       for r, row in enumerate(chosen):
         start = 0
         for j in rows[row]:
-          tokens = len(pairs[todo[j]][1])
+          tokens = len(pairs[j][1])
           each = log_probs[r, start:start + tokens].astype(float)
           out[todo[j]] = TargetScore(float(each.sum()), tokens, tuple(map(float, each)))
           start += tokens
