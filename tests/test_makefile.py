@@ -25,7 +25,9 @@ EXTRAS = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['option
 def _start_cuda_resolution() -> pathlib.Path:
   """pip's resolution of both CUDA extras for this host's platform (nothing installed), started
   in the background when this file is collected, by the first of the run's workers to get here:
-  most of its half minute is spent waiting on the index, so it waits beside the other tests.
+  its seconds are spent waiting on the index, so it waits beside the other tests. fast-deps
+  reads each wheel's metadata by HTTP range requests: without it pip downloads every wheel the
+  extras pull in (6.5 GB of CUDA libraries), and one interrupted download failed a CI run.
   Its report is `report.json` in the run's folder, then its exit status in report.json.rc."""
   folder = run_folder('pip')
   folder.mkdir(exist_ok=True)
@@ -35,7 +37,8 @@ def _start_cuda_resolution() -> pathlib.Path:
   except FileExistsError:  # another worker started it
     return report
   resolve = [sys.executable, '-m', 'pip', 'install', '--dry-run', '--ignore-installed', '--quiet',
-             '--report', str(report), *EXTRAS['cuda12'], *EXTRAS['cuda13']]
+             '--use-feature=fast-deps', '--report', str(report), *EXTRAS['cuda12'],
+             *EXTRAS['cuda13']]
   os.posix_spawn('/bin/sh', ['sh', '-c', '"$@" 2>"$0.err"; echo $? >"$0.rc.part" && '
                              'mv "$0.rc.part" "$0.rc"', str(report), *resolve], os.environ)
   return report
