@@ -324,12 +324,14 @@ class Translator:
   def _groups(self, todo: list[int], lengths: list[int]) -> list[list[int]]:
     """`todo`'s indices in batches of at most batch_size, longest first (the longest start
     first, so that workers finish together); fewer sentences than the workers' batches are
-    shared among the workers, so that none idles (a server's few requests)."""
+    shared among the workers, so that none idles (a server's few requests). The batches are
+    as even as can be (sizes one apart): a short last batch would be a program of its own
+    rows and often its own length bucket, whose compile costs more than a batch's search."""
     if not todo:  # nothing to search (blank lines, or pairs all too long): no batch at all
       return []
     todo = sorted(todo, key=lambda i: -lengths[i])
-    size = min(self.decoding.batch_size, -(-len(todo) // self.workers))
-    return [todo[start:start + size] for start in range(0, len(todo), size)]
+    count = -(-len(todo) // min(self.decoding.batch_size, -(-len(todo) // self.workers)))
+    return [part.tolist() for part in np.array_split(todo, count)]
 
   def _in_batches(self, todo: list[int], lengths: list[int], run: Callable[[list[int]], Any],
                   progress: bool, desc: str, sizes: Sequence[int] | None = None

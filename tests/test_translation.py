@@ -73,6 +73,21 @@ def test_a_search_compiled_ahead_is_not_compiled_again(translator):
   assert model._search.compiled == compiled
 
 
+def test_a_calls_batches_are_even_so_a_short_last_one_is_no_program_of_its_own(translator):
+  """Nine sentences of one length bucket in batches of at most four: three batches of three
+  (4 rows each, one program), not 4 + 4 + 1 (a second program for a batch of one row)."""
+  model = translation.Translator(translator.params, translator.config, translator.tokenizer,
+                                 batch_size=4, workers=1, beam_size=2, alpha=0.4)
+  sentences = [f'the dog {n}' for n in range(9)]
+  groups = model._groups(list(range(9)), [len(s) for s in sentences])
+  assert [len(g) for g in groups] == [3, 3, 3]
+  assert sorted(sum(groups, [])) == list(range(9))
+  sizes = [len(g) for g in model._groups(list(range(70)), [1] * 70)]
+  assert len(sizes) == 18 and sum(sizes) == 70 and {max(sizes), min(sizes)} == {4, 3}
+  assert model.translate(sentences) == [model.translate([s])[0] for s in sentences]
+  assert len(model._search.compiled) == 2  # 4 rows (the call), 1 row (each sentence alone)
+
+
 def test_workers_search_batches_side_by_side_and_keep_the_order(translator, monkeypatch):
   sentences = [f'{s} {n}' for n in range(3) for s in SENTENCES]  # 12: six batches of two
   one = translation.Translator(translator.params, translator.config, translator.tokenizer,
