@@ -395,7 +395,8 @@ class Translator:
     todo = [i for i, s in enumerate(out) if s is None]
     pairs = [(src_ids[i] + [EOS_ID], tgt_ids[i] + [EOS_ID]) for i in todo]  # as `todo`
     # Pairs are packed into rows of one width (jaxformer.layout), so that a whole call compiles
-    # one program (two with a last batch of fewer rows) and pads little.
+    # one program (two when _groups' even batches fall either side of a power of two, as 17
+    # and 16 rows) and pads little.
     longest = max((len(side) for pair in pairs for side in pair), default=1)
     width = limit if self.fixed_shapes else min(limit, max(SCORE_ROW, _bucket(longest)))
     rows = layout.first_fit([(len(src), len(tgt)) for src, tgt in pairs], width)
