@@ -330,8 +330,8 @@ class Translator:
     if not todo:  # nothing to search (blank lines, or pairs all too long): no batch at all
       return []
     todo = sorted(todo, key=lambda i: -lengths[i])
-    count = -(-len(todo) // min(self.decoding.batch_size, -(-len(todo) // self.workers)))
-    return [part.tolist() for part in np.array_split(todo, count)]
+    size = min(self.decoding.batch_size, -(-len(todo) // self.workers))
+    return [part.tolist() for part in np.array_split(todo, -(-len(todo) // size))]
 
   def _in_batches(self, todo: list[int], lengths: list[int], run: Callable[[list[int]], Any],
                   progress: bool, desc: str, sizes: Sequence[int] | None = None
