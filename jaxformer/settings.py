@@ -111,7 +111,8 @@ class DecodingConfig:
                          "((5 + length) / 6)^alpha (GNMT's, §6.1)")
   extra_length: int = setting(50, 'an output stops at its input length + this many tokens (and '
                              f"at the model's max_len; at most {MAX_EXTRA_LENGTH:,})")
-  batch_size: int = setting(32, f'sentences searched together (at most {MAX_BATCH})')
+  batch_size: int = setting(32, 'the most sentences searched together (a call is split into '
+                                f'batches as even as can be; at most {MAX_BATCH})')
   drop_finished: bool = setting(False, 'on a CPU, beam search and samples: the sentences still '
                                 'searching go on in fewer rows once those of a batch are done '
                                 '(the same outputs; faster once compiled, but many more '
