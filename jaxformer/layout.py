@@ -63,7 +63,8 @@ def first_fit(lengths: list[tuple[int, int]], width: int) -> list[list[int]]:
   """Rows of `width` tokens a side for pairs of these (source, target) lengths: the pairs'
   indices in each row, longest targets first, each pair in the first row with room on both
   sides among the last OPEN_ROWS opened (first fit over a window, as data.packing packs training
-  rows, here in a few lines: a score's pairs are thousands, not millions)."""
+  rows; not its pack_rows, a jitted program that a score call would compile first, for pairs
+  that number thousands, not millions)."""
   order = sorted(range(len(lengths)), key=lambda i: (-lengths[i][1], -lengths[i][0]))
   rows: list[list[int]] = []
   room: list[list[int]] = []  # [source, target] tokens left in each row

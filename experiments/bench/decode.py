@@ -15,6 +15,7 @@ import pathlib
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -64,10 +65,7 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
   CTranslate2, and the fraction of sentences with the same output ids.
   """
   import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
-  ways = {(1, 1), (1, threads), (threads, 1)}
-  engines = {f'{inter}x{intra}': ctranslate2.Translator(
-      str(model_dir), device='cpu', inter_threads=inter, intra_threads=intra)
-             for inter, intra in sorted(ways)}
+  engines = _engines(model_dir, threads)
   tok = translator.tokenizer
   pieces = [tok.pieces(ids + [data.EOS_ID]) for ids in tok.encode(sentences)]
   results, decoding = {}, translator.decoding
@@ -311,18 +309,25 @@ def _ctranslate2_scorers(translator: Translator, model: str, tmp: pathlib.Path,
   (pieces and EOS); {} without ctranslate2."""
   if importlib.util.find_spec('ctranslate2') is None:
     return {}
-  import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
-  params, cfg, spm_model, _ = checkpoint.load(model)
-  model_dir = export.save_ctranslate2(tmp / 'ct2', params, cfg, spm_model)
   tok = translator.tokenizer
+  model_dir = export.save_ctranslate2(tmp / 'ct2', translator.params, translator.config,
+                                      tok.model_proto)
   src = [tok.pieces(ids + [data.EOS_ID]) for ids in tok.encode(text.src)]
   tgt = [tok.pieces(ids) for ids in tok.encode_target(text.tgt)]
-  def scorer(inter: int, intra: int):
-    engine = ctranslate2.Translator(str(model_dir), device='cpu', inter_threads=inter,
-                                    intra_threads=intra)
+  def scorer(engine: Any):
     return lambda: [sum(r.log_probs) for r in engine.score_batch(
         src, tgt, max_batch_size=translator.decoding.batch_size)]
-  return {f'ctranslate2_{i}x{j}': scorer(i, j) for i, j in ((1, 1), (1, 2), (2, 1))}
+  return {f'ctranslate2_{way}': scorer(engine) for way, engine in _engines(model_dir).items()}
+
+
+def _engines(model_dir: pathlib.Path, threads: int = 2) -> dict[str, Any]:
+  """CTranslate2 translators of an export, one per way ('IxJ': I batches side by side on J
+  intra-op threads each): 1x1, 1x`threads` and `threads`x1."""
+  import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
+  ways = {(1, 1), (1, threads), (threads, 1)}
+  return {f'{inter}x{intra}': ctranslate2.Translator(
+      str(model_dir), device='cpu', inter_threads=inter, intra_threads=intra)
+          for inter, intra in sorted(ways)}
 
 
 def run(data_dir: pathlib.Path, demo_model: str | None = None,
