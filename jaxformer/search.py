@@ -35,6 +35,7 @@ from jaxformer.model import Transformer
 Array = jax.Array
 MIN_ROWS = 8  # fewer rows than this are searched in one program: little to gain from shrinking
 SHRINK = 4  # a batch's rows go from R to R / 4, R / 16, ...: few programs to compile
+STRAGGLER_GROUPS = 8  # a batch's sentences still live after its first stage go on R / 8 at a time
 
 
 class Batch(NamedTuple):
@@ -148,16 +149,63 @@ def take(state: Any, kept: Array, *, decoding: DecodingConfig = DecodingConfig()
 
 
 def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_len: int,
-                 decoding: DecodingConfig = DecodingConfig(),
-                 num_results: int | None = None) -> tuple[Array, Array]:
+                 decoding: DecodingConfig = DecodingConfig(), num_results: int | None = None,
+                 stragglers: bool = False) -> tuple[Array, Array]:
   """The whole search of a batch in one program, by `decoding`'s search (greedy when its
   beam_size is 1): `finish`'s (ids [B, max_len], scores [B]), or with num_results=n its n best
-  and their scores (samples and their log-probabilities). Greedy search scores nothing: zeros."""
+  and their scores (samples and their log-probabilities). Greedy search scores nothing: zeros.
+
+  With `stragglers` (a CPU's default), a beam search runs its first stage at all rows, and the
+  sentences still live then go on a few at a time (`_by_groups`): the same outputs."""
   settings = {'decoding': decoding, 'num_results': num_results}
   state = start(params, batch, config=config, max_len=max_len, **settings)
-  for room in decode.stage_lengths(max_len):
+  rooms = decode.stage_lengths(max_len)
+  group = _group(len(batch.src), decoding, num_results) if stragglers else 0
+  if group and len(rooms) > 1:
+    state, live = advance(params, state, rooms[0], config=config, **settings)
+    return _by_groups(params, state, live, group, max_len, config=config, **settings)
+  for room in rooms:
     state, _ = advance(params, grow(state, room=room), room, config=config, **settings)
   return finish(state, **settings)
+
+
+def _group(rows: int, decoding: DecodingConfig, num_results: int | None) -> int:
+  """Sentences a group of a batch's stragglers (`_by_groups`), or 0: the search at all rows
+  to its end (few rows, or a row a sentence: as Segmented decides, for the same reasons)."""
+  if rows < MIN_ROWS or _hypotheses(decoding, num_results) == 1:
+    return 0
+  return max(1, rows // STRAGGLER_GROUPS)
+
+
+def _by_groups(params: Any, state: Any, live: Array, group: int, room: int, *,
+               config: TransformerConfig, decoding: DecodingConfig,
+               num_results: int | None) -> tuple[Array, Array]:
+  """finish's results of a batch whose `live` [B] sentences go on from `state`, `group` at a
+  time, each group to its own end in a cache of `room` positions.
+
+  On a CPU every row costs its share of a step, finished or not, and most of a batch's
+  sentences end within the first stage while a few run on: they would hold all its rows to
+  their end. A group's rows are gathered with their whole state (decode.take_sentences); a
+  sentence that is not live keeps the results it has (decode's "common frame"). One cache
+  room for the groups (rather than stages) keeps the program's loops, and so its compile, as
+  few as the search at all rows has; a group's few rows attend over it cheaply. Where every
+  sentence runs on to the same end (a model that never ends a sentence), the groups cost more
+  than all rows would (docs/BENCHMARKS.md); translations end apart."""
+  settings = {'decoding': decoding, 'num_results': num_results}
+  count, searching = live.shape[0], jnp.sum(live)
+  # The live sentences first, in order; whole groups, padded with the last sentence (one that
+  # is done when any is), whose extra rows are searched but never kept.
+  order = jnp.pad(jnp.argsort(~live, stable=True), (0, -count % group), mode='edge')
+
+  def one(i: Array, found: tuple[Array, Array]) -> tuple[Array, Array]:
+    taken = jax.lax.dynamic_slice_in_dim(order, i * group, group)
+    part = grow(decode.take_sentences(state, taken, count), room=room)
+    part, _ = advance(params, part, room, config=config, **settings)
+    kept = jnp.where(i * group + jnp.arange(group) < searching, taken, count)  # count: dropped
+    return jax.tree.map(lambda x, y: x.at[kept].set(y, mode='drop'), found,
+                        finish(part, **settings))
+
+  return jax.lax.fori_loop(0, (searching + group - 1) // group, one, finish(state, **settings))
 
 
 # --- in segments, finished sentences leaving ------------------------------------------------------

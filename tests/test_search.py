@@ -76,3 +76,48 @@ def test_compiling_ahead_leaves_the_full_rows_nothing_to_compile(params):
   every_row_live = batch._replace(max_lengths=np.full(search.MIN_ROWS, MAX_LEN, np.int32))
   segmented(params, every_row_live, max_len=MAX_LEN)
   assert len(segmented.compiled) == ahead == 5  # start, steps in 16, room 24, its steps, results
+
+
+def _long_tails(rows: int = 32) -> search.Batch:
+  """rows sentences, most limited to the first stage (16 tokens), five to more (random weights
+  seldom end a sentence earlier), one of the five with a forced prefix, one with a limit of 0."""
+  rng = np.random.default_rng(1)
+  src = rng.integers(3, CFG.vocab_size, (rows, 12)).astype(np.int32)
+  max_lengths = rng.integers(2, 17, rows).astype(np.int32)
+  max_lengths[[3, 8, 9, 20, 31]] = [17, 24, 19, 22, 20]
+  max_lengths[5] = 0
+  prefix = np.zeros((rows, MAX_LEN), np.int32)
+  prefix[9, :3] = [7, 8, 9]
+  return search.Batch(src, max_lengths, prefix, np.uint32(5), np.arange(rows, dtype=np.int32))
+
+
+@pytest.mark.parametrize('decoding, num_results', [
+    (DecodingConfig(beam_size=3), None), (DecodingConfig(beam_size=3, alpha=0.6), 2),
+    (DecodingConfig(sampling=True, top_k=20), 2)], ids=['beam', 'beam-nbest', 'samples'])
+def test_stragglers_in_groups_give_the_same_outputs(params, decoding, num_results):
+  """32 sentences, five still live after the first stage: they go on four at a time (two
+  groups, the last padded) in one program, and every output is the search's at all rows."""
+  batch = _long_tails()
+  assert search._group(32, decoding, num_results) == 4  # pylint: disable=protected-access
+  def run(stragglers):
+    fn = jax.jit(lambda *a: search.decode_batch(
+        *a, config=CFG, max_len=MAX_LEN, decoding=decoding, num_results=num_results,
+        stragglers=stragglers))
+    hypotheses = 4 * (num_results if decoding.sampling else decoding.beam_size)
+    grouped = f'tensor<{hypotheses}x{MAX_LEN}xi32>' in fn.lower(params, batch).as_text()
+    return grouped, jax.device_get(fn(params, batch))
+  (grouped, found), (whole_grouped, whole) = run(True), run(False)
+  assert grouped and not whole_grouped  # a group's state [4 sentences' rows, MAX_LEN] exists
+  np.testing.assert_array_equal(found[0], whole[0])
+  np.testing.assert_allclose(found[1], whole[1], rtol=1e-5)
+  assert found[0][9].reshape(-1, MAX_LEN)[0, :3].tolist() == [7, 8, 9]  # the prefix
+  lengths = (found[0].reshape(32, -1, MAX_LEN) > 0).sum(-1).max(-1)
+  assert lengths[[8, 20]].tolist() == [24, 22]  # the stragglers ran on
+
+
+def test_greedy_search_and_few_rows_have_no_groups():
+  beam = DecodingConfig()
+  assert search._group(search.MIN_ROWS - 1, beam, None) == 0  # pylint: disable=protected-access
+  assert search._group(search.MIN_ROWS, beam, None) == 1  # pylint: disable=protected-access
+  assert search._group(64, beam, 2) == 8  # pylint: disable=protected-access
+  assert search._group(64, DecodingConfig(beam_size=1), None) == 0  # pylint: disable=protected-access
