@@ -2,16 +2,18 @@
 model-agnostic searches of jaxformer.decode, run one of two ways.
 
 - **In one program** (`decode_batch`): encode, then the whole search, stage after stage of a
-  growing cache. A batch steps until its last sentence ends. This is the default everywhere:
-  one program per batch shape, few to compile.
+  growing cache. This is the default everywhere: one program per batch shape, few to compile.
+  On an accelerator (one shape) a batch steps until its last sentence ends; on a CPU a beam
+  search's first stage runs at all rows, and the sentences still live then go on a few at a
+  time, each group to its own end (`stragglers`, `_by_groups`), in the same program.
 - **In segments** (`Segmented`, DecodingConfig.drop_finished, on a CPU): the same search,
   stopped at the end of each stage and as soon as the live sentences fit in a quarter of the
   rows (SHRINK). The sentences that are done give their results, and the live ones go on in
   those fewer rows, their whole state moved with them by one `decode.take_sentences`. On a CPU
-  every row costs its share of each step, finished or not, so a beam search runs faster once
-  compiled; but each row count is a program of its own for every stage and source width,
-  several times the programs of the first way, so it pays in a long run or a server, not in a
-  fresh process's first eval (docs/BENCHMARKS.md). Outputs are the one program's: a sentence
+  every row costs its share of each step, finished or not; but each row count is a program of
+  its own for every stage and source width, several times the programs of the first way, and
+  since the first way's groups it is the slower of the two on the models measured
+  (docs/BENCHMARKS.md). Outputs are the one program's: a sentence
   that is not live never changes its result (decode's "common frame"), and every computation
   of a search is row by row.
 

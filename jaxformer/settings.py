@@ -113,10 +113,15 @@ class DecodingConfig:
                              f"at the model's max_len; at most {MAX_EXTRA_LENGTH:,})")
   batch_size: int = setting(32, 'the most sentences searched together (a call is split into '
                                 f'batches as even as can be; at most {MAX_BATCH})')
-  drop_finished: bool = setting(False, 'on a CPU, beam search and samples: the sentences still '
-                                'searching go on in fewer rows once those of a batch are done '
-                                '(the same outputs; faster once compiled, but many more '
-                                'programs to compile: for long runs and servers)')
+  all_rows: bool = setting(False, 'on a CPU, beam search: every batch steps at all its rows '
+                           'until its last sentence ends, instead of its sentences still '
+                           'searching after 16 tokens going on four at a time (the same '
+                           'outputs; faster only where every sentence runs to its limit, as '
+                           'with random weights)')
+  drop_finished: bool = setting(False, 'on a CPU, beam search and samples: the search stops '
+                                'whenever its live sentences fit in fewer rows and goes on in '
+                                'those (the same outputs; many more programs to compile, and '
+                                "slower than the default's groups on the models measured)")
   sampling: bool = setting(False, "draw each output token from the model's distribution "
                            'instead of searching (with --nbest N: N samples a sentence)')
   temperature: float = setting(1.0, 'sampling: the logits are divided by this (below 1: '

@@ -107,13 +107,14 @@ def _jitted_search(config: TransformerConfig, decoding: DecodingConfig, fixed: b
   an input), made once per process: Translators of equal settings (a run's evaluations, a
   second run) reuse its compiled programs. A batch's whole search in one program, or with
   decoding.drop_finished (and shapes not fixed: fixed_shapes_on) in segments, finished
-  sentences leaving (jaxformer.search); where shapes are not fixed (a CPU), a batch's
-  stragglers go on in groups (search.decode_batch's `stragglers`)."""
+  sentences leaving (jaxformer.search); where shapes are not fixed (a CPU) and unless
+  decoding.all_rows, a batch's stragglers go on in groups (search.decode_batch's
+  `stragglers`)."""
   if decoding.drop_finished and not fixed:
     return search.Segmented(config, decoding)
   return compilation.Programs('the search', jax.jit(
       functools.partial(search.decode_batch, config=config, decoding=decoding,
-                        stragglers=not fixed),
+                        stragglers=not (fixed or decoding.all_rows)),
       static_argnames=('max_len', 'num_results')))
 
 

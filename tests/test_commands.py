@@ -298,21 +298,24 @@ def test_sampling_settings_refused_in_one_line(workdir, capsys, flags, message):
   assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_drop_finished_translates_as_the_default_search(workdir, tmp_path, monkeypatch):
+def test_drop_finished_and_all_rows_translate_as_the_default_search(workdir, tmp_path,
+                                                                    monkeypatch):
   """--drop-finished (beam search, batches of 8 rows or more, which then shrink as their
-  sentences finish) writes the default search's n-best lists, byte for byte."""
+  sentences finish) and --all-rows (every batch at all its rows to its end, no groups of
+  stragglers) write the default search's n-best lists, byte for byte."""
   words = ['the', 'man', 'sees', 'a', 'dog', 'with', 'a', 'red', 'cat', 'under', 'the', 'house']
   lines = [' '.join(words[:1 + i % len(words)]) for i in range(16)]  # lengths 1 to 12
   (tmp_path / 'in.txt').write_text('\n'.join(lines) + '\n', encoding='utf-8')
   shrinks = []
   monkeypatch.setattr(search, '_kept', lambda *a, kept=search._kept: shrinks.append(1) or kept(*a))
   outputs = []
-  for extra in ([], ['--drop-finished']):
-    out = tmp_path / f'out{len(extra)}.txt'
+  for i, extra in enumerate(([], ['--drop-finished'], ['--all-rows'])):
+    out = tmp_path / f'out{i}.txt'
     assert cli.main(['translate', '--model', str(workdir), '--input', str(tmp_path / 'in.txt'),
                      '--output', str(out), '--nbest', '2', *extra]) == 0
     outputs.append(out.read_text(encoding='utf-8'))
-  assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 2 * len(lines)
+  assert outputs[0] == outputs[1] == outputs[2]
+  assert len(outputs[0].splitlines()) == 2 * len(lines)
   assert shrinks  # the second search did go on in fewer rows
 
 

@@ -57,8 +57,8 @@ def test_the_server_answers_as_its_translator(server, translator):
       LINES, 2)
   assert _http(server.url + '/') == (200, {
       'model': 'tiny', 'beam_size': 4, 'alpha': 0.6, 'extra_length': 50, 'batch_size': 4,
-      'drop_finished': False, 'sampling': False, 'temperature': 1.0, 'top_k': 0, 'top_p': 1.0,
-      'seed': None})
+      'all_rows': False, 'drop_finished': False, 'sampling': False, 'temperature': 1.0,
+      'top_k': 0, 'top_p': 1.0, 'seed': None})
 
 
 def test_requests_at_once_are_each_answered_whole(server, translator):

@@ -62,7 +62,8 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
   and the fastest counts: one batch at a time on 1 and on `threads` intra-op threads
   ('1x1', '1x2'), and `threads` batches side by side on one thread each (inter_threads,
   '2x1'). Per search: tokens/s of each (output pieces, EOS excluded), jaxformer / the fastest
-  CTranslate2, and the fraction of sentences with the same output ids.
+  CTranslate2, and the fraction of sentences with the same output ids; beside it the same
+  search with drop_finished and with all_rows, and whether their outputs are the default's.
   """
   import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
   engines = _engines(model_dir, threads)
@@ -71,7 +72,8 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
   results, decoding = {}, translator.decoding
   for name, beam in (('greedy', 1), ('beam4', 4)):
     ours = translator.replace(beam_size=beam)
-    dropping = ours.replace(drop_finished=True)
+    others = {'drop_finished': ours.replace(drop_finished=True),
+              'all_rows': ours.replace(all_rows=True)}
 
     def theirs(engine, beam=beam):
       found = engine.translate_batch(
@@ -81,17 +83,16 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
                                   translator.config.max_len),  # jaxformer's limits too
           suppress_sequences=[tok.pieces([data.PAD_ID])])
       return [tok.piece_ids(r.hypotheses[0]) for r in found]
-    fns = {'jaxformer': lambda t=ours: t.translate_ids(sentences),
-           'drop_finished': lambda t=dropping: t.translate_ids(sentences),
+    searches = {'jaxformer': ours, **others}
+    fns = {**{n: functools.partial(t.translate_ids, sentences) for n, t in searches.items()},
            **{n: functools.partial(theirs, engine) for n, engine in engines.items()}}
     programs = {}
     for key, fn in fns.items():  # compile every width bucket; load and warm up
       start = time.perf_counter()
       fn()
-      if key in ('jaxformer', 'drop_finished'):
+      if key in searches:
         programs[key] = {'seconds': round(time.perf_counter() - start, 2),
-                         'programs': len({'jaxformer': ours, 'drop_finished': dropping}[
-                             key]._search.compiled)}  # pylint: disable=protected-access
+                         'programs': len(searches[key]._search.compiled)}  # pylint: disable=protected-access
     outputs, seconds = _alternating(fns, repeats)
     rates = {k: sum(map(len, outputs[k])) / seconds[k] for k in fns}
     best = max(engines, key=rates.get)
@@ -102,10 +103,11 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
         'ratio': round(rates['jaxformer'] / rates[best], 3),
         'same_output': round(float(np.mean([a == b for a, b in
                                             zip(outputs['jaxformer'], outputs[best])])), 4),
-        # The same search with drop_finished (finished sentences leave the batch):
-        'drop_finished_tokens_per_s': round(rates['drop_finished'], 1),
-        'drop_finished_ratio': round(rates['drop_finished'] / rates[best], 3),
-        'drop_finished_same_outputs': outputs['jaxformer'] == outputs['drop_finished'],
+        # The same search with drop_finished (finished sentences leave the batch), and with
+        # all_rows (every batch at all its rows to its end, as before the groups of stragglers):
+        **{f'{n}_{what}': value for n in others for what, value in (
+            ('tokens_per_s', round(rates[n], 1)), ('ratio', round(rates[n] / rates[best], 3)),
+            ('same_outputs', outputs['jaxformer'] == outputs[n]))},
         # The first call of each, compiles included (programs: all its settings' so far):
         'first_call': programs}
   return {'ctranslate2': ctranslate2.__version__, 'sentences': len(sentences),
