@@ -4,8 +4,9 @@ model-agnostic searches of jaxformer.decode, run one of two ways.
 - **In one program** (`decode_batch`): encode, then the whole search, stage after stage of a
   growing cache. This is the default everywhere: one program per batch shape, few to compile.
   On an accelerator (one shape) a batch steps until its last sentence ends; on a CPU a beam
-  search's first stage runs at all rows, and the sentences still live then go on a few at a
-  time, each group to its own end (`stragglers`, `_by_groups`), in the same program.
+  search's (or n samples') first stage runs at all rows, and the sentences still live then go
+  on a few at a time, each group to its own end (`stragglers`, `_by_groups`), in the same
+  program.
 - **In segments** (`Segmented`, DecodingConfig.drop_finished, on a CPU): the same search,
   stopped at the end of each stage and as soon as the live sentences fit in a quarter of the
   rows (SHRINK). The sentences that are done give their results, and the live ones go on in
@@ -157,8 +158,9 @@ def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_le
   beam_size is 1): `finish`'s (ids [B, max_len], scores [B]), or with num_results=n its n best
   and their scores (samples and their log-probabilities). Greedy search scores nothing: zeros.
 
-  With `stragglers` (a CPU's default), a beam search runs its first stage at all rows, and the
-  sentences still live then go on a few at a time (`_by_groups`): the same outputs."""
+  With `stragglers` (a CPU's default), a beam search or n samples run their first stage at all
+  rows, and the sentences still live then go on a few at a time (`_by_groups`): the same
+  outputs."""
   settings = {'decoding': decoding, 'num_results': num_results}
   state = start(params, batch, config=config, max_len=max_len, **settings)
   rooms = decode.stage_lengths(max_len)

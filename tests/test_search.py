@@ -1,5 +1,5 @@
-"""jaxformer.search: the segmented search, whose finished sentences leave, against the search
-of a batch in one program."""
+"""jaxformer.search: the segmented search, whose finished sentences leave, and the one program's
+groups of stragglers, against the search of a batch at all its rows in one program."""
 
 import re
 
@@ -21,15 +21,17 @@ def params():
   return jax.jit(Transformer(CFG).init)(jax.random.key(0), dummy, dummy)['params']
 
 
-def _batch(rows: int = search.MIN_ROWS) -> search.Batch:
+def _batch(rows: int = search.MIN_ROWS, max_lengths: np.ndarray | None = None,
+           prefixed: int = 1) -> search.Batch:
   """rows sentences (one of them padding: nothing to search) whose limits end them at many
-  steps, so that 8 rows shrink to 2 and end in 2; one with a forced prefix."""
+  steps, so that 8 rows shrink to 2 and end in 2; row `prefixed` with a forced prefix."""
   rng = np.random.default_rng(0)
   src = rng.integers(3, CFG.vocab_size, (rows, 12)).astype(np.int32)
   src[:, 9:] = 0
-  max_lengths = np.array([3, 24, 5, 9, 2, 12, 7, 0][:rows], np.int32)
+  if max_lengths is None:
+    max_lengths = np.array([3, 24, 5, 9, 2, 12, 7, 0][:rows], np.int32)
   prefix = np.zeros((rows, MAX_LEN), np.int32)
-  prefix[1, :3] = [7, 8, 9]
+  prefix[prefixed, :3] = [7, 8, 9]
   return search.Batch(src, max_lengths, prefix, np.uint32(5), np.arange(rows, dtype=np.int32))
 
 
@@ -78,17 +80,13 @@ def test_compiling_ahead_leaves_the_full_rows_nothing_to_compile(params):
   assert len(segmented.compiled) == ahead == 5  # start, steps in 16, room 24, its steps, results
 
 
-def _long_tails(rows: int = 32) -> search.Batch:
-  """rows sentences, most limited to the first stage (16 tokens), five to more (random weights
+def _long_tails() -> search.Batch:
+  """32 sentences, most limited to the first stage (16 tokens), five to more (random weights
   seldom end a sentence earlier), one of the five with a forced prefix, one with a limit of 0."""
-  rng = np.random.default_rng(1)
-  src = rng.integers(3, CFG.vocab_size, (rows, 12)).astype(np.int32)
-  max_lengths = rng.integers(2, 17, rows).astype(np.int32)
+  max_lengths = np.random.default_rng(1).integers(2, 17, 32).astype(np.int32)
   max_lengths[[3, 8, 9, 20, 31]] = [17, 24, 19, 22, 20]
   max_lengths[5] = 0
-  prefix = np.zeros((rows, MAX_LEN), np.int32)
-  prefix[9, :3] = [7, 8, 9]
-  return search.Batch(src, max_lengths, prefix, np.uint32(5), np.arange(rows, dtype=np.int32))
+  return _batch(32, max_lengths, prefixed=9)
 
 
 @pytest.mark.parametrize('decoding, num_results', [
