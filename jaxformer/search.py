@@ -173,12 +173,18 @@ def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_le
   return finish(state, **settings)
 
 
+def _at_all_rows(rows: int, decoding: DecodingConfig, num_results: int | None) -> bool:
+  """Whether a batch of `rows` sentences is searched at all its rows to its end, its finished
+  ones riding along, in either way: one of fewer than MIN_ROWS rows (a server's request, a
+  terminal's line), or one of a row a sentence (greedy search, one sample), whose step costs a
+  few times less than a beam's. There the finished rows cost less than what leaving takes
+  (measured in docs/benchmarks-log.md)."""
+  return rows < MIN_ROWS or _hypotheses(decoding, num_results) == 1
+
+
 def _group(rows: int, decoding: DecodingConfig, num_results: int | None) -> int:
-  """Sentences a group of a batch's stragglers (`_by_groups`), or 0: the search at all rows
-  to its end (few rows, or a row a sentence: as Segmented decides, for the same reasons)."""
-  if rows < MIN_ROWS or _hypotheses(decoding, num_results) == 1:
-    return 0
-  return max(1, rows // STRAGGLER_GROUPS)
+  """Sentences a group of a batch's stragglers (`_by_groups`), or 0: at all rows."""
+  return 0 if _at_all_rows(rows, decoding, num_results) else max(1, rows // STRAGGLER_GROUPS)
 
 
 def _by_groups(params: Any, state: Any, live: Array, group: int, room: int, *,
@@ -220,11 +226,9 @@ class Segmented:
   and `decoding` (without its seed): its programs, compiled per shape on first use and counted
   (`compiled`). Called as decode_batch is, with numpy results.
 
-  Two kinds of batch are searched in one program all the same: one of fewer than MIN_ROWS rows
-  (a server's request, a terminal's line), and one of a row a sentence (greedy search, one
-  sample), whose step costs a few times less than a beam's. There the finished rows cost less
-  than what leaving takes: each segment's call, its results, the gather of the cache
-  (measured in docs/benchmarks-log.md)."""
+  The batches `_at_all_rows` names are searched in one program all the same: there leaving
+  costs more (each segment's call, its results, the gather of the cache) than the finished
+  rows do."""
 
   def __init__(self, config: TransformerConfig, decoding: DecodingConfig):
     self._decoding = decoding
@@ -253,7 +257,7 @@ class Segmented:
 
   def _in_one_program(self, rows: int, num_results: int | None) -> bool:
     """Whether a batch of `rows` sentences is searched in one program (the class's docstring)."""
-    return rows < MIN_ROWS or _hypotheses(self._decoding, num_results) == 1
+    return _at_all_rows(rows, self._decoding, num_results)
 
   def compile(self, params: Any, batch: Batch, *, max_len: int,
               num_results: int | None = None) -> None:
