@@ -1,30 +1,28 @@
-"""Translating text with a trained model, and scoring given translations: the search glue
-between the Transformer and the model-agnostic decode module, and `Translator` (batches, length
-buckets, n-best, samples, forced prefixes, scores; loading from a checkpoint or an exported
-folder). Decoding follows §6.1 by default: beam 4, alpha 0.6, at most the source length + 50
-tokens (jaxformer.config.DecodingConfig).
+"""Translating text with a trained model, and scoring given translations: the compiled search
+and scoring programs, and `Translator` (batches in the shapes of jaxformer.shapes, n-best,
+samples, forced prefixes, scores; loading from a checkpoint or an exported folder). Decoding
+follows §6.1 by default: beam 4, alpha 0.6, at most the source length + 50 tokens
+(jaxformer.config.DecodingConfig).
 """
 
-import concurrent.futures
 import dataclasses
 import functools
 import logging
 import math
-import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm import tqdm
 
-from jaxformer import compilation, export, layout, losses, protocol, search, text
+from jaxformer import compilation, export, layout, losses, protocol, search, shapes, text
 from jaxformer.config import DecodingConfig, SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.errors import DataError
 from jaxformer.model import Transformer
 from jaxformer.search import cached_tokens_to_logits, decode_batch  # noqa: F401  (their old home)
+from jaxformer.shapes import MAX_WORKERS, default_workers, fixed_shapes_on  # noqa: F401  (idem)
 
 Array = jax.Array
 log = logging.getLogger(__name__)
@@ -67,37 +65,7 @@ def target_log_probs(params: Any, src: Array, tgt: Array, where: layout.Layout |
   return jnp.where(tgt > 0, log_probs.reshape(-1)[:positions].reshape(tgt.shape), 0.0)
 
 
-def _bucket(length: int) -> int:
-  """Lengths are padded to powers of two (at least 8): few compiled programs."""
-  return max(8, 1 << (length - 1).bit_length())
-
-
-def _rows(sentences: int, batch_size: int) -> int:
-  """A batch's rows: its sentences padded to a power of two, at most batch_size. A search costs
-  what its rows cost, finished or padding, so one sentence (a server's request, a terminal's
-  line) is searched in one row, not in batch_size."""
-  return min(batch_size, 1 << (sentences - 1).bit_length())
-
-
-def fixed_shapes_on(backend: str | None = None) -> bool:
-  """Whether searches and scores on `backend` (default: jax's) take one shape, batch_size rows
-  of the model's max_len tokens, whatever the batch holds. On an accelerator a program's
-  compile costs seconds (XLA autotunes its kernels) and padding costs little, so one program
-  for every batch of every call, the run's validations included, beats a program per length
-  bucket; a CPU compiles in a fraction of that and pays for every padded row and column, so
-  there a batch is cut to its length bucket (_bucket) and rows (_rows)."""
-  return (backend or jax.default_backend()) != 'cpu'
-
-
 fixed_shapes = fixed_shapes_on  # its name before Translator took a setting of that name
-
-
-def _shape(lengths: Sequence[int], count: int, batch_size: int, max_len: int, fixed: bool
-           ) -> tuple[int, int]:
-  """(rows, width) of a batch of `count` sequences whose longest has max(lengths) tokens."""
-  if fixed:
-    return batch_size, max_len
-  return _rows(count, batch_size), min(_bucket(max(lengths)), max_len)
 
 
 @functools.lru_cache(maxsize=32)  # (a server's requests may ask for several sampling settings)
@@ -123,20 +91,6 @@ def _jitted_scores(config: TransformerConfig) -> compilation.Programs:
   """target_log_probs jitted for one model shape, made once per process."""
   return compilation.Programs('the scores', jax.jit(
       functools.partial(target_log_probs, config=config)))
-
-
-MAX_WORKERS = 8  # each batch in flight holds a decoding cache of its own: memory grows with them
-
-
-def default_workers() -> int:
-  """Batches searched side by side: on CPU one per core this process may use, at most
-  MAX_WORKERS, since XLA:CPU runs a small model's search on little more than one core
-  (measured in docs/benchmarks-log.md); elsewhere one, as an accelerator runs one program at a
-  time."""
-  if jax.default_backend() != 'cpu':
-    return 1
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-  return min(cores or 1, MAX_WORKERS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,13 +213,16 @@ class Translator:
     forced = self._prefixes(prefixes, len(sentences), first_index)
     todo = [i for i, x in enumerate(ids) if x or forced[i]]
 
-    def run_batch(chosen: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
-      args, static = self._search_arguments(chosen, ids, forced, first_index, num_results)
+    def run_batch(chosen: list[int], peers: list[list[int]]
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+      args, static = self._search_arguments(chosen, peers, ids, forced, first_index,
+                                            num_results)
       found, scores = jax.device_get(self._search(*args, **static))
       return found[:len(chosen)], None if num_results is None else scores[:len(chosen)]
 
-    for chosen, (found, scores) in self._in_batches(todo, [len(x) for x in ids], run_batch,
-                                                    progress, 'translating'):
+    batches = self._batches(todo, [len(x) for x in ids])
+    for chosen, (found, scores) in shapes.run_batches(batches, self.workers, run_batch, progress,
+                                                      'translating'):
       yield chosen, found, scores
 
   def compile_ahead(self, sentences: Sequence[str], num_results: int | None = None) -> None:
@@ -274,23 +231,33 @@ class Translator:
     first validation then finds its search compiled."""
     ids = self._sources(sentences)
     forced = [[] for _ in ids]
-    for chosen in self._groups([i for i, x in enumerate(ids) if x], [len(x) for x in ids]):
-      args, static = self._search_arguments(chosen, ids, forced, 0, num_results)
+    batches = self._batches([i for i, x in enumerate(ids) if x], [len(x) for x in ids])
+    for chosen in batches:
+      args, static = self._search_arguments(
+          chosen, shapes.peers(batches, chosen, self.workers), ids, forced, 0, num_results)
       self._search.compile(*args, **static)
 
-  def _search_arguments(self, chosen: list[int], ids: list[list[int]], forced: list[list[int]],
-                        first_index: int, num_results: int | None
+  def _batches(self, todo: list[int], lengths: list[int]) -> list[list[int]]:
+    """`todo`'s batches for this Translator's batch_size and workers (shapes.groups)."""
+    return shapes.groups(todo, lengths, self.decoding.batch_size, self.workers)
+
+  def _search_arguments(self, chosen: list[int], peers: list[list[int]], ids: list[list[int]],
+                        forced: list[list[int]], first_index: int, num_results: int | None
                         ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """decode_batch's arguments and static arguments for the sentences `chosen` of `ids`."""
+    """decode_batch's arguments and static arguments for the sentences `chosen` of `ids`, in
+    the shape of the largest of `peers` (shapes.peers)."""
     cfg, decoding = self.config, self.decoding
     rows = [ids[i] + [EOS_ID] for i in chosen]
-    lengths = [max(len(row), len(forced[i]) + 1) for row, i in zip(rows, chosen)]
-    size, width = _shape(lengths, len(rows), decoding.batch_size, cfg.max_len, self.fixed_shapes)
+    length = lambda i: max(len(ids[i]) + 1, len(forced[i]) + 1)  # noqa: E731
+    lengths = [length(i) for i in chosen]
+    size, width = shapes.shape([length(i) for peer in peers for i in peer], max(map(len, peers)),
+                         decoding.batch_size, cfg.max_len, self.fixed_shapes)
     max_len = min(width + decoding.extra_length, cfg.max_len)
-    max_lengths = _padded([[n + decoding.extra_length] for n in lengths], (size, 1))[:, 0]
-    prefix = None if not any(forced) else _padded([forced[i] for i in chosen], (size, max_len))
-    indices = _padded([[first_index + i] for i in chosen], (size, 1))[:, 0]
-    batch = search.Batch(_padded(rows, (size, width)), np.minimum(max_lengths, max_len), prefix,
+    padded = shapes.padded
+    max_lengths = padded([[n + decoding.extra_length] for n in lengths], (size, 1))[:, 0]
+    prefix = None if not any(forced) else padded([forced[i] for i in chosen], (size, max_len))
+    indices = padded([[first_index + i] for i in chosen], (size, 1))[:, 0]
+    batch = search.Batch(padded(rows, (size, width)), np.minimum(max_lengths, max_len), prefix,
                          np.uint32(decoding.seed or 0), indices)
     return (self.params, batch), {'max_len': max_len, 'num_results': num_results}
 
@@ -323,39 +290,6 @@ class Translator:
                         f"pieces; the model's outputs hold at most {self.config.max_len - 1} "
                         'and EOS.')
     return ids
-
-  def _groups(self, todo: list[int], lengths: list[int]) -> list[list[int]]:
-    """`todo`'s indices in batches of at most batch_size, longest first (the longest start
-    first, so that workers finish together); fewer sentences than the workers' batches are
-    shared among the workers, so that none idles (a server's few requests). The batches are
-    as even as can be (sizes one apart): a short last batch would be a program of its own
-    rows and often its own length bucket, whose compile costs more than a batch's search."""
-    if not todo:  # nothing to search (blank lines, or pairs all too long): no batch at all
-      return []
-    todo = sorted(todo, key=lambda i: -lengths[i])
-    size = min(self.decoding.batch_size, -(-len(todo) // self.workers))
-    return [part.tolist() for part in np.array_split(todo, -(-len(todo) // size))]
-
-  def _in_batches(self, todo: list[int], lengths: list[int], run: Callable[[list[int]], Any],
-                  progress: bool, desc: str, sizes: Sequence[int] | None = None
-                  ) -> Iterator[tuple[list[int], Any]]:
-    """run(batch) over `todo`'s batches (_groups) by the workers side by side; (batch, its
-    result) in that order. The progress bar counts sentences: `sizes` of each item (a packed
-    row's pairs), one each by default."""
-    groups = self._groups(todo, lengths)
-    count = (lambda items: len(items)) if sizes is None else (  # noqa: E731
-        lambda items: sum(sizes[i] for i in items))
-    workers = min(self.workers, len(groups))
-    pool = concurrent.futures.ThreadPoolExecutor(workers) if workers > 1 else None
-    try:
-      results = pool.map(run, groups) if pool else map(run, groups)
-      with tqdm(total=count(todo), desc=desc, unit='sent', disable=not progress) as bar:
-        for chosen, result in zip(groups, results):
-          yield chosen, result
-          bar.update(count(chosen))
-    finally:  # an error, or a caller that stops early: no batch is started after it
-      if pool:
-        pool.shutdown(cancel_futures=True)
 
   def run(self, request: protocol.Request, progress: bool = False) -> list[Any]:
     """The answer to a request (protocol's): translations, n-best lists or TargetScores, as
@@ -398,22 +332,23 @@ class Translator:
     todo = [i for i, s in enumerate(out) if s is None]
     pairs = [(src_ids[i] + [EOS_ID], tgt_ids[i] + [EOS_ID]) for i in todo]  # as `todo`
     # Pairs are packed into rows of one width (jaxformer.layout), so that a whole call compiles
-    # one program (two when _groups' even batches fall either side of a power of two, as 17
+    # one program (two when shapes.groups' even batches fall either side of a power of two, as 17
     # and 16 rows) and pads little.
     longest = max((len(side) for pair in pairs for side in pair), default=1)
-    width = limit if self.fixed_shapes else min(limit, max(SCORE_ROW, _bucket(longest)))
+    width = limit if self.fixed_shapes else min(limit, max(SCORE_ROW, shapes.bucket(longest)))
     rows = layout.first_fit([(len(src), len(tgt)) for src, tgt in pairs], width)
 
-    def run(chosen: list[int]) -> np.ndarray:
-      size, _ = _shape([width], len(chosen), self.decoding.batch_size, limit, self.fixed_shapes)
+    def run(chosen: list[int], peers: list[list[int]]) -> np.ndarray:
+      size, _ = shapes.shape([width], max(map(len, peers)), self.decoding.batch_size, limit,
+                             self.fixed_shapes)
       src, tgt, where = layout.packed([[pairs[j] for j in rows[r]] for r in chosen], size,
                                       width)
       return np.asarray(self._scores(self.params, src, tgt, where))
 
     # (first_fit gives the rows longest first: their order is the batches' order.)
-    for chosen, log_probs in self._in_batches(list(range(len(rows))), [0] * len(rows), run,
-                                              progress, 'scoring',
-                                              sizes=[len(row) for row in rows]):
+    batches = self._batches(list(range(len(rows))), [0] * len(rows))
+    for chosen, log_probs in shapes.run_batches(batches, self.workers, run, progress, 'scoring',
+                                                lambda chosen: sum(len(rows[r]) for r in chosen)):
       for r, row in enumerate(chosen):
         start = 0
         for j in rows[row]:
@@ -440,11 +375,3 @@ def _on_device(params: Any) -> Any:
 def _until_eos(row: np.ndarray) -> list[int]:
   """A searched row's ids before its EOS (or its padding)."""
   return [int(t) for t in row[:np.argmax(np.append(row, 0) <= EOS_ID)]]
-
-
-def _padded(rows: list[list[int]], shape: tuple[int, int]) -> np.ndarray:
-  """rows in an int32 array of `shape`, padded with 0 (the batch's unused rows too)."""
-  out = np.zeros(shape, np.int32)
-  for r, row in enumerate(rows):
-    out[r, :len(row)] = row
-  return out

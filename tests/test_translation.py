@@ -1,7 +1,6 @@
 """jaxformer.translation: the Translator and its search glue."""
 
 import functools
-import os
 import threading
 import time
 
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import CFG, synthetic_text, uncached_decoding
 
-from jaxformer import config, layout, losses, search, trainer, translation
+from jaxformer import config, layout, losses, search, shapes, trainer, translation
 from jaxformer.model import Transformer
 
 SENTENCES = ['the man sees a dog', 'a small red house under the garden with a big cat',
@@ -79,13 +78,33 @@ def test_a_calls_batches_are_even_so_a_short_last_one_is_no_program_of_its_own(t
   model = translation.Translator(translator.params, translator.config, translator.tokenizer,
                                  batch_size=4, workers=1, beam_size=2, alpha=0.4)
   sentences = [f'the dog {n}' for n in range(9)]
-  groups = model._groups(list(range(9)), [len(s) for s in sentences])
-  assert [len(g) for g in groups] == [3, 3, 3]
-  assert sorted(sum(groups, [])) == list(range(9))
-  sizes = [len(g) for g in model._groups(list(range(70)), [1] * 70)]
-  assert len(sizes) == 18 and sum(sizes) == 70 and {max(sizes), min(sizes)} == {4, 3}
   assert model.translate(sentences) == [model.translate([s])[0] for s in sentences]
   assert len(model._search.compiled) == 2  # 4 rows (the call), 1 row (each sentence alone)
+
+
+def test_a_calls_batches_that_run_at_once_take_one_shape(translator, monkeypatch):
+  """Three sentences of two length buckets on two workers: batches of two and one sentence,
+  searched side by side in one shape (2 rows, the longer bucket: one program), and three
+  packed rows of pairs scored as two batches of 2 rows; the same translations and scores as
+  each batch in its own shape (one worker, one after the other)."""
+  sentences = [SENTENCES[1], SENTENCES[0], SENTENCES[3]]  # (longest first: 2 + 1)
+  long = [' '.join(SENTENCES)] * 3  # a pair a packed row
+  two, one = (translation.Translator(translator.params, translator.config, translator.tokenizer,
+                                     batch_size=2, workers=w, beam_size=2, alpha=0.5)
+              for w in (2, 1))
+  shapes_of = {'_search': [], '_scores': []}
+  for name, calls in shapes_of.items():
+    program = getattr(two, name)
+    monkeypatch.setattr(two, name, lambda *args, program=program, calls=calls, **kwargs: (
+        calls.append(jax.tree.leaves(args[1])[0].shape) or program(*args, **kwargs)))
+  nbest, scores = two.translate_nbest(sentences, 2), two.score(long, long)
+  assert shapes_of == {'_search': [(2, 16)] * 2, '_scores': [(2, 64)] * 2}
+  alone = one.translate_nbest(sentences, 2)
+  assert [[t for t, _ in n] for n in nbest] == [[t for t, _ in n] for n in alone]
+  assert [s for n in nbest for _, s in n] == pytest.approx([s for n in alone for _, s in n],
+                                                           rel=1e-5)
+  assert [s.log_prob for s in scores] == pytest.approx([s.log_prob for s in one.score(long, long)],
+                                                       rel=1e-5)
 
 
 def test_workers_search_batches_side_by_side_and_keep_the_order(translator, monkeypatch):
@@ -124,12 +143,7 @@ def test_an_error_in_a_batch_stops_the_translation(translator, monkeypatch):
   assert len(calls) < 10
 
 
-def test_default_workers_are_the_cores_on_cpu_and_one_on_an_accelerator(monkeypatch):
-  assert translation.default_workers() == min(len(os.sched_getaffinity(0)), 8)
-  monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: set(range(64)))
-  assert translation.default_workers() == translation.MAX_WORKERS == 8
-  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-  assert translation.default_workers() == 1
+def test_workers_are_a_positive_integer():
   with pytest.raises(ValueError, match='workers must be an integer >= 1, got 0'):
     translation.Translator(None, CFG, None, workers=0)
 
@@ -237,7 +251,7 @@ def test_nbest_scores_are_the_outputs_log_probabilities_over_the_length_penalty(
                            (translator.replace(extra_length=6, sampling=True), False)):
     for sentence in SENTENCES[:2]:
       (ids, scores), = [(ids[0], scores[0]) for ids, scores in _search_ids(model, [sentence], 3)]
-      src = translation._padded([translator.tokenizer.encode([sentence])[0] + [1]], (1, 32))
+      src = shapes.padded([translator.tokenizer.encode([sentence])[0] + [1]], (1, 32))
       forced = np.asarray(translation.target_log_probs(
           translator.params, np.repeat(src, 3, axis=0), ids, config=translator.config)).sum(-1)
       length = (ids > 0).sum(-1)
@@ -249,8 +263,8 @@ def test_scores_are_the_training_loss_without_smoothing(translator):
   sources, targets = SENTENCES[:3], ['der mann sieht einen hund', 'ein haus', 'der hund']
   scores = translator.score(sources, targets)
   tok = translator.tokenizer
-  src = translation._padded([x + [1] for x in tok.encode(sources)], (3, 32))
-  tgt = translation._padded([x + [1] for x in tok.encode(targets)], (3, 32))
+  src = shapes.padded([x + [1] for x in tok.encode(sources)], (3, 32))
+  tgt = shapes.padded([x + [1] for x in tok.encode(targets)], (3, 32))
   logits = Transformer(translator.config).apply({'params': translator.params}, src,
                                                 np.pad(tgt[:, :-1], ((0, 0), (1, 0))))
   for row, score in enumerate(scores):
@@ -273,8 +287,8 @@ def test_packed_scores_are_each_pairs_scored_alone(translator):
   scores = translator.replace(batch_size=2).score(sources, targets)  # batches of packed rows
   for (src, tgt), score in zip(pairs, scores):
     alone = np.asarray(translation.target_log_probs(
-        translator.params, translation._padded([src], (1, 32)),
-        translation._padded([tgt], (1, 32)), config=translator.config, chunk=5))[0]
+        translator.params, shapes.padded([src], (1, 32)),
+        shapes.padded([tgt], (1, 32)), config=translator.config, chunk=5))[0]
     np.testing.assert_allclose(score.token_log_probs, alone[:len(tgt)], rtol=1e-5, atol=1e-5)
     assert not alone[len(tgt):].any()
 
@@ -301,7 +315,7 @@ def test_a_prefix_starts_the_output_and_the_search_goes_on_from_it(translator):
   prefix = 'der mann'
   out = greedy.translate_ids([SENTENCES[0]], prefixes=[prefix])[0]
   forced = tok.encode([prefix])[0]
-  src = translation._padded([tok.encode([SENTENCES[0]])[0] + [1]], (1, 32))
+  src = shapes.padded([tok.encode([SENTENCES[0]])[0] + [1]], (1, 32))
   ids, limit = list(forced), len(src[0].nonzero()[0]) + 5
   # One program over a fixed-width decoder input: the causal mask makes position t's logits
   # those of the first t + 1 inputs, whatever follows them.
@@ -329,7 +343,7 @@ def test_the_first_sampled_tokens_of_a_model_follow_its_softmax(translator):
   ids = [translation._until_eos(row)[:1] for row in next(
       sampler._searches([sentence], False, n, None, 0))[1][0]]  # n samples' ids
   assert len(ids) == n
-  src = translation._padded([translator.tokenizer.encode([sentence])[0] + [1]], (1, 32))
+  src = shapes.padded([translator.tokenizer.encode([sentence])[0] + [1]], (1, 32))
   logits = Transformer(translator.config).apply({'params': translator.params}, src,
                                                 np.zeros((1, 1), np.int32))[0, 0]
   expected = np.asarray(jax.nn.softmax(logits.at[0].set(-1e9)))  # (padding is never drawn)
