@@ -214,8 +214,9 @@ def test_train_multi30k_reads_the_corpus_as_multi30k_ships_it(tmp_path):
           ''.join(line + '\n' for line in lines).encode()))
   result = subprocess.run(
       ['make', '-s', 'train-multi30k', f'DATA_DIR={tmp_path}', f'WORKDIR={tmp_path / "w"}',
-       'ARGS=--num-steps 1 --set model.vocab_size=400 --tokens-per-batch 2048 '
-       '--sample-translations 0'], cwd=ROOT, capture_output=True, text=True, timeout=600)
+       'ARGS=--num-steps 1 --set model.vocab_size=400 --set model.num_layers=1 '
+       '--tokens-per-batch 2048 --sample-translations 0'], cwd=ROOT, capture_output=True,
+      text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   assert f'{tmp_path}/train.en.gz|{tmp_path}/train.de.gz: read 600 pairs' in result.stderr
   assert result.stdout.splitlines()[-6].startswith('sacreBLEU ')
