@@ -92,10 +92,10 @@ def run_batches(batches: list[list[int]], workers: int,
                 count: Callable[[list[int]], int] = len) -> Iterator[tuple[list[int], Any]]:
   """run(batch, its peers) over `batches` by `workers` threads side by side; (batch, its
   result) in their order. The progress bar counts `count(batch)` for each (sentences)."""
-  workers = min(workers, len(batches))
-  pool = concurrent.futures.ThreadPoolExecutor(workers) if workers > 1 else None
+  of = [peers(batches, chosen, workers) for chosen in batches]
+  threads = min(workers, len(batches))
+  pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
   try:
-    of = [peers(batches, chosen, workers) for chosen in batches]
     results = pool.map(run, batches, of) if pool else map(run, batches, of)
     with tqdm(total=sum(map(count, batches)), desc=desc, unit='sent',
               disable=not progress) as bar:
