@@ -159,8 +159,11 @@ def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_le
   and their scores (samples and their log-probabilities). Greedy search scores nothing: zeros.
 
   With `stragglers` (a CPU's default), a beam search or n samples run their first stage at all
-  rows, and the sentences still live then go on a few at a time (`_by_groups`): the same
-  outputs."""
+  rows, and the sentences still live then go on a few at a time (`_by_groups`); the batches
+  searched at all their rows (greedy search, fewer than MIN_ROWS rows) go on from their first
+  stage in the whole room at once rather than in stages each twice the last: the same
+  outputs, and half the loops or fewer to compile, where the later stages' shorter attention
+  saved nothing measurable (docs/benchmarks-log.md)."""
   settings = {'decoding': decoding, 'num_results': num_results}
   state = start(params, batch, config=config, max_len=max_len, **settings)
   rooms = decode.stage_lengths(max_len)
@@ -168,6 +171,8 @@ def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_le
   if group and len(rooms) > 1:
     state, live = advance(params, state, rooms[0], config=config, **settings)
     return _by_groups(params, state, live, group, max_len, config=config, **settings)
+  if stragglers:
+    rooms = rooms[:1] + rooms[1:][-1:]
   for room in rooms:
     state, _ = advance(params, grow(state, room=room), room, config=config, **settings)
   return finish(state, **settings)

@@ -113,6 +113,32 @@ def test_stragglers_in_groups_give_the_same_outputs(params, decoding, num_result
   assert lengths[[8, 20]].tolist() == [24, 22]  # the stragglers ran on
 
 
+@pytest.mark.parametrize('decoding, rows', [(DecodingConfig(beam_size=1), 32),
+                                             (DecodingConfig(beam_size=3), 4)],
+                         ids=['greedy', 'few-rows'])
+def test_a_search_at_all_rows_goes_on_in_the_whole_room_after_its_first_stage(params, decoding,
+                                                                             rows):
+  """With `stragglers` (a CPU's default), a batch searched at all its rows (greedy search; a
+  beam search of fewer than MIN_ROWS rows) runs its first stage (16 tokens) and then the rest
+  of its 48 in one loop, two loops where stages of 16, 32 and 48 take three: the same ids."""
+  long = _long_tails()
+  max_lengths = long.max_lengths.copy()
+  max_lengths[[1, 3, 8]] = [48, 40, 33]  # (rows 1 and 3 in the few rows)
+  batch = long._replace(src=long.src[:rows], max_lengths=max_lengths[:rows],
+                        prefix=np.pad(long.prefix[:rows], ((0, 0), (0, 24))),
+                        indices=long.indices[:rows])
+  def run(stragglers):
+    fn = jax.jit(lambda *a: search.decode_batch(*a, config=CFG, max_len=48, decoding=decoding,
+                                                stragglers=stragglers))
+    return fn.lower(params, batch).as_text().count('stablehlo.while'), jax.device_get(
+        fn(params, batch))
+  (loops, found), (staged_loops, staged) = run(True), run(False)
+  assert (loops, staged_loops) == (2, 3)
+  np.testing.assert_array_equal(found[0], staged[0])
+  np.testing.assert_allclose(found[1], staged[1], rtol=1e-5)
+  assert (found[0][1] > 0).sum() > 32  # (a sentence that ran into the whole room)
+
+
 def test_greedy_search_and_few_rows_have_no_groups():
   beam = DecodingConfig()
   assert search._group(search.MIN_ROWS - 1, beam, None) == 0  # pylint: disable=protected-access
