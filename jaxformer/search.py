@@ -240,7 +240,8 @@ class Segmented:
     jit = lambda name, fn, *static, donate=(): compilation.Programs(name, jax.jit(  # noqa: E731
         functools.partial(fn, decoding=decoding), static_argnames=static,
         donate_argnames=donate))
-    self._whole = jit('the search', functools.partial(decode_batch, config=config),
+    self._whole = jit('the search', functools.partial(decode_batch, config=config,
+                                                      stragglers=True),  # (a CPU's: 2 loops)
                       'max_len', 'num_results')
     self._start = jit('the search (start)', functools.partial(start, config=config),
                       'max_len', 'num_results')
