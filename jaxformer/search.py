@@ -171,8 +171,8 @@ def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_le
   if group and len(rooms) > 1:
     state, live = advance(params, state, rooms[0], config=config, **settings)
     return _by_groups(params, state, live, group, max_len, config=config, **settings)
-  if stragglers:
-    rooms = rooms[:1] + rooms[1:][-1:]
+  if stragglers and len(rooms) > 2:
+    rooms = [rooms[0], rooms[-1]]
   for room in rooms:
     state, _ = advance(params, grow(state, room=room), room, config=config, **settings)
   return finish(state, **settings)

@@ -248,10 +248,10 @@ class Translator:
     the shape of the largest of `peers` (shapes.peers)."""
     cfg, decoding = self.config, self.decoding
     rows = [ids[i] + [EOS_ID] for i in chosen]
-    length = lambda i: max(len(ids[i]) + 1, len(forced[i]) + 1)  # noqa: E731
-    lengths = [length(i) for i in chosen]
-    size, width = shapes.shape([length(i) for peer in peers for i in peer], max(map(len, peers)),
-                         decoding.batch_size, cfg.max_len, self.fixed_shapes)
+    length = {i: max(len(ids[i]), len(forced[i])) + 1 for peer in peers for i in peer}
+    lengths = [length[i] for i in chosen]
+    size, width = shapes.shape(list(length.values()), max(map(len, peers)), decoding.batch_size,
+                               cfg.max_len, self.fixed_shapes)
     max_len = min(width + decoding.extra_length, cfg.max_len)
     padded = shapes.padded
     max_lengths = padded([[n + decoding.extra_length] for n in lengths], (size, 1))[:, 0]
