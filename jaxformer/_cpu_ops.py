@@ -12,16 +12,42 @@ Array = jax.Array
 
 def argmax(x: Array) -> Array:
   """jnp.argmax over the last axis of x [N, V] (ties to the lower index; int32; in range for
-  a row holding NaN too) as two vectorised reductions: the maximum, then the lowest index
-  holding it, because XLA:CPU lowers argmax's (value, index) reduction to a scalar loop
-  (measured in docs/BENCHMARKS.md)."""
-  most = jnp.max(x, axis=-1, keepdims=True)
+  a row holding NaN too), as vectorised reductions, because XLA:CPU lowers argmax's (value,
+  index) reduction to a scalar loop (measured in docs/BENCHMARKS.md). Long rows go through
+  block maxima (`_blocks`): one pass over x, where a maximum and then the lowest index holding
+  it are two, and the logits of a step are its largest array."""
   vocab = x.shape[-1]
-  return jnp.min(jnp.where(x == most, jnp.arange(vocab, dtype=jnp.int32), vocab - 1),
-                 axis=-1)
+  if vocab < 64 * BLOCK:
+    most = jnp.max(x, axis=-1, keepdims=True)
+    return jnp.min(jnp.where(x == most, jnp.arange(vocab, dtype=jnp.int32), vocab - 1),
+                   axis=-1)
+  maxima = _blocks(x)  # [N, ceil(V / BLOCK)]
+  most = jnp.max(maxima, axis=-1, keepdims=True)
+  count = maxima.shape[-1]
+  block = jnp.min(jnp.where(maxima == most, jnp.arange(count, dtype=jnp.int32), count - 1),
+                  axis=-1, keepdims=True)  # the first block holding the maximum
+  indices, own = _entries(block, vocab)  # [N, BLOCK]
+  return jnp.min(jnp.where((jnp.take_along_axis(x, indices, axis=1) == most) & own, indices,
+                           vocab - 1), axis=-1)
 
 
-BLOCK = 32  # entries per block of `top_k`'s first pass
+BLOCK = 32  # entries per block of `argmax`'s and `top_k`'s first pass
+
+
+def _blocks(x: Array) -> Array:
+  """The maximum of each block of BLOCK entries of x [N, V]'s rows: [N, ceil(V / BLOCK)]."""
+  return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, BLOCK), (1, BLOCK),
+                               [(0, 0), (0, -x.shape[-1] % BLOCK)])
+
+
+def _entries(blocks: Array, vocab: int) -> tuple[Array, Array]:
+  """(indices [N, k * BLOCK] of the entries of blocks [N, k], in order; whether each is its
+  block's own). A short last block is read from an earlier start; the entries before it
+  belong to the block before, which may be chosen as well, and are masked out."""
+  n, k = blocks.shape
+  starts = jnp.minimum(blocks * BLOCK, vocab - BLOCK)[:, :, None]
+  indices = (starts + jnp.arange(BLOCK)).reshape(n, k * BLOCK)
+  return indices, indices >= jnp.repeat(blocks * BLOCK, BLOCK, axis=-1)
 
 
 def top_k(x: Array, k: int) -> tuple[Array, Array]:
@@ -33,17 +59,28 @@ def top_k(x: Array, k: int) -> tuple[Array, Array]:
   the largest maxima, so TopK runs on the V / BLOCK maxima and then on those k blocks' entries,
   kept in index order so that ties resolve as before. Short rows go to TopK directly.
   """
-  n, vocab = x.shape
+  vocab = x.shape[-1]
   if vocab < 64 * BLOCK:
     return jax.lax.top_k(x, k)
-  maxima = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, BLOCK), (1, BLOCK),
-                                 [(0, 0), (0, -vocab % BLOCK)])  # [N, ceil(V / BLOCK)]
-  blocks = jnp.sort(jax.lax.top_k(maxima, k)[1], axis=-1)  # [N, k]
-  # A short last block is read from an earlier start; the entries before it belong to the
-  # block before, which may be chosen as well, and are masked out here.
-  starts = jnp.minimum(blocks * BLOCK, vocab - BLOCK)[:, :, None]
-  indices = (starts + jnp.arange(BLOCK)).reshape(n, k * BLOCK)
-  own = indices >= jnp.repeat(blocks * BLOCK, BLOCK, axis=-1)
+  blocks = jnp.sort(jax.lax.top_k(_blocks(x), k)[1], axis=-1)  # [N, k]
+  indices, own = _entries(blocks, vocab)
   top, where = jax.lax.top_k(jnp.where(own, jnp.take_along_axis(x, indices, axis=1), -jnp.inf),
                              k)
   return top, jnp.take_along_axis(indices, where, axis=1)
+
+
+def top_k_and_max(x: Array, k: int, fill: float) -> tuple[Array, Array, Array]:
+  """(top_k's values and indices of x [N, V] with its first entry (padding) at `fill`, and x's
+  maximum [N, 1]). For long rows the block maxima of `top_k` give the maximum as well (block
+  0's recomputed without the first entry), so neither takes a pass of its own over x."""
+  vocab = x.shape[-1]
+  if vocab < 64 * BLOCK:
+    return (*top_k(x.at[:, 0].set(fill), k), jnp.max(x, axis=-1, keepdims=True))
+  maxima = _blocks(x)
+  most = jnp.max(maxima, axis=-1, keepdims=True)
+  maxima = maxima.at[:, 0].set(jnp.maximum(jnp.max(x[:, 1:BLOCK], axis=-1), fill))
+  blocks = jnp.sort(jax.lax.top_k(maxima, k)[1], axis=-1)  # [N, k]
+  indices, own = _entries(blocks, vocab)
+  entries = jnp.where(indices == 0, fill, jnp.take_along_axis(x, indices, axis=1))
+  top, where = jax.lax.top_k(jnp.where(own, entries, -jnp.inf), k)
+  return top, jnp.take_along_axis(indices, where, axis=1), most

@@ -279,13 +279,14 @@ def continuations(alive_log_probs: Array, logits: Array, n: int, forced: Array |
   batch, k = alive_log_probs.shape
   per_beam = min(n, logits.shape[-1])
   logits = logits.astype(jnp.float32)
-  most = jnp.max(logits, axis=-1, keepdims=True)
+  if forced is None:
+    top, tokens, most = _cpu_ops.top_k_and_max(logits, per_beam, NEG_INF)  # [B * W, per_beam]
+  else:
+    most = jnp.max(logits, axis=-1, keepdims=True)
+    top, tokens = top_k(jnp.where(
+        (forced[:, None] > 0) & (jnp.arange(logits.shape[-1]) != forced[:, None]), NEG_INF,
+        _no_padding(logits)), per_beam)
   normaliser = jnp.log(jnp.sum(jnp.exp(logits - most), axis=-1, keepdims=True))
-  allowed = _no_padding(logits)
-  if forced is not None:
-    allowed = jnp.where((forced[:, None] > 0) & (jnp.arange(logits.shape[-1]) != forced[:, None]),
-                        NEG_INF, allowed)
-  top, tokens = top_k(allowed, per_beam)  # --> [B * W, per_beam]
   log_probs = jnp.where((tokens == 0) | (top <= NEG_INF), NEG_INF, (top - most) - normaliser)
   candidates = alive_log_probs[:, :, None] + _unflatten(log_probs, k)
   log_probs, indices = jax.lax.top_k(candidates.reshape(batch, k * per_beam), n)

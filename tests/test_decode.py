@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxformer import decode
+from jaxformer import _cpu_ops, decode
 
 EOS = 1
 # A Markov chain over {0 pad/start, 1 eos, 2 a, 3 b}: LOG_P[previous token, next token].
@@ -186,7 +186,7 @@ def test_a_growing_cache_gives_the_same_search():
     assert (jax.tree.leaves(staged)[0][0] != 0).sum() > 32  # ran into the last stage
 
 
-@pytest.mark.parametrize('vocab', [1, 7, 1000, 8000])
+@pytest.mark.parametrize('vocab', [1, 7, 1000, 8000, 8001])
 def test_argmax_equals_jnp_argmax(vocab):
   """Ties (to the lower index), -inf entries, and a row of -inf; a row with NaN gives an id."""
   x = jnp.round(jax.random.normal(jax.random.key(vocab), (5, vocab)), 1)  # many ties
@@ -209,6 +209,23 @@ def test_top_k_of_long_rows_equals_lax_top_k(vocab):
     got, expected = jax.jit(functools.partial(decode.top_k, k=k))(x), jax.lax.top_k(x, k)
     np.testing.assert_array_equal(got[1], expected[1])
     np.testing.assert_array_equal(got[0], expected[0])
+
+
+@pytest.mark.parametrize('vocab', [5, 1000, 2048, 8001])
+def test_top_k_and_max_leaves_padding_out_of_the_top_but_not_the_maximum(vocab):
+  """Against lax.top_k with entry 0 at the fill value, and jnp.max: padding the row's maximum
+  (row 0), tied with another entry of its block (row 1), the only finite entry of its block
+  (row 2), and ties across blocks (row 3)."""
+  x = jnp.round(jax.random.normal(jax.random.key(vocab), (4, vocab)), 1)
+  x = x.at[0, 0].set(9.0).at[1, 0].set(7.0).at[1, min(5, vocab - 1)].set(7.0)
+  x = x.at[2, 1:32].set(-jnp.inf).at[3, vocab - 1].set(8.0).at[3, vocab // 2].set(8.0)
+  for k in (1, min(8, vocab)):
+    top, indices, most = jax.jit(functools.partial(_cpu_ops.top_k_and_max, k=k,
+                                                   fill=decode.NEG_INF))(x)
+    expected = jax.lax.top_k(x.at[:, 0].set(decode.NEG_INF), k)
+    np.testing.assert_array_equal(indices, expected[1])
+    np.testing.assert_array_equal(top, expected[0])
+    np.testing.assert_array_equal(most, jnp.max(x, axis=-1, keepdims=True))
 
 
 @pytest.mark.parametrize('vocab', [5, 1000, 8001])
