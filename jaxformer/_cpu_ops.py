@@ -17,7 +17,7 @@ def argmax(x: Array) -> Array:
   block maxima (`_blocks`): one pass over x, where a maximum and then the lowest index holding
   it are two, and the logits of a step are its largest array."""
   vocab = x.shape[-1]
-  if vocab < 64 * BLOCK:
+  if vocab < 8 * BLOCK:
     most = jnp.max(x, axis=-1, keepdims=True)
     return jnp.min(jnp.where(x == most, jnp.arange(vocab, dtype=jnp.int32), vocab - 1),
                    axis=-1)
@@ -32,6 +32,12 @@ def argmax(x: Array) -> Array:
 
 
 BLOCK = 32  # entries per block of `argmax`'s and `top_k`'s first pass
+
+
+def _short(vocab: int, k: int) -> bool:
+  """Whether top_k's rows are too short for blocks to pay: fewer than 16 blocks, or than 2k
+  (measured in docs/benchmarks-log.md)."""
+  return vocab < max(16, 2 * k) * BLOCK
 
 
 def _blocks(x: Array) -> Array:
@@ -60,7 +66,7 @@ def top_k(x: Array, k: int) -> tuple[Array, Array]:
   kept in index order so that ties resolve as before. Short rows go to TopK directly.
   """
   vocab = x.shape[-1]
-  if vocab < 64 * BLOCK:
+  if _short(vocab, k):
     return jax.lax.top_k(x, k)
   blocks = jnp.sort(jax.lax.top_k(_blocks(x), k)[1], axis=-1)  # [N, k]
   indices, own = _entries(blocks, vocab)
@@ -74,7 +80,7 @@ def top_k_and_max(x: Array, k: int, fill: float) -> tuple[Array, Array, Array]:
   maximum [N, 1]). For long rows the block maxima of `top_k` give the maximum as well (block
   0's recomputed without the first entry), so neither takes a pass of its own over x."""
   vocab = x.shape[-1]
-  if vocab < 64 * BLOCK:
+  if _short(vocab, k):
     return (*top_k(x.at[:, 0].set(fill), k), jnp.max(x, axis=-1, keepdims=True))
   maxima = _blocks(x)
   most = jnp.max(maxima, axis=-1, keepdims=True)
