@@ -3,10 +3,9 @@ model-agnostic searches of jaxformer.decode, run one of two ways.
 
 - **In one program** (`decode_batch`): encode, then the whole search, stage after stage of a
   growing cache. This is the default everywhere: one program per batch shape, few to compile.
-  On an accelerator (one shape) a batch steps until its last sentence ends; on a CPU a beam
-  search's (or n samples') first stage runs at all rows, and the sentences still live then go
-  on a few at a time, each group to its own end (`stragglers`, `_by_groups`), in the same
-  program.
+  On an accelerator (one shape) a batch steps until its last sentence ends; on a CPU a
+  search's first stage runs at all rows, and the sentences still live then go on a few at a
+  time, each group to its own end (`stragglers`, `_by_groups`), in the same program.
 - **In segments** (`Segmented`, DecodingConfig.drop_finished, on a CPU): the same search,
   stopped at the end of each stage and as soon as the live sentences fit in a quarter of the
   rows (SHRINK). The sentences that are done give their results, and the live ones go on in
@@ -158,16 +157,16 @@ def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_le
   beam_size is 1): `finish`'s (ids [B, max_len], scores [B]), or with num_results=n its n best
   and their scores (samples and their log-probabilities). Greedy search scores nothing: zeros.
 
-  With `stragglers` (a CPU's default), a beam search or n samples run their first stage at all
-  rows, and the sentences still live then go on a few at a time (`_by_groups`); the batches
-  searched at all their rows (greedy search, fewer than MIN_ROWS rows) go on from their first
-  stage in the whole room at once rather than in stages each twice the last: the same
-  outputs, and half the loops or fewer to compile, where the later stages' shorter attention
-  saved nothing measurable (docs/benchmarks-log.md)."""
+  With `stragglers` (a CPU's default), the search runs its first stage at all rows, and the
+  sentences still live then go on a few at a time (`_by_groups`); a batch of fewer than
+  MIN_ROWS rows, searched at all its rows, goes on from its first stage in the whole room at
+  once rather than in stages each twice the last: the same outputs, and half the loops or
+  fewer to compile, where the later stages' shorter attention saved nothing measurable
+  (docs/benchmarks-log.md)."""
   settings = {'decoding': decoding, 'num_results': num_results}
   state = start(params, batch, config=config, max_len=max_len, **settings)
   rooms = decode.stage_lengths(max_len)
-  group = _group(len(batch.src), decoding, num_results) if stragglers else 0
+  group = _group(len(batch.src)) if stragglers else 0
   if group and len(rooms) > 1:
     state, live = advance(params, state, rooms[0], config=config, **settings)
     return _by_groups(params, state, live, group, max_len, config=config, **settings)
@@ -179,17 +178,20 @@ def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_le
 
 
 def _at_all_rows(rows: int, decoding: DecodingConfig, num_results: int | None) -> bool:
-  """Whether a batch of `rows` sentences is searched at all its rows to its end, its finished
-  ones riding along, in either way: one of fewer than MIN_ROWS rows (a server's request, a
+  """Whether `Segmented` searches a batch of `rows` sentences at all its rows to its end, its
+  finished ones riding along: one of fewer than MIN_ROWS rows (a server's request, a
   terminal's line), or one of a row a sentence (greedy search, one sample), whose step costs a
-  few times less than a beam's. There the finished rows cost less than what leaving takes
-  (measured in docs/benchmarks-log.md)."""
+  few times less than a beam's. There the finished rows cost less than what leaving in
+  segments takes (measured in docs/benchmarks-log.md)."""
   return rows < MIN_ROWS or _hypotheses(decoding, num_results) == 1
 
 
-def _group(rows: int, decoding: DecodingConfig, num_results: int | None) -> int:
-  """Sentences a group of a batch's stragglers (`_by_groups`), or 0: at all rows."""
-  return 0 if _at_all_rows(rows, decoding, num_results) else max(1, rows // STRAGGLER_GROUPS)
+def _group(rows: int) -> int:
+  """Sentences a group of a batch's stragglers (`_by_groups`), or 0: at all rows (fewer
+  than MIN_ROWS, a server's request or a terminal's line, where a group would be all of them
+  or one). Greedy search too, though its step costs a few times less than a beam's: with
+  argmax in one pass over the logits its groups gained 1.1x (docs/benchmarks-log.md)."""
+  return 0 if rows < MIN_ROWS else max(1, rows // STRAGGLER_GROUPS)
 
 
 def _by_groups(params: Any, state: Any, live: Array, group: int, room: int, *,

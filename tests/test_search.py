@@ -91,17 +91,19 @@ def _long_tails() -> search.Batch:
 
 @pytest.mark.parametrize('decoding, num_results', [
     (DecodingConfig(beam_size=3), None), (DecodingConfig(beam_size=3, alpha=0.6), 2),
-    (DecodingConfig(sampling=True, top_k=20), 2)], ids=['beam', 'beam-nbest', 'samples'])
+    (DecodingConfig(sampling=True, top_k=20), 2), (DecodingConfig(beam_size=1), None)],
+    ids=['beam', 'beam-nbest', 'samples', 'greedy'])
 def test_stragglers_in_groups_give_the_same_outputs(params, decoding, num_results):
   """32 sentences, five still live after the first stage: they go on four at a time (two
   groups, the last padded) in one program, and every output is the search's at all rows."""
   batch = _long_tails()
-  assert search._group(32, decoding, num_results) == 4  # pylint: disable=protected-access
+  assert search._group(32) == 4  # pylint: disable=protected-access
   def run(stragglers):
     fn = jax.jit(lambda *a: search.decode_batch(
         *a, config=CFG, max_len=MAX_LEN, decoding=decoding, num_results=num_results,
         stragglers=stragglers))
     hypotheses = 4 * (num_results if decoding.sampling else decoding.beam_size)
+    # (a group's ids: [4 sentences' rows, MAX_LEN]; greedy's [4, MAX_LEN] as its out)
     grouped = f'tensor<{hypotheses}x{MAX_LEN}xi32>' in fn.lower(params, batch).as_text()
     return grouped, jax.device_get(fn(params, batch))
   (grouped, found), (whole_grouped, whole) = run(True), run(False)
@@ -113,14 +115,14 @@ def test_stragglers_in_groups_give_the_same_outputs(params, decoding, num_result
   assert lengths[[8, 20]].tolist() == [24, 22]  # the stragglers ran on
 
 
-@pytest.mark.parametrize('decoding, rows', [(DecodingConfig(beam_size=1), 32),
+@pytest.mark.parametrize('decoding, rows', [(DecodingConfig(beam_size=1), 4),
                                              (DecodingConfig(beam_size=3), 4)],
-                         ids=['greedy', 'few-rows'])
+                         ids=['greedy', 'beam'])
 def test_a_search_at_all_rows_goes_on_in_the_whole_room_after_its_first_stage(params, decoding,
                                                                              rows):
-  """With `stragglers` (a CPU's default), a batch searched at all its rows (greedy search; a
-  beam search of fewer than MIN_ROWS rows) runs its first stage (16 tokens) and then the rest
-  of its 48 in one loop, two loops where stages of 16, 32 and 48 take three: the same ids."""
+  """With `stragglers` (a CPU's default), a batch searched at all its rows (fewer than
+  MIN_ROWS rows) runs its first stage (16 tokens) and then the rest of its 48 in one loop, two
+  loops where stages of 16, 32 and 48 take three: the same ids."""
   long = _long_tails()
   max_lengths = long.max_lengths.copy()
   max_lengths[[1, 3, 8]] = [48, 40, 33]  # (rows 1 and 3 in the few rows)
@@ -139,9 +141,7 @@ def test_a_search_at_all_rows_goes_on_in_the_whole_room_after_its_first_stage(pa
   assert (found[0][1] > 0).sum() > 32  # (a sentence that ran into the whole room)
 
 
-def test_greedy_search_and_few_rows_have_no_groups():
-  beam = DecodingConfig()
-  assert search._group(search.MIN_ROWS - 1, beam, None) == 0  # pylint: disable=protected-access
-  assert search._group(search.MIN_ROWS, beam, None) == 1  # pylint: disable=protected-access
-  assert search._group(64, beam, 2) == 8  # pylint: disable=protected-access
-  assert search._group(64, DecodingConfig(beam_size=1), None) == 0  # pylint: disable=protected-access
+def test_few_rows_have_no_groups():
+  assert search._group(search.MIN_ROWS - 1) == 0  # pylint: disable=protected-access
+  assert search._group(search.MIN_ROWS) == 1  # pylint: disable=protected-access
+  assert search._group(64) == 8  # pylint: disable=protected-access
