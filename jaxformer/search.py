@@ -38,6 +38,7 @@ Array = jax.Array
 MIN_ROWS = 8  # fewer rows than this are searched in one program: little to gain from shrinking
 SHRINK = 4  # a batch's rows go from R to R / 4, R / 16, ...: few programs to compile
 STRAGGLER_GROUPS = 8  # a batch's sentences still live after its first stage go on R / 8 at a time
+GREEDY_GROUPS = 4  # (R / 4 for a row a sentence: greedy search, one sample)
 
 
 class Batch(NamedTuple):
@@ -166,7 +167,7 @@ def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_le
   settings = {'decoding': decoding, 'num_results': num_results}
   state = start(params, batch, config=config, max_len=max_len, **settings)
   rooms = decode.stage_lengths(max_len)
-  group = _group(len(batch.src)) if stragglers else 0
+  group = _group(len(batch.src), _hypotheses(decoding, num_results)) if stragglers else 0
   if group and len(rooms) > 1:
     state, live = advance(params, state, rooms[0], config=config, **settings)
     return _by_groups(params, state, live, group, max_len, config=config, **settings)
@@ -186,12 +187,16 @@ def _at_all_rows(rows: int, decoding: DecodingConfig, num_results: int | None) -
   return rows < MIN_ROWS or _hypotheses(decoding, num_results) == 1
 
 
-def _group(rows: int) -> int:
+def _group(rows: int, hypotheses: int) -> int:
   """Sentences a group of a batch's stragglers (`_by_groups`), or 0: at all rows (fewer
   than MIN_ROWS, a server's request or a terminal's line, where a group would be all of them
-  or one). Greedy search too, though its step costs a few times less than a beam's: with
-  argmax in one pass over the logits its groups gained 1.1x (docs/benchmarks-log.md)."""
-  return 0 if rows < MIN_ROWS else max(1, rows // STRAGGLER_GROUPS)
+  or one). A row a sentence (greedy search, one sample) steps a group of a few rows at
+  nearly the cost of all of them, so its groups are twice a beam search's: as fast on the
+  models measured, and a model that never ends its sentences loses 1.4x by them rather than
+  2x (docs/benchmarks-log.md)."""
+  if rows < MIN_ROWS:
+    return 0
+  return max(1, rows // (STRAGGLER_GROUPS if hypotheses > 1 else GREEDY_GROUPS))
 
 
 def _by_groups(params: Any, state: Any, live: Array, group: int, room: int, *,

@@ -95,16 +95,17 @@ def _long_tails() -> search.Batch:
     ids=['beam', 'beam-nbest', 'samples', 'greedy'])
 def test_stragglers_in_groups_give_the_same_outputs(params, decoding, num_results):
   """32 sentences, five still live after the first stage: they go on four at a time (two
-  groups, the last padded) in one program, and every output is the search's at all rows."""
+  groups, the last padded; greedy search eight, one group) in one program, and every output
+  is the search's at all rows."""
   batch = _long_tails()
-  assert search._group(32) == 4  # pylint: disable=protected-access
+  rows = num_results if decoding.sampling else decoding.beam_size  # a sentence's
+  group = search._group(32, rows)  # pylint: disable=protected-access
+  assert group == (4 if rows > 1 else 8)
   def run(stragglers):
     fn = jax.jit(lambda *a: search.decode_batch(
         *a, config=CFG, max_len=MAX_LEN, decoding=decoding, num_results=num_results,
         stragglers=stragglers))
-    hypotheses = 4 * (num_results if decoding.sampling else decoding.beam_size)
-    # (a group's ids: [4 sentences' rows, MAX_LEN]; greedy's [4, MAX_LEN] as its out)
-    grouped = f'tensor<{hypotheses}x{MAX_LEN}xi32>' in fn.lower(params, batch).as_text()
+    grouped = f'tensor<{group * rows}x{MAX_LEN}xi32>' in fn.lower(params, batch).as_text()
     return grouped, jax.device_get(fn(params, batch))
   (grouped, found), (whole_grouped, whole) = run(True), run(False)
   assert grouped and not whole_grouped  # a group's state [4 sentences' rows, MAX_LEN] exists
@@ -142,6 +143,7 @@ def test_a_search_at_all_rows_goes_on_in_the_whole_room_after_its_first_stage(pa
 
 
 def test_few_rows_have_no_groups():
-  assert search._group(search.MIN_ROWS - 1) == 0  # pylint: disable=protected-access
-  assert search._group(search.MIN_ROWS) == 1  # pylint: disable=protected-access
-  assert search._group(64) == 8  # pylint: disable=protected-access
+  assert search._group(search.MIN_ROWS - 1, 4) == 0  # pylint: disable=protected-access
+  assert search._group(search.MIN_ROWS, 4) == 1  # pylint: disable=protected-access
+  assert search._group(64, 4) == 8  # pylint: disable=protected-access
+  assert search._group(64, 1) == 16  # pylint: disable=protected-access
