@@ -91,14 +91,15 @@ def _long_tails() -> search.Batch:
 
 @pytest.mark.parametrize('decoding, num_results', [
     (DecodingConfig(beam_size=3), None), (DecodingConfig(beam_size=3, alpha=0.6), 2),
-    (DecodingConfig(sampling=True, top_k=20), 2), (DecodingConfig(beam_size=1), None)],
-    ids=['beam', 'beam-nbest', 'samples', 'greedy'])
+    (DecodingConfig(sampling=True, top_k=20), 2), (DecodingConfig(beam_size=1), None),
+    (DecodingConfig(sampling=True, top_k=20), None)],
+    ids=['beam', 'beam-nbest', 'samples', 'greedy', 'one-sample'])
 def test_stragglers_in_groups_give_the_same_outputs(params, decoding, num_results):
   """32 sentences, five still live after the first stage: they go on four at a time (two
   groups, the last padded; greedy search eight, one group) in one program, and every output
   is the search's at all rows."""
   batch = _long_tails()
-  rows = num_results if decoding.sampling else decoding.beam_size  # a sentence's
+  rows = search._hypotheses(decoding, num_results)  # pylint: disable=protected-access
   group = search._group(32, rows)  # pylint: disable=protected-access
   assert group == (4 if rows > 1 else 8)
   def run(stragglers):
