@@ -65,28 +65,31 @@ def top_k(x: Array, k: int) -> tuple[Array, Array]:
   the largest maxima, so TopK runs on the V / BLOCK maxima and then on those k blocks' entries,
   kept in index order so that ties resolve as before. Short rows go to TopK directly.
   """
-  vocab = x.shape[-1]
-  if _short(vocab, k):
+  if _short(x.shape[-1], k):
     return jax.lax.top_k(x, k)
-  blocks = jnp.sort(jax.lax.top_k(_blocks(x), k)[1], axis=-1)  # [N, k]
-  indices, own = _entries(blocks, vocab)
-  top, where = jax.lax.top_k(jnp.where(own, jnp.take_along_axis(x, indices, axis=1), -jnp.inf),
-                             k)
-  return top, jnp.take_along_axis(indices, where, axis=1)
+  return _top_k_of_blocks(x, _blocks(x), k)
 
 
 def top_k_and_max(x: Array, k: int, fill: float) -> tuple[Array, Array, Array]:
   """(top_k's values and indices of x [N, V] with its first entry (padding) at `fill`, and x's
   maximum [N, 1]). For long rows the block maxima of `top_k` give the maximum as well (block
   0's recomputed without the first entry), so neither takes a pass of its own over x."""
-  vocab = x.shape[-1]
-  if _short(vocab, k):
+  if _short(x.shape[-1], k):
     return (*top_k(x.at[:, 0].set(fill), k), jnp.max(x, axis=-1, keepdims=True))
   maxima = _blocks(x)
-  most = jnp.max(maxima, axis=-1, keepdims=True)
-  maxima = maxima.at[:, 0].set(jnp.maximum(jnp.max(x[:, 1:BLOCK], axis=-1), fill))
+  first = jnp.maximum(jnp.max(x[:, 1:BLOCK], axis=-1), fill)  # block 0's, padding at fill
+  return (*_top_k_of_blocks(x, maxima.at[:, 0].set(first), k, fill),
+          jnp.max(maxima, axis=-1, keepdims=True))
+
+
+def _top_k_of_blocks(x: Array, maxima: Array, k: int, fill: float | None = None
+                     ) -> tuple[Array, Array]:
+  """top_k of x given its block maxima [N, ceil(V / BLOCK)]; with `fill`, x's first entry read
+  as fill."""
   blocks = jnp.sort(jax.lax.top_k(maxima, k)[1], axis=-1)  # [N, k]
-  indices, own = _entries(blocks, vocab)
-  entries = jnp.where(indices == 0, fill, jnp.take_along_axis(x, indices, axis=1))
+  indices, own = _entries(blocks, x.shape[-1])
+  entries = jnp.take_along_axis(x, indices, axis=1)
+  if fill is not None:
+    entries = jnp.where(indices == 0, fill, entries)
   top, where = jax.lax.top_k(jnp.where(own, entries, -jnp.inf), k)
-  return top, jnp.take_along_axis(indices, where, axis=1), most
+  return top, jnp.take_along_axis(indices, where, axis=1)
