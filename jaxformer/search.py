@@ -178,22 +178,13 @@ def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_le
   return finish(state, **settings)
 
 
-def _at_all_rows(rows: int, decoding: DecodingConfig, num_results: int | None) -> bool:
-  """Whether `Segmented` searches a batch of `rows` sentences at all its rows to its end, its
-  finished ones riding along: one of fewer than MIN_ROWS rows (a server's request, a
-  terminal's line), or one of a row a sentence (greedy search, one sample), whose step costs a
-  few times less than a beam's. There the finished rows cost less than what leaving in
-  segments takes (measured in docs/benchmarks-log.md)."""
-  return rows < MIN_ROWS or _hypotheses(decoding, num_results) == 1
-
-
 def _group(rows: int, hypotheses: int) -> int:
   """Sentences a group of a batch's stragglers (`_by_groups`), or 0: at all rows (fewer
   than MIN_ROWS, a server's request or a terminal's line, where a group would be all of them
   or one). A row a sentence (greedy search, one sample) steps a group of a few rows at
   nearly the cost of all of them, so its groups are twice a beam search's: as fast on the
-  models measured, and a model that never ends its sentences loses 1.4x by them rather than
-  2x (docs/benchmarks-log.md)."""
+  models measured, and a model that never ends its sentences loses less by them
+  (docs/benchmarks-log.md)."""
   if rows < MIN_ROWS:
     return 0
   return max(1, rows // (STRAGGLER_GROUPS if hypotheses > 1 else GREEDY_GROUPS))
@@ -238,9 +229,9 @@ class Segmented:
   and `decoding` (without its seed): its programs, compiled per shape on first use and counted
   (`compiled`). Called as decode_batch is, with numpy results.
 
-  The batches `_at_all_rows` names are searched in one program all the same: there leaving
-  costs more (each segment's call, its results, the gather of the cache) than the finished
-  rows do."""
+  The batches `_in_one_program` names are searched in one program (decode_batch's) all the
+  same: there leaving costs more (each segment's call, its results, the gather of the cache)
+  than the finished rows do."""
 
   def __init__(self, config: TransformerConfig, decoding: DecodingConfig):
     self._decoding = decoding
@@ -269,8 +260,11 @@ class Segmented:
     return [entry for programs in self._programs for entry in programs.compiled]
 
   def _in_one_program(self, rows: int, num_results: int | None) -> bool:
-    """Whether a batch of `rows` sentences is searched in one program (the class's docstring)."""
-    return _at_all_rows(rows, self._decoding, num_results)
+    """Whether a batch of `rows` sentences is searched in one program rather than in
+    segments: one of fewer than MIN_ROWS rows (a server's request, a terminal's line), or one
+    of a row a sentence (greedy search, one sample), whose step costs a few times less than a
+    beam's (measured in docs/benchmarks-log.md)."""
+    return rows < MIN_ROWS or _hypotheses(self._decoding, num_results) == 1
 
   def compile(self, params: Any, batch: Batch, *, max_len: int,
               num_results: int | None = None) -> None:
