@@ -12,6 +12,7 @@ The decoder's first input is 0, as in tensor2tensor (the targets shifted right b
 
 import functools
 import inspect
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -367,10 +368,18 @@ class Transformer(nn.Module):
                              deterministic=deterministic)
     return hidden
 
-  def logits(self, hidden: Array) -> Array:
+  def logits(self, hidden: Array, projection: Array | None = None) -> Array:
     """The softmax's input: the shared embedding applied to decoder outputs [.., D] -> [.., V]
-    (float32), plus config.output_bias's bias."""
-    logits = self.embed.attend(hidden).astype(jnp.float32)
+    (float32), plus config.output_bias's bias. `projection`, if given, is that embedding
+    already transposed, [D, V] (output_projection): a caller that projects a few rows many
+    times (a search's steps) multiplies faster by it on a CPU, whose kernels read the
+    embedding's [V, D] rows slower than a [D, V] matrix's (docs/benchmarks-log.md)."""
+    if projection is None:
+      logits = self.embed.attend(hidden)
+    else:
+      dtype = self.config.execution.dtype
+      logits = jnp.dot(hidden.astype(dtype), projection.astype(dtype))
+    logits = logits.astype(jnp.float32)
     return logits + self.output_bias if self.config.output_bias else logits
 
   def decode(self, encoded: Array, src: Array, tgt_in: Array, layout: Layout | None = None, *,
@@ -386,16 +395,17 @@ class Transformer(nn.Module):
     cross = [layer.cross_attention.project_kv(encoded) for layer in self.decoder.layers]
     return cache_lib.init(self.config, cross, max_len, beams)
 
-  def decode_step(self, src: Array, tokens: Array, cache: Cache, layout: Layout | None = None
-                  ) -> tuple[Array, Cache]:
+  def decode_step(self, src: Array, tokens: Array, cache: Cache, layout: Layout | None = None,
+                  projection: Array | None = None) -> tuple[Array, Cache]:
     """One decoding step: the next token [N, 1] of the N = B * W hypotheses the cache was made
-    for (src stays [B, S]) -> (logits [N, V] of the token after it, the cache after it)."""
+    for (src stays [B, S]) -> (logits [N, V] of the token after it, the cache after it).
+    `projection`: as `logits`'."""
     self_mask, cache = cache_lib.self_attention_mask(cache, self.config.attention_window)
     cross_mask = segment_mask(jnp.ones_like(src[:, :1]), (layout or Layout()).source(src)[0])
     hidden, cache = self.decoder(tokens, None, self_mask, cross_mask,
                                  jnp.full_like(tokens, cache['index']), deterministic=True,
                                  cache=cache)
-    return self.logits(hidden[:, 0]), cache
+    return self.logits(hidden[:, 0], projection), cache
 
   def __call__(self, src: Array, tgt_in: Array, *, deterministic: bool = True,
                src_segments: Array | None = None, tgt_segments: Array | None = None,
@@ -417,6 +427,13 @@ class Transformer(nn.Module):
     training loss projects it in chunks)."""
     encoded = self.encode(src, layout, deterministic=deterministic)
     return self.decoder_output(encoded, src, tgt_in, layout, deterministic=deterministic)
+
+
+@jax.jit
+def output_projection(params: Any) -> Array:
+  """The shared embedding of Transformer's `params` transposed, [D, V], in memory in that order
+  (a program's output): `Transformer.logits`'s `projection`."""
+  return params['embed']['embedding'].T
 
 
 @functools.cache

@@ -52,18 +52,22 @@ class Batch(NamedTuple):
                                 # keys are decode.sample_keys(seed, indices, n), whatever its row
 
 
-def cached_tokens_to_logits(model: Transformer, params: Any, src: Array
-                            ) -> decode.TokensToLogits:
-  """One decoder step per call over the key/value cache of `Transformer.init_cache`."""
+def cached_tokens_to_logits(model: Transformer, params: Any, src: Array,
+                            projection: Array | None = None) -> decode.TokensToLogits:
+  """One decoder step per call over the key/value cache of `Transformer.init_cache`
+  (`projection`: Transformer.logits')."""
   def fn(tokens, cache):
-    return model.apply({'params': params}, src, tokens, cache, method=Transformer.decode_step)
+    return model.apply({'params': params}, src, tokens, cache, None, projection,
+                       method=Transformer.decode_step)
   return fn
 
 
-def _tokens_to_logits(model: Transformer, params: Any) -> decode.TokensToLogits:
+def _tokens_to_logits(model: Transformer, params: Any, projection: Array | None
+                      ) -> decode.TokensToLogits:
   """As cached_tokens_to_logits, over the search's cache of the module's docstring."""
   def fn(tokens, cache):
-    logits, inner = cached_tokens_to_logits(model, params, cache['src'])(tokens, cache['model'])
+    logits, inner = cached_tokens_to_logits(model, params, cache['src'], projection)(
+        tokens, cache['model'])
     return logits, {**cache, 'model': inner}
   return fn
 
@@ -122,14 +126,15 @@ def grow(state: Any, *, room: int) -> Any:
   return state.replace(cache={**state.cache, 'model': cache_lib.grow(state.cache['model'], room)})
 
 
-def advance(params: Any, state: Any, until: Array, fewest: Array | int = 1, *,
-            config: TransformerConfig, decoding: DecodingConfig = DecodingConfig(),
-            num_results: int | None = None) -> tuple[Any, Array]:
+def advance(params: Any, state: Any, until: Array, fewest: Array | int = 1,
+            projection: Array | None = None, *, config: TransformerConfig,
+            decoding: DecodingConfig = DecodingConfig(), num_results: int | None = None
+            ) -> tuple[Any, Array]:
   """The state stepped until `until` (at most its cache's room), or until fewer than `fewest`
-  sentences are live; and which sentences are live [B]."""
+  sentences are live; and which sentences are live [B]. `projection`: decode_batch's."""
   search = _search_of(decoding, num_results)
-  state = decode.run(search, _tokens_to_logits(Transformer(config), params), state, until,
-                     fewest)
+  state = decode.run(search, _tokens_to_logits(Transformer(config), params, projection), state,
+                     until, fewest)
   return state, search.live(state)
 
 
@@ -151,12 +156,15 @@ def take(state: Any, kept: Array, *, decoding: DecodingConfig = DecodingConfig()
   return decode.take_sentences(state, kept, count)
 
 
-def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_len: int,
+def decode_batch(params: Any, batch: Batch, projection: Array | None = None, *,
+                 config: TransformerConfig, max_len: int,
                  decoding: DecodingConfig = DecodingConfig(), num_results: int | None = None,
                  stragglers: bool = False) -> tuple[Array, Array]:
   """The whole search of a batch in one program, by `decoding`'s search (greedy when its
   beam_size is 1): `finish`'s (ids [B, max_len], scores [B]), or with num_results=n its n best
   and their scores (samples and their log-probabilities). Greedy search scores nothing: zeros.
+  `projection`: model.output_projection(params), made once for many searches, or None
+  (Transformer.logits').
 
   With `stragglers` (a CPU's default), the search runs its first stage at all rows, and the
   sentences still live then go on a few at a time (`_by_groups`); a batch of fewer than
@@ -169,12 +177,14 @@ def decode_batch(params: Any, batch: Batch, *, config: TransformerConfig, max_le
   rooms = decode.stage_lengths(max_len)
   group = _group(len(batch.src), _hypotheses(decoding, num_results)) if stragglers else 0
   if group and len(rooms) > 1:
-    state, live = advance(params, state, rooms[0], config=config, **settings)
-    return _by_groups(params, state, live, group, max_len, config=config, **settings)
+    state, live = advance(params, state, rooms[0], 1, projection, config=config, **settings)
+    return _by_groups(params, projection, state, live, group, max_len, config=config,
+                      **settings)
   if stragglers and len(rooms) > 2:
     rooms = [rooms[0], rooms[-1]]
   for room in rooms:
-    state, _ = advance(params, grow(state, room=room), room, config=config, **settings)
+    state, _ = advance(params, grow(state, room=room), room, 1, projection, config=config,
+                       **settings)
   return finish(state, **settings)
 
 
@@ -190,7 +200,8 @@ def _group(rows: int, hypotheses: int) -> int:
   return max(1, rows // (STRAGGLER_GROUPS if hypotheses > 1 else GREEDY_GROUPS))
 
 
-def _by_groups(params: Any, state: Any, live: Array, group: int, room: int, *,
+def _by_groups(params: Any, projection: Array | None, state: Any, live: Array, group: int,
+               room: int, *,
                config: TransformerConfig, decoding: DecodingConfig,
                num_results: int | None) -> tuple[Array, Array]:
   """finish's results of a batch whose `live` [B] sentences go on from `state`, `group` at a
@@ -213,7 +224,7 @@ def _by_groups(params: Any, state: Any, live: Array, group: int, room: int, *,
   def one(i: Array, found: tuple[Array, Array]) -> tuple[Array, Array]:
     taken = jax.lax.dynamic_slice_in_dim(order, i * group, group)
     part = grow(decode.take_sentences(state, taken, count), room=room)
-    part, _ = advance(params, part, room, config=config, **settings)
+    part, _ = advance(params, part, room, 1, projection, config=config, **settings)
     kept = jnp.where(i * group + jnp.arange(group) < searching, taken, count)  # count: dropped
     return jax.tree.map(lambda x, y: x.at[kept].set(y, mode='drop'), found,
                         finish(part, **settings))
@@ -266,13 +277,13 @@ class Segmented:
     beam's (measured in docs/benchmarks-log.md)."""
     return rows < MIN_ROWS or _hypotheses(self._decoding, num_results) == 1
 
-  def compile(self, params: Any, batch: Batch, *, max_len: int,
+  def compile(self, params: Any, batch: Batch, projection: Any = None, *, max_len: int,
               num_results: int | None = None) -> None:
     """Compiles the programs a batch of these arguments takes while all its rows are live
     (those of fewer rows compile when a search first needs them), running nothing."""
     rest = {'num_results': num_results}
     if self._in_one_program(len(batch.src), num_results):
-      self._whole.compile(params, batch, max_len=max_len, **rest)
+      self._whole.compile(params, batch, projection, max_len=max_len, **rest)
       return
     self._start.compile(params, batch, max_len=max_len, **rest)
     state = _shapes(lambda *a: self._start.transformed(*a, max_len=max_len, **rest), params,
@@ -281,14 +292,14 @@ class Segmented:
       if _room(state) < room:
         self._grow.compile(state, room=room)
         state = _shapes(lambda s, room=room: grow(s, room=room), state)
-      self._advance.compile(params, state, np.int32(0), np.int32(0), **rest)
+      self._advance.compile(params, state, np.int32(0), np.int32(0), projection, **rest)
     self._finish.compile(state, **rest)
 
-  def __call__(self, params: Any, batch: Batch, *, max_len: int,
-               num_results: int | None = None) -> tuple[Any, Any]:
+  def __call__(self, params: Any, batch: Batch, projection: Array | None = None, *,
+               max_len: int, num_results: int | None = None) -> tuple[Any, Any]:
     rest = {'num_results': num_results}
     if self._in_one_program(len(batch.src), num_results):
-      return self._whole(params, batch, max_len=max_len, **rest)
+      return self._whole(params, batch, projection, max_len=max_len, **rest)
     state = self._start(params, batch, max_len=max_len, **rest)
     rows = np.arange(len(batch.src))  # the batch row each row of the state holds; -1: none
     found = _Found(len(rows))
@@ -297,7 +308,8 @@ class Segmented:
         state = self._grow(state, room=room)
       while True:  # until the stage's end, or until the live sentences fit in fewer rows
         fewer = len(rows) // SHRINK  # rows after the next shrink
-        state, live = self._advance(params, state, np.int32(room), np.int32(fewer + 1), **rest)
+        state, live = self._advance(params, state, np.int32(room), np.int32(fewer + 1),
+                                    projection, **rest)
         live = np.asarray(live)
         if live.sum() > fewer:  # the stage's end
           break

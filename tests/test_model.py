@@ -205,6 +205,25 @@ def test_packed_pairs_are_isolated(tiny_model):
   np.testing.assert_allclose(packed[:, 4:7], alone_b, atol=1e-5)
 
 
+@pytest.mark.parametrize('bias', [False, True])
+def test_logits_through_the_transposed_embedding_are_the_embeddings(tiny_config, bias):
+  """output_projection is the shared embedding transposed, and logits through it (a search's
+  steps on a CPU) equal logits through the embedding, its bias added either way."""
+  cfg = tiny_config.replace(output_bias=bias)
+  model, params = Transformer(cfg), init_params(cfg)
+  if bias:
+    params = {**params, 'output_bias': jnp.linspace(-1.0, 1.0, cfg.vocab_size)}
+  projection = model_lib.output_projection(params)
+  np.testing.assert_array_equal(projection, np.asarray(params['embed']['embedding']).T)
+  hidden = jax.random.normal(jax.random.key(3), (5, cfg.d_model))
+  logits = lambda *a: model.apply({'params': params}, hidden, *a,  # noqa: E731
+                                  method=Transformer.logits)
+  assert logits(projection).dtype == jnp.float32
+  np.testing.assert_allclose(logits(projection), logits(), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(logits(), hidden @ params['embed']['embedding'].T
+                             + (params['output_bias'] if bias else 0.0), rtol=1e-5, atol=1e-5)
+
+
 def test_jit_matches_eager(tiny_model):
   model, params = tiny_model
   eager = model.apply({'params': params}, SRC, TGT)

@@ -1,6 +1,7 @@
 """jaxformer.search: the segmented search, whose finished sentences leave, and the one program's
 groups of stragglers, against the search of a batch at all its rows in one program."""
 
+import functools
 import re
 
 import jax
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 from helpers import CFG
 
+from jaxformer import model as model_lib
 from jaxformer import search
 from jaxformer.config import DecodingConfig
 from jaxformer.model import Transformer
@@ -115,6 +117,32 @@ def test_stragglers_in_groups_give_the_same_outputs(params, decoding, num_result
   assert found[0][9].reshape(-1, MAX_LEN)[0, :3].tolist() == [7, 8, 9]  # the prefix
   lengths = (found[0].reshape(32, -1, MAX_LEN) > 0).sum(-1).max(-1)
   assert lengths[[8, 20]].tolist() == [24, 22]  # the stragglers ran on
+
+
+@pytest.mark.parametrize('decoding, num_results', [
+    (DecodingConfig(beam_size=3, alpha=0.6), 2), (DecodingConfig(beam_size=1), None)],
+    ids=['beam-nbest', 'greedy'])
+@pytest.mark.parametrize('segmented', [False, True], ids=['one-program', 'segments'])
+def test_the_transposed_embedding_gives_the_same_outputs(params, decoding, num_results,
+                                                         segmented):
+  """A search given model.output_projection (a Translator's on a CPU) multiplies by it at
+  every step, first stage and groups, and finds what it finds without."""
+  batch, projection = _long_tails(), model_lib.output_projection(params)
+  if segmented:
+    run = functools.partial(search.Segmented(CFG, decoding), max_len=MAX_LEN,
+                            num_results=num_results)
+  else:
+    run = jax.jit(functools.partial(search.decode_batch, config=CFG, max_len=MAX_LEN,
+                                    decoding=decoding, num_results=num_results,
+                                    stragglers=True))
+    compiled = run.lower(params, batch, projection).compile().as_text()
+    contracted = re.findall(rf'= f32\[\d+,{CFG.vocab_size}\]\{{1,0\}} dot\([^\n]*?'
+                            r'rhs_contracting_dims=\{(\d)\}', compiled)
+    assert contracted == ['0', '0']  # both loops' logits: [rows, D] x [D, V], not x [V, D]
+  (ids, scores), (plain_ids, plain_scores) = (
+      jax.device_get(run(params, batch, *extra)) for extra in ((projection,), ()))
+  np.testing.assert_array_equal(ids, plain_ids)
+  np.testing.assert_allclose(scores, plain_scores, rtol=1e-5)
 
 
 @pytest.mark.parametrize('decoding, rows', [(DecodingConfig(beam_size=1), 4),

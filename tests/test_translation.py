@@ -72,6 +72,16 @@ def test_a_search_compiled_ahead_is_not_compiled_again(translator):
   assert model._search.compiled == compiled
 
 
+def test_the_output_projection_is_made_once_for_the_weights(translator):
+  """On a CPU the searches take the embedding transposed (model.output_projection), made on
+  first use and kept by replace while the weights stay (a server's request settings)."""
+  model = translator.replace()
+  projection = model._projection  # pylint: disable=protected-access
+  np.testing.assert_array_equal(projection, np.asarray(model.params['embed']['embedding']).T)
+  assert model.replace(beam_size=2)._projection is projection
+  assert model.replace(model.params)._projection is not projection  # other weights, made anew
+
+
 def test_a_calls_batches_are_even_so_a_short_last_one_is_no_program_of_its_own(translator):
   """Nine sentences of one length bucket in batches of at most four: three batches of three
   (4 rows each, one program), not 4 + 4 + 1 (a second program for a batch of one row)."""

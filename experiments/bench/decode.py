@@ -186,15 +186,17 @@ def step_costs(translator: Translator, model_dir: pathlib.Path, sentences: list[
                repeats: int = 7) -> dict:
   """Milliseconds one decoder step of `rows` sentences costs, jaxformer against CTranslate2 on
   the same weights: each search forced to run `steps` steps (jaxformer: search.advance with no
-  early stop, from a state made beforehand; CTranslate2: min and max decoding length both the
-  count), the step's cost the difference of the two times over the difference of the counts,
-  so that encoding, the call and the results cancel out. Every step computes every row, as at
-  the start of a batch: the cost of a step, not of finished rows. Medians of `repeats` runs in
-  turn; CTranslate2 on 1 and 2 intra-op threads."""
+  early stop, from a state made beforehand, with the Translator's output projection;
+  CTranslate2: min and max decoding length both the count), the step's cost the difference of
+  the two times over the difference of the counts, so that encoding, the call and the results
+  cancel out. Every step computes every row, as at the start of a batch: the cost of a step,
+  not of finished rows. Medians of `repeats` runs in turn; CTranslate2 on 1 and 2 intra-op
+  threads."""
   import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
   engines = {f'ctranslate2_{t}_thread{"s" * (t > 1)}': ctranslate2.Translator(
       str(model_dir), device='cpu', inter_threads=1, intra_threads=t) for t in (1, 2)}
   tok, cfg, params = translator.tokenizer, translator.config, translator.params
+  projection = translator._projection  # pylint: disable=protected-access  (its searches')
   src_ids = [ids + [data.EOS_ID] for ids in tok.encode(sentences)]
   room = decode.stage_lengths(max(steps))[-1]
   results = {}
@@ -213,7 +215,7 @@ def step_costs(translator: Translator, model_dir: pathlib.Path, sentences: list[
       pieces = [tok.pieces(ids) for ids in chosen]
 
       def ours(k, state=state):
-        return jax.block_until_ready(advance(params, state, jnp.int32(k), 0))
+        return jax.block_until_ready(advance(params, state, jnp.int32(k), 0, projection))
 
       def theirs(engine, k, pieces=pieces, beam=beam):
         return engine.translate_batch(pieces, beam_size=beam, min_decoding_length=k,
