@@ -99,6 +99,17 @@ class _OneLineCacheErrors:
 # --- compiled programs, ahead of their first call ---------------------------------------------
 
 
+FIRSTS = 4  # first arguments (weights) whose keys a Programs remembers
+
+
+def _key(args: Any) -> Any:
+  """What a program takes of `args`: their tree, each array's shape, dtype and sharding, any
+  other leaf itself."""
+  leaves, tree = jax.tree.flatten(args)
+  return tree, tuple((x.shape, x.dtype, getattr(x, 'sharding', None))
+                     if hasattr(x, 'shape') else x for x in leaves)
+
+
 class Programs:
   """A jitted (or pmapped) function's compiled programs, one per argument shapes and static
   arguments, each compiled once, counted and timed in the log. The first argument is the
@@ -115,6 +126,8 @@ class Programs:
     self.name, self.transformed = name, transformed  # jax.jit(...) or jax.pmap(...)
     self.compiled: list[tuple[str, float]] = []
     self._programs: dict[Any, concurrent.futures.Future] = {}
+    self._firsts: list[tuple[Any, int]] = []  # (first argument, its key's number), latest first
+    self._first_keys: dict[Any, int] = {}  # a first argument's key -> its number
     self._lock = threading.Lock()
 
   def __call__(self, *args: Any, **static: Any) -> Any:
@@ -124,13 +137,24 @@ class Programs:
     """How many programs it has compiled."""
     return len(self.compiled)
 
+  def _first_key(self, first: Any) -> int:
+    """The first argument's part of a program's key (a number for each of its keys),
+    remembered for the last few objects given: the same weights come with every call of a
+    Translator's search, and reading and hashing their hundreds of leaves cost a tenth of a
+    one-sentence search (docs/benchmarks-log.md)."""
+    with self._lock:
+      number = next((n for seen, n in self._firsts if seen is first), None)
+    if number is None:
+      key = _key(first)
+      with self._lock:
+        number = self._first_keys.setdefault(key, len(self._first_keys))
+        self._firsts = [(first, number), *self._firsts[:FIRSTS - 1]]
+    return number
+
   def compile(self, *args: Any, **static: Any) -> Callable[..., Any]:
     """The compiled program for `args` (shapes and dtypes) and `static`, compiled now if no
     call or compile has done it yet."""
-    leaves, tree = jax.tree.flatten(args)
-    key = (tree, tuple((x.shape, x.dtype, getattr(x, 'sharding', None))  # (what it takes)
-                       if hasattr(x, 'shape') else x for x in leaves),
-           tuple(sorted(static.items())))
+    key = (self._first_key(args[0]), _key(args[1:]), tuple(sorted(static.items())))
     with self._lock:
       future, owner = self._programs.get(key), False
       if future is None:

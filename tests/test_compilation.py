@@ -1,6 +1,7 @@
 """jaxformer.compilation and the commands' compilation cache: a second process compiles nothing
 that the first compiled; a folder that cannot be written, or a disk that fills, is one warning
-line and the same output; --no-compilation-cache keeps nothing."""
+line and the same output; --no-compilation-cache keeps nothing; a Programs compiles a shape
+once whatever object its weights come in."""
 
 import os
 import pathlib
@@ -8,10 +9,13 @@ import re
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import TESTS
 
-from jaxformer import cli, translation
+from jaxformer import cli, compilation, translation
 
 _LINES = ('the man sees a dog', 'the dog')
 
@@ -73,3 +77,22 @@ def test_the_cache_folder_follows_the_environment():
   assert cli.compilation_cache_dir({'XDG_CACHE_HOME': '/x'}) == pathlib.Path('/x/jaxformer/xla')
   assert cli.compilation_cache_dir({'XDG_CACHE_HOME': '/x', 'JAXFORMER_CACHE_DIR': '/y'}) == \
       pathlib.Path('/y/xla')
+
+
+def test_programs_know_their_weights_and_compile_a_shape_once():
+  """compilation.Programs remembers the key of its last FIRSTS first arguments (weights): the
+  same object, an equal one of the same shapes, and one seen before FIRSTS others all take the
+  program compiled for them; other shapes, static arguments or inputs compile their own."""
+  programs = compilation.Programs('a product', jax.jit(
+      lambda w, x, scale=1.0: w['a'] @ x * scale, static_argnames='scale'))
+  weights = [{'a': jnp.full((2, 3), float(n))} for n in range(compilation.FIRSTS + 2)]
+  x = jnp.ones((3, 4))
+  for w in weights + weights[:1]:  # the first's key is forgotten by then, and found again
+    np.testing.assert_allclose(programs(w, x), np.asarray(w['a']) @ np.ones((3, 4)))
+  assert len(programs) == 1
+  programs({'a': jnp.ones((5, 3))}, x)
+  programs(weights[0], jnp.ones((3, 2)))
+  programs(weights[0], x, scale=2.0)
+  assert len(programs) == 4
+  np.testing.assert_allclose(programs(weights[1], x, scale=2.0), 2.0 * np.full((2, 4), 3.0))
+  assert len(programs) == 4
