@@ -140,8 +140,8 @@ class Programs:
   def _first_key(self, first: Any) -> int:
     """The first argument's part of a program's key (a number for each of its keys),
     remembered for the last few objects given: the same weights come with every call of a
-    Translator's search, and reading and hashing their hundreds of leaves cost a tenth of a
-    one-sentence search (docs/benchmarks-log.md)."""
+    Translator's search, and reading and hashing their hundreds of leaves at each call cost
+    more than a lookup should beside a one-sentence search (docs/benchmarks-log.md)."""
     with self._lock:
       number = next((n for seen, n in self._firsts if seen is first), None)
     if number is None:

@@ -201,8 +201,7 @@ def _group(rows: int, hypotheses: int) -> int:
 
 
 def _by_groups(params: Any, projection: Array | None, state: Any, live: Array, group: int,
-               room: int, *,
-               config: TransformerConfig, decoding: DecodingConfig,
+               room: int, *, config: TransformerConfig, decoding: DecodingConfig,
                num_results: int | None) -> tuple[Array, Array]:
   """finish's results of a batch whose `live` [B] sentences go on from `state`, `group` at a
   time, each group to its own end in a cache of `room` positions.
@@ -277,7 +276,7 @@ class Segmented:
     beam's (measured in docs/benchmarks-log.md)."""
     return rows < MIN_ROWS or _hypotheses(self._decoding, num_results) == 1
 
-  def compile(self, params: Any, batch: Batch, projection: Any = None, *, max_len: int,
+  def compile(self, params: Any, batch: Batch, projection: Array | None = None, *, max_len: int,
               num_results: int | None = None) -> None:
     """Compiles the programs a batch of these arguments takes while all its rows are live
     (those of fewer rows compile when a search first needs them), running nothing."""
