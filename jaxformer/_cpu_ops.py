@@ -1,7 +1,8 @@
-"""XLA:CPU's stand-ins for two reductions of the search: the same results as jnp.argmax and
-jax.lax.top_k, computed as vectorised reductions, because XLA:CPU runs the originals as
-scalar loops or a one-threaded sort per row (measured in docs/BENCHMARKS.md). decode.py uses
-them on every backend, so that the search is one program whatever it runs on.
+"""XLA:CPU's stand-ins for the search's reductions: the same results as jnp.argmax and
+jax.lax.top_k (and a row's maximum beside its top k), computed as vectorised reductions,
+because XLA:CPU runs the originals as scalar loops or a one-threaded sort per row (measured in
+docs/BENCHMARKS.md). decode.py uses them on every backend, so that the search is one program
+whatever it runs on.
 """
 
 import jax
@@ -18,17 +19,20 @@ def argmax(x: Array) -> Array:
   it are two, and the logits of a step are its largest array."""
   vocab = x.shape[-1]
   if vocab < 8 * BLOCK:
-    most = jnp.max(x, axis=-1, keepdims=True)
-    return jnp.min(jnp.where(x == most, jnp.arange(vocab, dtype=jnp.int32), vocab - 1),
-                   axis=-1)
+    return _first(x, jnp.max(x, axis=-1, keepdims=True))
   maxima = _blocks(x)  # [N, ceil(V / BLOCK)]
   most = jnp.max(maxima, axis=-1, keepdims=True)
-  count = maxima.shape[-1]
-  block = jnp.min(jnp.where(maxima == most, jnp.arange(count, dtype=jnp.int32), count - 1),
-                  axis=-1, keepdims=True)  # the first block holding the maximum
+  block = _first(maxima, most)[:, None]  # the first block holding the maximum
   indices, own = _entries(block, vocab)  # [N, BLOCK]
   return jnp.min(jnp.where((jnp.take_along_axis(x, indices, axis=1) == most) & own, indices,
                            vocab - 1), axis=-1)
+
+
+def _first(x: Array, most: Array) -> Array:
+  """The lowest index of each row of x [N, V] holding its `most` [N, 1] (V - 1 if none does:
+  a row holding NaN)."""
+  vocab = x.shape[-1]
+  return jnp.min(jnp.where(x == most, jnp.arange(vocab, dtype=jnp.int32), vocab - 1), axis=-1)
 
 
 BLOCK = 32  # entries per block of `argmax`'s and `top_k`'s first pass
