@@ -4,6 +4,7 @@ accelerator seconds. Translator (jaxformer.translation) runs the batches this mo
 """
 
 import concurrent.futures
+import functools
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -90,18 +91,35 @@ def peers(batches: list[list[int]], chosen: list[int], workers: int) -> list[lis
 def run_batches(batches: list[list[int]], workers: int,
                 run: Callable[[list[int], list[list[int]]], Any], progress: bool, desc: str,
                 count: Callable[[list[int]], int] = len) -> Iterator[tuple[list[int], Any]]:
-  """run(batch, its peers) over `batches` by `workers` threads side by side; (batch, its
-  result) in their order. The progress bar counts `count(batch)` for each (sentences)."""
+  """run(batch, its peers) over `batches` by `workers` threads side by side (`_pool`); (batch,
+  its result) in their order. The progress bar counts `count(batch)` for each (sentences)."""
   of = [peers(batches, chosen, workers) for chosen in batches]
   threads = min(workers, len(batches))
-  pool = concurrent.futures.ThreadPoolExecutor(threads) if threads > 1 else None
+  if threads <= 1:
+    yield from _in_order(batches, map(run, batches, of), progress, desc, count)
+    return
+  futures = [_pool(threads).submit(run, chosen, peers) for chosen, peers in zip(batches, of)]
   try:
-    results = pool.map(run, batches, of) if pool else map(run, batches, of)
-    with tqdm(total=sum(map(count, batches)), desc=desc, unit='sent',
-              disable=not progress) as bar:
-      for chosen, result in zip(batches, results):
-        yield chosen, result
-        bar.update(count(chosen))
-  finally:  # an error, or a caller that stops early: no batch is started after it
-    if pool:
-      pool.shutdown(cancel_futures=True)
+    yield from _in_order(batches, (future.result() for future in futures), progress, desc,
+                         count)
+  finally:  # an error, or a caller that stops early: no batch is started after it, and those
+    for future in futures:  # under way end before the call returns
+      future.cancel()
+    concurrent.futures.wait(futures)
+
+
+def _in_order(batches: list[list[int]], results: Iterator[Any], progress: bool, desc: str,
+              count: Callable[[list[int]], int]) -> Iterator[tuple[list[int], Any]]:
+  with tqdm(total=sum(map(count, batches)), desc=desc, unit='sent', disable=not progress) as bar:
+    for chosen, result in zip(batches, results):
+      yield chosen, result
+      bar.update(count(chosen))
+
+
+@functools.cache
+def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+  """`threads` threads shared by every call of the process that runs as many batches side by
+  side, started by the first: a server's request of a few sentences would otherwise start
+  threads of its own, which costs a share of its search (docs/benchmarks-log.md). Calls at
+  once (a server's) queue their batches on the same threads, as many as the cores."""
+  return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix='jaxformer-batch')

@@ -49,6 +49,23 @@ def test_run_batches_keeps_the_order_and_passes_each_its_peers():
   assert {n for _, n in seen} == {1}  # more batches than workers: each its own shape
 
 
+def test_calls_share_their_threads():
+  seen, meeting = set(), threading.Barrier(2, timeout=60)
+
+  def run(chosen, peers):  # each call's first two batches run at once, on two threads
+    seen.add(threading.current_thread())
+    if chosen[0] < 2:
+      meeting.wait()
+    return chosen[0]
+  for _ in range(3):  # threads of their own would be six
+    assert [r for _, r in shapes.run_batches([[0], [1], [2], [3]], 2, run, False, 'x')] == [
+        0, 1, 2, 3]
+  assert len(seen) == 2 and all(t.name.startswith('jaxformer-batch') for t in seen)
+  seen.clear()
+  list(shapes.run_batches([[5]], 2, run, False, 'x'))  # one batch: the caller's thread
+  assert seen == {threading.current_thread()}
+
+
 def test_padded_fills_rows_and_unused_rows_with_zeros():
   np.testing.assert_array_equal(shapes.padded([[5, 6, 1], [7, 1]], (3, 4)),
                                 [[5, 6, 1, 0], [7, 1, 0, 0], [0, 0, 0, 0]])

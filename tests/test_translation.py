@@ -133,7 +133,7 @@ def test_workers_search_batches_side_by_side_and_keep_the_order(translator, monk
   monkeypatch.setattr(three, '_search', side_by_side)
   assert three.translate(sentences) == expected
   assert len(threads) == 3
-  threads.clear()  # each call has its own pool, whose threads may or may not reuse the ids
+  threads.clear()
   assert three.translate_nbest(sentences, 2) == expected_nbest
   assert len(threads) == 3
 
