@@ -4,8 +4,9 @@ model-agnostic searches of jaxformer.decode, run one of two ways.
 - **In one program** (`decode_batch`): encode, then the whole search, stage after stage of a
   growing cache. This is the default everywhere: one program per batch shape, few to compile.
   On an accelerator (one shape) a batch steps until its last sentence ends; on a CPU a
-  search's first stage runs at all rows, and the sentences still live then go on a few at a
-  time, each group to its own end (`stragglers`, `_by_groups`), in the same program.
+  search's first stage runs at all rows (until half its sentences are done), and the sentences
+  still live then go on a few at a time, each group to its own end (`stragglers`,
+  `_by_groups`), in the same program.
 - **In segments** (`Segmented`, DecodingConfig.drop_finished, on a CPU): the same search,
   stopped at the end of each stage and as soon as the live sentences fit in a quarter of the
   rows (SHRINK). The sentences that are done give their results, and the live ones go on in
@@ -166,8 +167,9 @@ def decode_batch(params: Any, batch: Batch, projection: Array | None = None, *,
   `projection`: model.output_projection(params), made once for many searches, or None
   (Transformer.logits').
 
-  With `stragglers` (a CPU's default), the search runs its first stage at all rows, and the
-  sentences still live then go on a few at a time (`_by_groups`); a batch of fewer than
+  With `stragglers` (a CPU's default), the search runs its first stage at all rows until its
+  end or until at most half the sentences are live, and those still live then go on a few at
+  a time (`_by_groups`); a batch of fewer than
   MIN_ROWS rows, searched at all its rows, goes on from its first stage in the whole room at
   once rather than in stages each twice the last: the same outputs, and half the loops or
   fewer to compile, where the later stages' shorter attention saved nothing measurable
@@ -177,7 +179,10 @@ def decode_batch(params: Any, batch: Batch, projection: Array | None = None, *,
   rooms = decode.stage_lengths(max_len)
   group = _group(len(batch.src), _hypotheses(decoding, num_results)) if stragglers else 0
   if group and len(rooms) > 1:
-    state, live = advance(params, state, rooms[0], 1, projection, config=config, **settings)
+    # The first stage ends at its room's end or once at most half the batch is live: the
+    # groups' rows then cost less than the finished rows would (docs/benchmarks-log.md).
+    state, live = advance(params, state, rooms[0], len(batch.src) // 2 + 1, projection,
+                          config=config, **settings)
     return _by_groups(params, projection, state, live, group, max_len, config=config,
                       **settings)
   if stragglers and len(rooms) > 2:

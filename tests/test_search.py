@@ -1,6 +1,7 @@
 """jaxformer.search: the segmented search, whose finished sentences leave, and the one program's
 groups of stragglers, against the search of a batch at all its rows in one program."""
 
+import collections
 import functools
 import re
 
@@ -97,9 +98,9 @@ def _long_tails() -> search.Batch:
     (DecodingConfig(sampling=True, top_k=20), None)],
     ids=['beam', 'beam-nbest', 'samples', 'greedy', 'one-sample'])
 def test_stragglers_in_groups_give_the_same_outputs(params, decoding, num_results):
-  """32 sentences, five still live after the first stage: they go on four at a time (two
-  groups, the last padded; greedy search eight, one group) in one program, and every output
-  is the search's at all rows."""
+  """32 sentences, five of them past the first stage's room: those still live when the first
+  stage ends go on four at a time (greedy search eight, the last group padded) in one
+  program, and every output is the search's at all rows."""
   batch = _long_tails()
   rows = search._hypotheses(decoding, num_results)  # pylint: disable=protected-access
   group = search._group(32, rows)  # pylint: disable=protected-access
@@ -117,6 +118,30 @@ def test_stragglers_in_groups_give_the_same_outputs(params, decoding, num_result
   assert found[0][9].reshape(-1, MAX_LEN)[0, :3].tolist() == [7, 8, 9]  # the prefix
   lengths = (found[0].reshape(32, -1, MAX_LEN) > 0).sum(-1).max(-1)
   assert lengths[[8, 20]].tolist() == [24, 22]  # the stragglers ran on
+
+
+@pytest.mark.parametrize('beam', [1, 3], ids=['greedy', 'beam'])
+def test_the_first_stage_ends_once_half_the_batch_is_done(params, monkeypatch, beam):
+  """Steps counted by their rows: the first stage's at all 32 rows end by the step at which
+  the limits leave at most 16 sentences live (before the first stage's 16; random weights
+  may end some sooner), and the groups' steps go on from there."""
+  steps, counted = collections.Counter(), search._tokens_to_logits  # pylint: disable=protected-access
+
+  def counting(*args):
+    fn = counted(*args)
+    def step(tokens, cache):
+      jax.debug.callback(functools.partial(steps.update, [tokens.shape[0] // beam]))
+      return fn(tokens, cache)
+    return step
+  monkeypatch.setattr(search, '_tokens_to_logits', counting)
+  batch = _long_tails()
+  jax.block_until_ready(jax.jit(lambda *a: search.decode_batch(
+      *a, config=CFG, max_len=MAX_LEN, decoding=DecodingConfig(beam_size=beam),
+      stragglers=True))(params, batch))
+  jax.effects_barrier()
+  half = next(s for s in range(MAX_LEN) if (batch.max_lengths > s).sum() <= 16)
+  group = search._group(32, beam)  # pylint: disable=protected-access
+  assert 0 < steps[32] <= half < 16 and steps[group] > 0 and set(steps) == {32, group}
 
 
 @pytest.mark.parametrize('decoding, num_results', [
