@@ -169,11 +169,10 @@ def decode_batch(params: Any, batch: Batch, projection: Array | None = None, *,
 
   With `stragglers` (a CPU's default), the search runs its first stage at all rows until its
   end or until at most half the sentences are live, and those still live then go on a few at
-  a time (`_by_groups`); a batch of fewer than
-  MIN_ROWS rows, searched at all its rows, goes on from its first stage in the whole room at
-  once rather than in stages each twice the last: the same outputs, and half the loops or
-  fewer to compile, where the later stages' shorter attention saved nothing measurable
-  (docs/benchmarks-log.md)."""
+  a time (`_by_groups`); a batch of fewer than MIN_ROWS rows, searched at all its rows, goes
+  on from its first stage in the whole room at once rather than in stages each twice the
+  last: the same outputs, and half the loops or fewer to compile, where the later stages'
+  shorter attention saved nothing measurable (docs/benchmarks-log.md)."""
   settings = {'decoding': decoding, 'num_results': num_results}
   state = start(params, batch, config=config, max_len=max_len, **settings)
   rooms = decode.stage_lengths(max_len)

@@ -94,11 +94,10 @@ def run_batches(batches: list[list[int]], workers: int,
   """run(batch, its peers) over `batches` by `workers` threads side by side (`_pool`); (batch,
   its result) in their order. The progress bar counts `count(batch)` for each (sentences)."""
   of = [peers(batches, chosen, workers) for chosen in batches]
-  threads = min(workers, len(batches))
-  if threads <= 1:
+  if min(workers, len(batches)) <= 1:
     yield from _in_order(batches, map(run, batches, of), progress, desc, count)
     return
-  futures = [_pool(threads).submit(run, chosen, peers) for chosen, peers in zip(batches, of)]
+  futures = [_pool(workers).submit(run, chosen, peers) for chosen, peers in zip(batches, of)]
   try:
     yield from _in_order(batches, (future.result() for future in futures), progress, desc,
                          count)
@@ -117,9 +116,9 @@ def _in_order(batches: list[list[int]], results: Iterator[Any], progress: bool, 
 
 
 @functools.cache
-def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
-  """`threads` threads shared by every call of the process that runs as many batches side by
-  side, started by the first: a server's request of a few sentences would otherwise start
+def _pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
+  """The threads of every call of the process that runs `workers` batches side by side, started
+  by the first that needs them: a server's request of a few sentences would otherwise start
   threads of its own, which costs a share of its search (docs/benchmarks-log.md). Calls at
-  once (a server's) queue their batches on the same threads, as many as the cores."""
-  return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix='jaxformer-batch')
+  once (a server's) queue their batches on the same threads."""
+  return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix='jaxformer-batch')

@@ -125,10 +125,10 @@ def test_the_first_stage_ends_once_half_the_batch_is_done(params, monkeypatch, b
   """Steps counted by their rows: the first stage's at all 32 rows end by the step at which
   the limits leave at most 16 sentences live (before the first stage's 16; random weights
   may end some sooner), and the groups' steps go on from there."""
-  steps, counted = collections.Counter(), search._tokens_to_logits  # pylint: disable=protected-access
+  steps, plain = collections.Counter(), search._tokens_to_logits  # pylint: disable=protected-access
 
   def counting(*args):
-    fn = counted(*args)
+    fn = plain(*args)
     def step(tokens, cache):
       jax.debug.callback(functools.partial(steps.update, [tokens.shape[0] // beam]))
       return fn(tokens, cache)
