@@ -109,6 +109,7 @@ def run_batches(batches: list[list[int]], workers: int,
 
 def _in_order(batches: list[list[int]], results: Iterator[Any], progress: bool, desc: str,
               count: Callable[[list[int]], int]) -> Iterator[tuple[list[int], Any]]:
+  """(batch, its result) in the batches' order, the progress bar counting each."""
   with tqdm(total=sum(map(count, batches)), desc=desc, unit='sent', disable=not progress) as bar:
     for chosen, result in zip(batches, results):
       yield chosen, result
