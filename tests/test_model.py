@@ -269,7 +269,8 @@ def test_fused_attention_agrees_with_einsum_attention(tiny_model, tiny_config):
   for attention in ('einsum', 'fused'):
     cfg = tiny_config.with_execution(attention=attention)
     logits = apply(Transformer(cfg), {'params': params}, **inputs)
-    greedy = translation._jitted_search(cfg, config_lib.DecodingConfig(beam_size=1), False)(
+    greedy = translation._jitted_search(cfg, config_lib.DecodingConfig(beam_size=1), False,
+                                        True)(
         params, search.Batch(inputs['src'][1:], jnp.array([9])), max_len=10)[0]  # as Translator
     outputs[attention] = (np.asarray(logits)[real], np.asarray(greedy))
   np.testing.assert_allclose(outputs['fused'][0], outputs['einsum'][0], rtol=1e-5, atol=1e-5)
