@@ -20,7 +20,7 @@ from jaxformer import compilation, export, layout, losses, protocol, search, sha
 from jaxformer.config import DecodingConfig, SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.errors import DataError
-from jaxformer.model import Transformer, output_projection
+from jaxformer.model import Transformer, output_projection, parameter_count
 from jaxformer.search import cached_tokens_to_logits, decode_batch  # noqa: F401  (their old home)
 from jaxformer.shapes import MAX_WORKERS, default_workers, fixed_shapes_on  # noqa: F401  (idem)
 
@@ -85,10 +85,10 @@ def _jitted_search(config: TransformerConfig, decoding: DecodingConfig, fixed: b
       static_argnames=('max_len', 'num_results')))
 
 
-def _step_bytes(params: Any) -> int:
-  """Bytes of the weights a decoder step reads: all but the encoder's."""
-  return sum(x.nbytes for name, part in params.items() if name != 'encoder'
-             for x in jax.tree.leaves(part))
+def _step_bytes(config: TransformerConfig) -> int:
+  """Bytes of the weights a decoder step reads: all but the encoder's, in float32 (flax's
+  parameters)."""
+  return 4 * (parameter_count(config) - parameter_count(config, 'encoder'))
 
 
 @functools.lru_cache(maxsize=8)
@@ -143,7 +143,7 @@ class Translator:
     # On a CPU a batch's stragglers go on in groups unless decoding.all_rows, or the model's
     # decoder is too big for the groups to pay (shapes.stragglers_in_groups).
     stragglers = not (self.fixed_shapes or self.decoding.all_rows) and (
-        shapes.stragglers_in_groups(_step_bytes(self.params)))
+        shapes.stragglers_in_groups(_step_bytes(config)))
     self._search = _jitted_search(config, self.decoding.replace(seed=None), self.fixed_shapes,
                                   stragglers)
     self._scores = _jitted_scores(config)

@@ -129,6 +129,13 @@ def test_pre_ln_adds_only_the_final_norms(tiny_config):
   assert model_lib.parameter_count(cfg) == _formula(50, 2, 32, 64, pre_ln=True)
 
 
+def test_the_parts_parameter_counts_sum_to_the_whole(tiny_config):
+  parts = {part: model_lib.parameter_count(tiny_config, part)
+           for part in ('encoder', 'decoder', 'embed')}
+  assert parts['embed'] == 50 * 32 and parts['encoder'] < parts['decoder']  # (no cross-attention)
+  assert sum(parts.values()) == model_lib.parameter_count(tiny_config)
+
+
 def test_a_marian_models_settings_change_what_they_say_and_nothing_else(tiny_config):
   """model.activation, model.output_bias and model.norm_epsilon (a MarianMT folder's): the
   bias is one [V] parameter added to the logits, the activation the FFN's, the epsilon every

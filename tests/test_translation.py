@@ -367,8 +367,9 @@ def test_stragglers_go_in_groups_unless_the_decoder_outgrows_the_cache(translato
   chosen = []
   monkeypatch.setattr(translation, '_jitted_search',
                       lambda config, decoding, fixed, stragglers: chosen.append(stragglers))
-  step_bytes = translation._step_bytes(translator.params)
-  assert 0 < step_bytes < sum(x.nbytes for x in jax.tree.leaves(translator.params))
+  step_bytes = translation._step_bytes(translator.config)
+  assert step_bytes == sum(x.nbytes for name, part in translator.params.items()
+                           if name != 'encoder' for x in jax.tree.leaves(part))
   for cache, settings, groups in [(step_bytes, {}, True), (step_bytes - 1, {}, False),
                                   (0, {}, True), (step_bytes, {'all_rows': True}, False),
                                   (step_bytes, {'fixed_shapes': True}, False)]:
