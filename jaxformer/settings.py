@@ -7,6 +7,7 @@ builds the model's and the run's settings on the same parts and re-exports them.
 """
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -57,7 +58,7 @@ def check_fields(settings: Any, section: str, ranges: dict[str, Range]) -> None:
   """SettingError, naming the setting as --set does (`section`.field), for a value of the wrong
   type (a recipe file's get_config() may give anything) or, for a number, outside its range in
   `ranges`."""
-  hints = typing.get_type_hints(type(settings))
+  hints = _type_hints(type(settings))
   for field in dataclasses.fields(settings):
     value, hint = getattr(settings, field.name), hints[field.name]
     allowed = typing.get_args(hint) if typing.get_origin(hint) is types.UnionType else (hint,)
@@ -72,6 +73,13 @@ def check_fields(settings: Any, section: str, ranges: dict[str, Range]) -> None:
     names = ' or '.join('none' if kind is type(None) else kind.__name__ for kind in allowed)
     raise SettingError(f'{section}.{field.name} must be {names}, got {type(value).__name__} '
                        f'{value!r}.')
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+  """typing.get_type_hints of a settings class, read once: a server checks every request's
+  settings, and reading the hints costs more than the checks."""
+  return typing.get_type_hints(cls)
 
 
 def _is_a(value: Any, kind: type) -> bool:

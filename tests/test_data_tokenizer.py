@@ -74,6 +74,7 @@ def test_tokenizer_round_trips_and_has_fixed_special_ids(tokenizer):
   ids = tokenizer.encode(texts)
   assert data.UNK_ID not in {i for row in ids for i in row}  # byte fallback, never unk
   assert tokenizer.decode([row + [data.EOS_ID, 7, 7] for row in ids]) == texts
+  assert [tokenizer.encode([text])[0] for text in texts] == ids  # one text: encoded alone
   assert (data.PAD_ID, data.EOS_ID, data.UNK_ID) == (0, 1, 2)
 
 
