@@ -437,9 +437,8 @@ def output_projection(params: Any) -> Array:
 
 
 @functools.cache
-def parameter_count(config: TransformerConfig, part: str | None = None) -> int:
-  """The number of parameters of Transformer(config), or of its top-level `part` ('encoder',
-  'decoder', 'embed'), from shapes only (nothing is computed)."""
+def parameter_count(config: TransformerConfig) -> int:
+  """The number of parameters of Transformer(config), from shapes only (nothing is computed)."""
   dummy = jnp.ones((1, 1), jnp.int32)
-  shapes = jax.eval_shape(Transformer(config).init, jax.random.key(0), dummy, dummy)['params']
-  return sum(x.size for x in jax.tree.leaves(shapes if part is None else shapes[part]))
+  shapes = jax.eval_shape(Transformer(config).init, jax.random.key(0), dummy, dummy)
+  return sum(x.size for x in jax.tree.leaves(shapes))

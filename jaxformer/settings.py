@@ -78,7 +78,7 @@ def check_fields(settings: Any, section: str, ranges: dict[str, Range]) -> None:
 @functools.cache
 def _type_hints(cls: type) -> dict[str, Any]:
   """typing.get_type_hints of a settings class, read once: a server checks every request's
-  settings, and reading the hints costs more than the checks."""
+  settings, and reading the hints costs about what the checks do."""
   return typing.get_type_hints(cls)
 
 
@@ -122,11 +122,10 @@ class DecodingConfig:
   batch_size: int = setting(32, 'the most sentences searched together (a call is split into '
                                 f'batches as even as can be; at most {MAX_BATCH})')
   all_rows: bool = setting(False, 'on a CPU: every batch steps at all its rows until its last '
-                           'sentence ends (the default only for a model whose decoder does not '
-                           "fit in the processor's cache), instead of its sentences still "
-                           'searching once half are done going on an eighth of its rows at a '
-                           'time, a quarter for greedy search (the same outputs; faster only '
-                           'where every sentence runs to its limit, as with random weights)')
+                           'sentence ends, instead of its sentences still searching once half '
+                           'are done going on an eighth of its rows at a time, a quarter for '
+                           'greedy search (the same outputs; faster only where every sentence '
+                           'runs to its limit, as with random weights)')
   drop_finished: bool = setting(False, 'on a CPU, beam search and samples: the search stops '
                                 'whenever its live sentences fit in fewer rows and goes on in '
                                 'those (the same outputs; many more programs to compile, and '

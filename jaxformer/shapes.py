@@ -6,7 +6,6 @@ accelerator seconds. Translator (jaxformer.translation) runs the batches this mo
 import concurrent.futures
 import functools
 import os
-import pathlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -36,37 +35,6 @@ def fixed_shapes_on(backend: str | None = None) -> bool:
   bucket; a CPU compiles in a fraction of that and pays for every padded row and column, so
   there a batch is cut to its length bucket (bucket) and rows (rows)."""
   return (backend or jax.default_backend()) != 'cpu'
-
-
-def stragglers_in_groups(step_bytes: int, cache_bytes: int | None = None) -> bool:
-  """Whether a CPU search's stragglers go on a few at a time (search.decode_batch's
-  `stragglers`) for a model whose decoder step reads `step_bytes` of weights. A group's step
-  reads all of them for its few rows: where they stay in the processor's last-level cache
-  (`cache_bytes`, by default `last_level_cache()`) that costs little more a row than a step at
-  all rows, and the groups save the rows of finished sentences; where they come from memory (a
-  model of the paper's base size) each row costs far more in a group than at all rows, more
-  than the groups save (docs/benchmarks-log.md). Where the cache's size is not known, in
-  groups: the recipes' small models, which fit."""
-  cache_bytes = last_level_cache() if cache_bytes is None else cache_bytes
-  return not cache_bytes or step_bytes <= cache_bytes
-
-
-@functools.cache
-def last_level_cache(root: str = '/sys/devices/system/cpu/cpu0/cache') -> int:
-  """Bytes of the largest data or unified cache of the first CPU as Linux's sysfs lists it
-  (its last level), or 0 where it is not listed (another system, a container that hides it)."""
-  sizes = [0]
-  for index in pathlib.Path(root).glob('index*'):
-    try:
-      if (index / 'type').read_text().strip() == 'Instruction':
-        continue
-      size = (index / 'size').read_text().strip()
-    except OSError:
-      continue
-    scale = {'K': 1 << 10, 'M': 1 << 20, 'G': 1 << 30}.get(size[-1:].upper(), 1)
-    digits = size.rstrip('KkMmGg')
-    sizes.append(int(digits) * scale if digits.isdigit() else 0)
-  return max(sizes)
 
 
 def bucket(length: int) -> int:

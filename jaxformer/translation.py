@@ -20,7 +20,7 @@ from jaxformer import compilation, export, layout, losses, protocol, search, sha
 from jaxformer.config import DecodingConfig, SettingError, TransformerConfig
 from jaxformer.data.tokenizer import EOS_ID, Tokenizer
 from jaxformer.errors import DataError
-from jaxformer.model import Transformer, output_projection, parameter_count
+from jaxformer.model import Transformer, output_projection
 from jaxformer.search import cached_tokens_to_logits, decode_batch  # noqa: F401  (their old home)
 from jaxformer.shapes import MAX_WORKERS, default_workers, fixed_shapes_on  # noqa: F401  (idem)
 
@@ -69,26 +69,21 @@ fixed_shapes = fixed_shapes_on  # its name before Translator took a setting of t
 
 
 @functools.lru_cache(maxsize=32)  # (a server's requests may ask for several sampling settings)
-def _jitted_search(config: TransformerConfig, decoding: DecodingConfig, fixed: bool,
-                   stragglers: bool) -> compilation.Programs | search.Segmented:
+def _jitted_search(config: TransformerConfig, decoding: DecodingConfig, fixed: bool
+                   ) -> compilation.Programs | search.Segmented:
   """The search of one model shape and `decoding` (without its seed, which the programs take as
   an input), made once per process: Translators of equal settings (a run's evaluations, a
-  second run) reuse its compiled programs. A batch's whole search in one program, its
-  stragglers in groups or not (search.decode_batch's `stragglers`: Translator's rule), or with
+  second run) reuse its compiled programs. A batch's whole search in one program, or with
   decoding.drop_finished (and shapes not fixed: fixed_shapes_on) in segments, finished
-  sentences leaving (jaxformer.search)."""
+  sentences leaving (jaxformer.search); where shapes are not fixed (a CPU) and unless
+  decoding.all_rows, a batch's stragglers go on in groups (search.decode_batch's
+  `stragglers`)."""
   if decoding.drop_finished and not fixed:
     return search.Segmented(config, decoding)
   return compilation.Programs('the search', jax.jit(
       functools.partial(search.decode_batch, config=config, decoding=decoding,
-                        stragglers=stragglers),
+                        stragglers=not (fixed or decoding.all_rows)),
       static_argnames=('max_len', 'num_results')))
-
-
-def _step_bytes(config: TransformerConfig) -> int:
-  """Bytes of the weights a decoder step reads: all but the encoder's, in float32 (flax's
-  parameters)."""
-  return 4 * (parameter_count(config) - parameter_count(config, 'encoder'))
 
 
 @functools.lru_cache(maxsize=8)
@@ -140,12 +135,7 @@ class Translator:
       raise SettingError(f'workers must be an integer >= 1, got {workers!r}.')
     self.workers = default_workers() if workers is None else workers
     self.fixed_shapes = fixed_shapes_on() if fixed_shapes is None else fixed_shapes
-    # On a CPU a batch's stragglers go on in groups unless decoding.all_rows, or the model's
-    # decoder is too big for the groups to pay (shapes.stragglers_in_groups).
-    stragglers = not (self.fixed_shapes or self.decoding.all_rows) and (
-        shapes.stragglers_in_groups(_step_bytes(config)))
-    self._search = _jitted_search(config, self.decoding.replace(seed=None), self.fixed_shapes,
-                                  stragglers)
+    self._search = _jitted_search(config, self.decoding.replace(seed=None), self.fixed_shapes)
     self._scores = _jitted_scores(config)
 
   @classmethod

@@ -376,3 +376,15 @@ def test_bench_serve_load_runs_its_clients_apart_and_checks_every_answer(transla
   engine = bench_serve._engine(  # pylint: disable=protected-access
       translator, ['the man sees a dog', 'a red cat'], count=32)
   assert set(engine) == {'1_at_a_time', '16_at_a_time'} and min(engine.values()) > 0
+
+
+def test_bench_ending_as_translations_runs_each_sentence_to_its_translations_end(translator):
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  from bench import decode  # pylint: disable=g-import-not-at-top
+  sentences = ['the man sees a dog', 'a small red house', 'the dog', 'a cat under the tree']
+  report = decode.ending_as_translations(translator, sentences, translator.config, repeats=1)
+  assert report['sentences'] == 4
+  for search in ('greedy', 'beam4'):
+    case = report[search]
+    assert case['same_outputs'] and case['ran_to_their_ends']
+    assert case['groups_s'] > 0 and case['all_rows_s'] > 0 and case['groups_speedup'] > 0

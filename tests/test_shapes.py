@@ -79,19 +79,3 @@ def test_default_workers_are_the_cores_on_cpu_and_one_on_an_accelerator(monkeypa
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   assert shapes.default_workers() == 1
   assert shapes.fixed_shapes_on() and not shapes.fixed_shapes_on('cpu')
-
-
-def test_the_last_level_cache_is_the_largest_data_cache_sysfs_lists(tmp_path):
-  for index, (kind, size) in enumerate([('Data', '48K'), ('Instruction', '64M'),
-                                         ('Unified', '1024K'), ('Unified', '32768K')]):
-    (tmp_path / f'index{index}').mkdir()
-    (tmp_path / f'index{index}' / 'type').write_text(kind + '\n')
-    (tmp_path / f'index{index}' / 'size').write_text(size + '\n')
-  assert shapes.last_level_cache(str(tmp_path)) == 32 << 20
-  assert shapes.last_level_cache(str(tmp_path / 'none')) == 0  # not listed
-
-
-def test_stragglers_go_in_groups_where_the_decoder_fits_in_the_cache():
-  assert shapes.stragglers_in_groups(32 << 20, 32 << 20)
-  assert not shapes.stragglers_in_groups((32 << 20) + 1, 32 << 20)
-  assert shapes.stragglers_in_groups(1 << 40, 0)  # a size not known: in groups

@@ -361,19 +361,3 @@ def test_the_first_sampled_tokens_of_a_model_follow_its_softmax(translator):
   tolerance = 5 * np.sqrt(expected * (1 - expected) / n) + 1e-9
   assert (np.abs(counts - expected) <= tolerance).all()
   assert (counts > 0).sum() > 20  # an untrained model: many first tokens
-
-
-def test_stragglers_go_in_groups_unless_the_decoder_outgrows_the_cache(translator, monkeypatch):
-  chosen = []
-  monkeypatch.setattr(translation, '_jitted_search',
-                      lambda config, decoding, fixed, stragglers: chosen.append(stragglers))
-  step_bytes = translation._step_bytes(translator.config)
-  assert step_bytes == sum(x.nbytes for name, part in translator.params.items()
-                           if name != 'encoder' for x in jax.tree.leaves(part))
-  for cache, settings, groups in [(step_bytes, {}, True), (step_bytes - 1, {}, False),
-                                  (0, {}, True), (step_bytes, {'all_rows': True}, False),
-                                  (step_bytes, {'fixed_shapes': True}, False)]:
-    monkeypatch.setattr(shapes, 'last_level_cache', lambda cache=cache: cache)
-    translation.Translator(translator.params, translator.config, translator.tokenizer,
-                           **settings)
-    assert chosen.pop() is groups, (cache, settings)

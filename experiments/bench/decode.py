@@ -7,7 +7,9 @@ on newstest2014 sources (and of a trained model with --demo-model). When ctransl
 installed, jaxformer and CTranslate2 side by side on the same weights and sources, in this run:
 tokens/s of each, the ratio and the agreement of their outputs (`ctranslate2`): base dims with
 random weights, and the small trained models given with --demo-model (make demo's) and
---multi30k-model (make train-multi30k's, or any model of the multi30k recipe's dims)."""
+--multi30k-model (make train-multi30k's, or any model of the multi30k recipe's dims). With
+--multi30k-model, base dims again with their sentences ending where that model's translations
+end, searched with the stragglers' groups and at all rows (`ending_as_translations`)."""
 
 import functools
 import importlib.util
@@ -23,7 +25,7 @@ import numpy as np
 
 import uncached_decoding
 from bench.common import median_time
-from jaxformer import checkpoint, config, data, decode, export, search, train
+from jaxformer import checkpoint, config, data, decode, export, search, shapes, train
 from jaxformer.translation import Translator
 from jaxformer.data import embedded
 from jaxformer.model import Transformer
@@ -236,6 +238,45 @@ def step_costs(translator: Translator, model_dir: pathlib.Path, sentences: list[
   return {'steps': list(steps), 'repeats': repeats, **results}
 
 
+def ending_as_translations(translator: Translator, sentences: list[str],
+                           cfg: config.TransformerConfig | None = None, *,
+                           repeats: int = 2) -> dict:
+  """Seconds of a search of `sentences` (batches of 32) with the stragglers' groups and at all
+  rows, by random weights of `cfg` (default: base dims at the translator's vocabulary) whose
+  sentences end where `translator`'s own translations of them end: each one's limit is its
+  output's length and EOS, to which random weights run. Random weights alone never end a
+  sentence, where the groups lose; a trained model's sentences end apart."""
+  cfg = cfg or config.base(vocab_size=translator.config.vocab_size)
+  params = jax.jit(lambda: train.create_train_state(cfg, jax.random.key(0)).params)()
+  ids = translator._sources(sentences)  # pylint: disable=protected-access
+  order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+  results = {'sentences': len(ids), 'dims': [cfg.num_layers, cfg.d_model, cfg.vocab_size]}
+  for name, beam in (('greedy', 1), ('beam4', 4)):
+    ends = [len(x) + 1 for x in translator.replace(beam_size=beam).translate_ids(sentences)]
+    batches = []
+    for chosen in (order[i:i + 32] for i in range(0, len(order), 32)):
+      src = shapes.padded([ids[i] + [data.EOS_ID] for i in chosen],
+                          (len(chosen), shapes.bucket(len(ids[chosen[0]]) + 1)))
+      batches.append((search.Batch(jnp.asarray(src), jnp.asarray([ends[i] for i in chosen])),
+                      min(max(ends[i] for i in chosen), cfg.max_len)))
+    fns = {f'{way}_s': functools.partial(
+        jax.jit(functools.partial(search.decode_batch, config=cfg, stragglers=groups,
+                                  decoding=config.DecodingConfig(beam_size=beam)),
+                static_argnames='max_len'), params) for way, groups in (('groups', True),
+                                                                        ('all_rows', False))}
+    run_all = {way: lambda fn=fn: [jax.device_get(fn(b, max_len=n)[0]) for b, n in batches]
+               for way, fn in fns.items()}
+    _alternating(run_all, 1)  # compiles
+    outputs, seconds = _alternating(run_all, repeats)
+    found = [np.count_nonzero(row) for rows in outputs['groups_s'] for row in rows]
+    results[name] = {**{way: round(t, 3) for way, t in seconds.items()},
+                     'groups_speedup': round(seconds['all_rows_s'] / seconds['groups_s'], 3),
+                     'same_outputs': all(np.array_equal(a, b) for a, b in zip(
+                         outputs['groups_s'], outputs['all_rows_s'])),
+                     'ran_to_their_ends': found == [ends[i] for i in order]}
+  return results
+
+
 def _side_by_side(data_dir: pathlib.Path, trained: dict[str, str]) -> dict:
   """compare_ctranslate2 at base dimensions with random weights (64 newstest2014 sources of 20
   pieces each, outputs to the length limit) and on each trained model given: 'demo' on 256
@@ -376,6 +417,10 @@ def run(data_dir: pathlib.Path, demo_model: str | None = None,
     results['demo_model_beam4_newstest2014'] = {
         **_newstest_throughput(Translator.from_checkpoint(demo_model, batch_size=32),
                                news.src[:512]), 'model': demo_model}
+  if multi30k_model:  # base dims whose sentences end where a trained model's do
+    results['base_ending_as_translations'] = ending_as_translations(
+        Translator.load(multi30k_model), data.read_lines(
+            data_dir / 'multi30k' / 'test_2016_flickr.en')[:256])
   if importlib.util.find_spec('ctranslate2') is not None:
     trained = {'demo': demo_model, 'multi30k': multi30k_model}
     results['ctranslate2'] = _side_by_side(
