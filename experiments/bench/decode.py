@@ -241,11 +241,12 @@ def step_costs(translator: Translator, model_dir: pathlib.Path, sentences: list[
 def ending_as_translations(translator: Translator, sentences: list[str],
                            cfg: config.TransformerConfig | None = None, *,
                            repeats: int = 2) -> dict:
-  """Seconds of a search of `sentences` (batches of 32) with the stragglers' groups and at all
-  rows, by random weights of `cfg` (default: base dims at the translator's vocabulary) whose
-  sentences end where `translator`'s own translations of them end: each one's limit is its
-  output's length and EOS, to which random weights run. Random weights alone never end a
-  sentence, where the groups lose; a trained model's sentences end apart."""
+  """Seconds of a search of `sentences` (batches of 32, the translator's workers side by side)
+  with the stragglers' groups and at all rows, by random weights of `cfg` (default: base dims
+  at the translator's vocabulary) whose sentences end where `translator`'s own translations of
+  them end: each one's limit is its output's length and EOS, to which random weights run.
+  Random weights alone never end a sentence, where the groups lose; a trained model's
+  sentences end apart."""
   cfg = cfg or config.base(vocab_size=translator.config.vocab_size)
   params = jax.jit(lambda: train.create_train_state(cfg, jax.random.key(0)).params)()
   ids = translator._sources(sentences)  # pylint: disable=protected-access
@@ -259,13 +260,17 @@ def ending_as_translations(translator: Translator, sentences: list[str],
                           (len(chosen), shapes.bucket(len(ids[chosen[0]]) + 1)))
       batches.append((search.Batch(jnp.asarray(src), jnp.asarray([ends[i] for i in chosen])),
                       min(max(ends[i] for i in chosen), cfg.max_len)))
-    fns = {f'{way}_s': functools.partial(
-        jax.jit(functools.partial(search.decode_batch, config=cfg, stragglers=groups,
-                                  decoding=config.DecodingConfig(beam_size=beam)),
-                static_argnames='max_len'), params) for way, groups in (('groups', True),
-                                                                        ('all_rows', False))}
-    run_all = {way: lambda fn=fn: [jax.device_get(fn(b, max_len=n)[0]) for b, n in batches]
-               for way, fn in fns.items()}
+
+    def searches(groups: bool, beam: int = beam, batches: list = batches) -> Any:
+      fn = jax.jit(functools.partial(search.decode_batch, config=cfg, stragglers=groups,
+                                     decoding=config.DecodingConfig(beam_size=beam)),
+                   static_argnames='max_len')
+      def one(chosen: list[int], peers: list[list[int]]) -> np.ndarray:
+        src, max_len = batches[chosen[0]]
+        return jax.device_get(fn(params, src, max_len=max_len)[0])
+      return lambda: [ids for _, ids in shapes.run_batches(  # as a Translator's workers do
+          [[i] for i in range(len(batches))], translator.workers, one, False, '')]
+    run_all = {'groups_s': searches(True), 'all_rows_s': searches(False)}
     _alternating(run_all, 1)  # compiles
     outputs, seconds = _alternating(run_all, repeats)
     found = [np.count_nonzero(row) for rows in outputs['groups_s'] for row in rows]
