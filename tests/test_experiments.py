@@ -382,7 +382,8 @@ def test_bench_ending_as_translations_runs_each_sentence_to_its_translations_end
   sys.path.insert(0, str(ROOT / 'experiments'))
   from bench import decode  # pylint: disable=g-import-not-at-top
   sentences = ['the man sees a dog', 'a small red house', 'the dog', 'a cat under the tree']
-  report = decode.ending_as_translations(translator, sentences, translator.config, repeats=1)
+  report = decode.ending_as_translations(translator, sentences,
+                                         translator.config.replace(num_layers=1), repeats=1)
   assert report['sentences'] == 4
   for search in ('greedy', 'beam4'):
     case = report[search]
