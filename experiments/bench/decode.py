@@ -265,10 +265,11 @@ def ending_as_translations(translator: Translator, sentences: list[str],
       fn = jax.jit(functools.partial(search.decode_batch, config=cfg, stragglers=groups,
                                      decoding=config.DecodingConfig(beam_size=beam)),
                    static_argnames='max_len')
+
       def one(chosen: list[int], peers: list[list[int]]) -> np.ndarray:
-        src, max_len = batches[chosen[0]]
-        return jax.device_get(fn(params, src, max_len=max_len)[0])
-      return lambda: [ids for _, ids in shapes.run_batches(  # as a Translator's workers do
+        batch, max_len = batches[chosen[0]]
+        return jax.device_get(fn(params, batch, max_len=max_len)[0])
+      return lambda: [out for _, out in shapes.run_batches(  # as a Translator's workers do
           [[i] for i in range(len(batches))], translator.workers, one, False, '')]
     run_all = {'groups_s': searches(True), 'all_rows_s': searches(False)}
     _alternating(run_all, 1)  # compiles
