@@ -241,7 +241,7 @@ def step_costs(translator: Translator, model_dir: pathlib.Path, sentences: list[
 def ending_as_translations(translator: Translator, sentences: list[str],
                            cfg: config.TransformerConfig | None = None, *,
                            repeats: int = 2) -> dict:
-  """Seconds of a search of `sentences` (batches of 32, the translator's workers side by side)
+  """Seconds of a search of `sentences` (a Translator's batches of 32, its workers side by side)
   with the stragglers' groups and at all rows, by random weights of `cfg` (default: base dims
   at the translator's vocabulary) whose sentences end where `translator`'s own translations of
   them end: each one's limit is its output's length and EOS, to which random weights run.
@@ -250,12 +250,13 @@ def ending_as_translations(translator: Translator, sentences: list[str],
   cfg = cfg or config.base(vocab_size=translator.config.vocab_size)
   params = jax.jit(lambda: train.create_train_state(cfg, jax.random.key(0)).params)()
   ids = translator._sources(sentences)  # pylint: disable=protected-access
-  order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+  groups = shapes.groups(list(range(len(ids))), [len(x) for x in ids], 32, translator.workers)
+  order = [i for chosen in groups for i in chosen]  # a Translator's batches, longest first
   results = {'sentences': len(ids), 'dims': [cfg.num_layers, cfg.d_model, cfg.vocab_size]}
   for name, beam in (('greedy', 1), ('beam4', 4)):
     ends = [len(x) + 1 for x in translator.replace(beam_size=beam).translate_ids(sentences)]
     batches = []
-    for chosen in (order[i:i + 32] for i in range(0, len(order), 32)):
+    for chosen in groups:
       src = shapes.padded([ids[i] + [data.EOS_ID] for i in chosen],
                           (len(chosen), shapes.bucket(len(ids[chosen[0]]) + 1)))
       batches.append((search.Batch(jnp.asarray(src), jnp.asarray([ends[i] for i in chosen])),
