@@ -39,7 +39,6 @@ Array = jax.Array
 MIN_ROWS = 8  # fewer rows than this are searched in one program: little to gain from shrinking
 SHRINK = 4  # a batch's rows go from R to R / 4, R / 16, ...: few programs to compile
 STRAGGLER_GROUPS = 8  # a batch's sentences still live after its first stage go on R / 8 at a time
-EARLY_ROOM = 8  # (beam search's groups) the first stage's first steps in a cache of this room
 GREEDY_GROUPS = 4  # (R / 4 for a row a sentence: greedy search, one sample)
 
 
@@ -102,17 +101,15 @@ def _search_of(decoding: DecodingConfig, num_results: int | None) -> decode.Path
 
 
 def start(params: Any, batch: Batch, *, config: TransformerConfig, max_len: int,
-          decoding: DecodingConfig = DecodingConfig(), num_results: int | None = None,
-          room: int | None = None) -> Any:
+          decoding: DecodingConfig = DecodingConfig(), num_results: int | None = None) -> Any:
   """The search's first state: the batch's sources encoded once, the hypotheses of a sentence
-  sharing its encoder keys/values, the cache made for `room` positions (default: the first
-  stage's)."""
+  sharing its encoder keys/values, the cache made for the first stage."""
   src, max_lengths, prefix = batch.src, batch.max_lengths, batch.prefix
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
   rows = _hypotheses(decoding, num_results)
   cache = {'src': src, 'model': model.apply({'params': params}, encoded,
-                                            room or decode.stage_lengths(max_len)[0], rows,
+                                            decode.stage_lengths(max_len)[0], rows,
                                             method=Transformer.init_cache)}
   search = _search_of(decoding, num_results)
   if not decoding.sampling:
@@ -177,20 +174,16 @@ def decode_batch(params: Any, batch: Batch, projection: Array | None = None, *,
   last: the same outputs, and half the loops or fewer to compile, where the later stages'
   shorter attention saved nothing measurable (docs/benchmarks-log.md)."""
   settings = {'decoding': decoding, 'num_results': num_results}
+  state = start(params, batch, config=config, max_len=max_len, **settings)
   rooms = decode.stage_lengths(max_len)
-  hypotheses = _hypotheses(decoding, num_results)
-  group = _group(len(batch.src), hypotheses) if stragglers else 0
+  group = _group(len(batch.src), _hypotheses(decoding, num_results)) if stragglers else 0
   if group and len(rooms) > 1:
     # The first stage ends at its room's end or once at most half the batch is live: the
     # groups' rows then cost less than the finished rows would (docs/benchmarks-log.md).
-    firsts, rest = _group_rooms(rooms, hypotheses)
-    state = start(params, batch, config=config, max_len=max_len, room=firsts[0], **settings)
-    for room in firsts:
-      state, live = advance(params, grow(state, room=room), room, len(batch.src) // 2 + 1,
-                            projection, config=config, **settings)
-    return _by_groups(params, projection, state, live, group, rest, config=config,
+    state, live = advance(params, state, rooms[0], len(batch.src) // 2 + 1, projection,
+                          config=config, **settings)
+    return _by_groups(params, projection, state, live, group, max_len, config=config,
                       **settings)
-  state = start(params, batch, config=config, max_len=max_len, **settings)
   if stragglers and len(rooms) > 2:
     rooms = [rooms[0], rooms[-1]]
   for room in rooms:
@@ -211,28 +204,18 @@ def _group(rows: int, hypotheses: int) -> int:
   return max(1, rows // (STRAGGLER_GROUPS if hypotheses > 1 else GREEDY_GROUPS))
 
 
-def _group_rooms(rooms: list[int], hypotheses: int) -> tuple[list[int], list[int]]:
-  """The cache rooms of a batch's steps at all rows and of its groups', given the stages'
-  `rooms` (two or more). A step's self-attention costs what its cache's room holds, W slots of
-  it a query, a large share of a small model's beam search: its first stage's first steps run
-  in EARLY_ROOM, and its groups in the next stage's room before the whole of it, where most
-  end. Each room is a loop compiled, and a row a sentence (greedy search, one sample) attends
-  over W = 1 slot: it keeps one room for each part (docs/benchmarks-log.md)."""
-  if hypotheses == 1:
-    return rooms[:1], rooms[-1:]
-  return [EARLY_ROOM, rooms[0]], sorted({rooms[1], rooms[-1]})
-
-
 def _by_groups(params: Any, projection: Array | None, state: Any, live: Array, group: int,
-               rooms: list[int], *, config: TransformerConfig, decoding: DecodingConfig,
+               room: int, *, config: TransformerConfig, decoding: DecodingConfig,
                num_results: int | None) -> tuple[Array, Array]:
   """finish's results of a batch whose `live` [B] sentences go on from `state`, `group` at a
-  time, each group to its own end in stages of a cache of `rooms` positions (_group_rooms).
+  time, each group to its own end in a cache of `room` positions.
 
   On a CPU every row costs its share of a step, finished or not, and most of a batch's
   sentences end within the first stage while a few run on: they would hold all its rows to
   their end. A group's rows are gathered with their whole state (decode.take_sentences); a
-  sentence that is not live keeps the results it has (decode's "common frame"). Where every
+  sentence that is not live keeps the results it has (decode's "common frame"). One cache
+  room for the groups (rather than stages) keeps the program's loops, and so its compile, as
+  few as the search at all rows has; a group's few rows attend over it cheaply. Where every
   sentence runs on to the same end (a model that never ends a sentence), the groups cost more
   than all rows would (docs/BENCHMARKS.md); translations end apart."""
   settings = {'decoding': decoding, 'num_results': num_results}
@@ -243,10 +226,8 @@ def _by_groups(params: Any, projection: Array | None, state: Any, live: Array, g
 
   def one(i: Array, found: tuple[Array, Array]) -> tuple[Array, Array]:
     taken = jax.lax.dynamic_slice_in_dim(order, i * group, group)
-    part = decode.take_sentences(state, taken, count)
-    for room in rooms:
-      part, _ = advance(params, grow(part, room=room), room, 1, projection, config=config,
-                        **settings)
+    part = grow(decode.take_sentences(state, taken, count), room=room)
+    part, _ = advance(params, part, room, 1, projection, config=config, **settings)
     kept = jnp.where(i * group + jnp.arange(group) < searching, taken, count)  # count: dropped
     return jax.tree.map(lambda x, y: x.at[kept].set(y, mode='drop'), found,
                         finish(part, **settings))
