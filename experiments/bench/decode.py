@@ -262,8 +262,8 @@ def ending_as_translations(translator: Translator, sentences: list[str],
       batches.append((search.Batch(jnp.asarray(src), jnp.asarray([ends[i] for i in chosen])),
                       min(max(ends[i] for i in chosen), cfg.max_len)))
 
-    def searches(groups: bool, beam: int = beam, batches: list = batches) -> Any:
-      fn = jax.jit(functools.partial(search.decode_batch, config=cfg, stragglers=groups,
+    def searches(in_groups: bool, beam: int = beam, batches: list = batches) -> Any:
+      fn = jax.jit(functools.partial(search.decode_batch, config=cfg, stragglers=in_groups,
                                      decoding=config.DecodingConfig(beam_size=beam)),
                    static_argnames='max_len')
 
