@@ -45,6 +45,20 @@ def init(config: TransformerConfig, cross: list[dict[str, Array]], max_len: int,
           'layers': [{'self': empty, 'cross': kv} for kv in cross]}
 
 
+def expand(cache: Cache, beams: int) -> Cache:
+  """A cache of one hypothesis per sentence (`init`'s beams=1) as one of `beams` per sentence,
+  each beam with the history the one had, in a slot of its own: what the beams' caches would
+  hold had each decoded that history (beam search's first step, before which a sentence's beams
+  are alike, is decoded once a sentence: jaxformer.decode.Beam.first_step)."""
+  index, (sentences, max_len) = cache['index'], cache['slots'].shape
+  own = jnp.arange(sentences * beams) % beams  # each hypothesis's slot
+  slots = jnp.where(jnp.arange(max_len) < index, own[:, None], 0)
+  return {**cache, 'slots': slots,
+          'layers': [{**layer, 'self': {name: jnp.repeat(x, beams, axis=POSITION_AXIS[name])
+                                        for name, x in layer['self'].items()}}
+                     for layer in cache['layers']]}
+
+
 def beams(cache: Cache) -> int:
   """W: the hypotheses per sentence the cache was made for."""
   return cache['slots'].shape[0] // cache['layers'][0]['cross']['k'].shape[0]

@@ -347,13 +347,33 @@ class Beam:
   def step(self, tokens_to_logits: TokensToLogits, s: BeamState) -> BeamState:
     """One token more: the 2W best continuations of each sentence's live beams, the W best
     that did not end live on, those that ended join the finished ones."""
-    batch, k = s.alive_log_probs.shape
+    k = self.beam_size
     last = jnp.where(s.step > 0, s.alive_seqs[:, :, jnp.maximum(s.step - 1, 0)], 0)  # [B, W]
     logits, cache = tokens_to_logits(_flatten(last)[:, None], s.cache)
     # The 2W best continuations: enough to keep W live ones even if W of them end here.
     forced = None if s.prefix is None else jnp.repeat(s.prefix[:, s.step], k)  # --> [B * W]
-    top_log_probs, beam_of, token = continuations(s.alive_log_probs, logits, 2 * k,
-                                                  forced)  # --> [B, 2W]
+    return self._chosen(s.replace(cache=cache),
+                        *continuations(s.alive_log_probs, logits, 2 * k, forced))  # [B, 2W]
+
+  def first_step(self, logits: Array, s: BeamState) -> BeamState:
+    """`step` from `start`'s state given each sentence's first logits [B, V], computed once a
+    sentence instead of once a beam (until the first step a sentence's beams are one, only beam
+    0 live), with s.cache already after that step for all B * W hypotheses (the model's:
+    jaxformer.cache.expand), as CTranslate2 expands its beams after the first step. The same
+    state as `step`'s: beam 0's 2W best continuations are the 2W best of all its beams."""
+    k = self.beam_size
+    forced = None if s.prefix is None else s.prefix[:, 0]
+    if logits.shape[-1] < 2 * k:  # fewer tokens than 2W: the other beams' continuations count
+      return self._chosen(s, *continuations(
+          s.alive_log_probs, jnp.repeat(logits, k, axis=0), 2 * k,
+          None if forced is None else jnp.repeat(forced, k)))
+    return self._chosen(s, *continuations(s.alive_log_probs[:, :1], logits, 2 * k, forced))
+
+  def _chosen(self, s: BeamState, top_log_probs: Array, beam_of: Array, token: Array
+              ) -> BeamState:
+    """The state after a step whose 2W best continuations [B, 2W] are given (their
+    log-probabilities, beams and tokens), s.cache after the step's token."""
+    batch, k = s.alive_log_probs.shape
     seqs = _gather(s.alive_seqs, beam_of)  # --> [B, 2W, T]
     seqs = seqs.at[:, :, s.step].set(token)
     length = s.step + 1
@@ -367,7 +387,7 @@ class Beam:
         jnp.where(ends, NEG_INF, top_log_probs), k, seqs, top_log_probs)
     alive_log_probs = jnp.where(_gather(ends, alive_idx), NEG_INF, alive_log_probs)
     parents = _gather(beam_of, alive_idx) + jnp.arange(batch)[:, None] * k  # --> [B, W]
-    cache = self.reorder_cache(cache, parents.reshape(-1))
+    cache = self.reorder_cache(s.cache, parents.reshape(-1))
 
     # Finished: the W best of those finished before and those ending now, by penalised score.
     new_scores = jnp.where(ends, top_log_probs / length_penalty(length, self.alpha), NEG_INF)

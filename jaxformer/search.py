@@ -100,18 +100,28 @@ def _search_of(decoding: DecodingConfig, num_results: int | None) -> decode.Path
 # --- the pieces of a search, each a pure function ------------------------------------------------
 
 
-def start(params: Any, batch: Batch, *, config: TransformerConfig, max_len: int,
-          decoding: DecodingConfig = DecodingConfig(), num_results: int | None = None) -> Any:
+def start(params: Any, batch: Batch, projection: Array | None = None, *,
+          config: TransformerConfig, max_len: int, decoding: DecodingConfig = DecodingConfig(),
+          num_results: int | None = None) -> Any:
   """The search's first state: the batch's sources encoded once, the hypotheses of a sentence
-  sharing its encoder keys/values, the cache made for the first stage."""
+  sharing its encoder keys/values, the cache made for the first stage. Beam search takes its
+  first step here, once a sentence rather than once a beam (decode.Beam.first_step): until
+  then a sentence's beams are one, and a step at a row a sentence costs a W-th of one at all
+  rows (docs/benchmarks-log.md). `projection`: decode_batch's."""
   src, max_lengths, prefix = batch.src, batch.max_lengths, batch.prefix
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
   rows = _hypotheses(decoding, num_results)
-  cache = {'src': src, 'model': model.apply({'params': params}, encoded,
-                                            decode.stage_lengths(max_len)[0], rows,
-                                            method=Transformer.init_cache)}
   search = _search_of(decoding, num_results)
+  beam = isinstance(search, decode.Beam)
+  cache = {'src': src, 'model': model.apply({'params': params}, encoded,
+                                            decode.stage_lengths(max_len)[0],
+                                            1 if beam else rows, method=Transformer.init_cache)}
+  if beam:
+    logits, cache = _tokens_to_logits(model, params, projection)(
+        jnp.zeros((src.shape[0], 1), jnp.int32), cache)  # decoding starts from token 0
+    cache = {**cache, 'model': cache_lib.expand(cache['model'], rows)}
+    return search.first_step(logits, search.start(cache, max_lengths, max_len, prefix))
   if not decoding.sampling:
     return search.start(cache, max_lengths, max_len, prefix)
   repeat = functools.partial(jnp.repeat, repeats=rows, axis=0)  # a sentence's samples adjacent
@@ -174,7 +184,7 @@ def decode_batch(params: Any, batch: Batch, projection: Array | None = None, *,
   last: the same outputs, and half the loops or fewer to compile, where the later stages'
   shorter attention saved nothing measurable (docs/benchmarks-log.md)."""
   settings = {'decoding': decoding, 'num_results': num_results}
-  state = start(params, batch, config=config, max_len=max_len, **settings)
+  state = start(params, batch, projection, config=config, max_len=max_len, **settings)
   rooms = decode.stage_lengths(max_len)
   group = _group(len(batch.src), _hypotheses(decoding, num_results)) if stragglers else 0
   if group and len(rooms) > 1:
@@ -288,9 +298,9 @@ class Segmented:
     if self._in_one_program(len(batch.src), num_results):
       self._whole.compile(params, batch, projection, max_len=max_len, **rest)
       return
-    self._start.compile(params, batch, max_len=max_len, **rest)
+    self._start.compile(params, batch, projection, max_len=max_len, **rest)
     state = _shapes(lambda *a: self._start.transformed(*a, max_len=max_len, **rest), params,
-                    batch)
+                    batch, projection)
     for room in decode.stage_lengths(max_len):
       if _room(state) < room:
         self._grow.compile(state, room=room)
@@ -303,7 +313,7 @@ class Segmented:
     rest = {'num_results': num_results}
     if self._in_one_program(len(batch.src), num_results):
       return self._whole(params, batch, projection, max_len=max_len, **rest)
-    state = self._start(params, batch, max_len=max_len, **rest)
+    state = self._start(params, batch, projection, max_len=max_len, **rest)
     rows = np.arange(len(batch.src))  # the batch row each row of the state holds; -1: none
     found = _Found(len(rows))
     for room in decode.stage_lengths(max_len):

@@ -1,5 +1,7 @@
 """jaxformer.cache: cached decoding equals full decoding; reordered beams keep their histories."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -82,3 +84,28 @@ def test_reordered_beams_attend_to_their_own_histories(translator):
     expected, _ = uncached(tokens, {'tokens': jnp.pad(history, ((0, 0), (0, 8 - step - 1))),
                                     'index': jnp.array(step)})
     np.testing.assert_allclose(logits, expected, atol=1e-5, err_msg=f'step {step}')
+
+
+def test_a_first_step_once_a_sentence_expands_to_the_beams_cache(translator):
+  """The first decoder step at one row a sentence, then `expand`, holds what the same step at
+  every beam's row writes (each beam's keys/values in its own slot), and the beams' next
+  steps, after any choice of parents, give the same logits from either cache."""
+  model, params, beams = Transformer(translator.config), translator.params, 3
+  src = jnp.array([[5, 9, 13, 1, 0, 0], [7, 8, 1, 0, 0, 0]])
+  encoded = apply(model, {'params': params}, src, method=Transformer.encode)
+  cached = jax.jit(search.cached_tokens_to_logits(model, params, src))
+  init = functools.partial(model.apply, {'params': params}, encoded, 8,
+                           method=Transformer.init_cache)
+  once_logits, once = cached(jnp.zeros((2, 1), jnp.int32), init(1))
+  every_logits, every = cached(jnp.zeros((2 * beams, 1), jnp.int32), init(beams))
+  np.testing.assert_allclose(jnp.repeat(once_logits, beams, axis=0), every_logits, atol=1e-6)
+  expanded = cache_lib.expand(once, beams)
+  assert int(expanded['index']) == 1
+  np.testing.assert_array_equal(expanded['slots'], every['slots'])
+  for ours, theirs in zip(jax.tree.leaves(expanded['layers']), jax.tree.leaves(every['layers'])):
+    np.testing.assert_allclose(ours, theirs, atol=1e-6)
+  parents = jnp.array([2, 0, 0, 4, 5, 3])  # each sentence's beams, any of them
+  tokens = jnp.arange(2 * beams)[:, None] + 20
+  ours, _ = cached(tokens, cache_lib.reorder(expanded, parents))
+  theirs, _ = cached(tokens, cache_lib.reorder(every, parents))
+  np.testing.assert_allclose(ours, theirs, atol=1e-5)

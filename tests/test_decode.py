@@ -368,3 +368,19 @@ def test_take_sentences_moves_a_sentences_rows_and_keeps_scalars():
   np.testing.assert_array_equal(taken['by_hypothesis'], [[8, 9], [10, 11], [0, 1], [2, 3]])
   with pytest.raises(ValueError, match='an array of 4 rows in a state of 3 sentences'):
     decode.take_sentences({'x': jnp.zeros(4)}, jnp.array([0]), 3)
+
+
+@pytest.mark.parametrize('vocab', [4, 12])  # fewer tokens than 2W continuations, and more
+@pytest.mark.parametrize('forced', [False, True])
+def test_the_first_step_once_a_sentence_is_the_step_at_every_beam(vocab, forced):
+  """Beam.first_step from each sentence's logits gives `step`'s state from the same logits at
+  every beam's row (the other beams' continuations at NEG_INF), prefixes and all."""
+  beam, batch, max_len = decode.Beam(beam_size=3), 2, 5
+  logits = jax.random.normal(jax.random.key(vocab), (batch, vocab))
+  prefix = jnp.array([[2, 3, 0, 0, 0], [0, 0, 0, 0, 0]]) if forced else None
+  start = beam.start(jnp.zeros(batch * 3), jnp.array([4, 1]), max_len, prefix)
+  every = beam.step(lambda tokens, cache: (jnp.repeat(logits, 3, axis=0), cache + 1), start)
+  once = beam.first_step(logits, start.replace(cache=start.cache + 1))
+  for ours, theirs in zip(jax.tree.leaves(once), jax.tree.leaves(every), strict=True):
+    np.testing.assert_array_equal(ours, theirs)
+  assert int(once.step) == 1 and bool(once.finished_scores[1, 0] > decode.NEG_INF / 2)

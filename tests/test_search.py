@@ -122,15 +122,16 @@ def test_stragglers_in_groups_give_the_same_outputs(params, decoding, num_result
 
 @pytest.mark.parametrize('beam', [1, 3], ids=['greedy', 'beam'])
 def test_the_first_stage_ends_once_half_the_batch_is_done(params, monkeypatch, beam):
-  """Steps counted by their rows: the first stage's at all 32 rows end by the step at which
-  the limits leave at most 16 sentences live (before the first stage's 16; random weights
-  may end some sooner), and the groups' steps go on from there."""
+  """Steps counted by their rows: the first stage's at all 32 sentences' rows end by the step
+  at which the limits leave at most 16 sentences live (before the first stage's 16; random
+  weights may end some sooner), and the groups' steps go on from there. Beam search's first
+  step is one row a sentence (decode.Beam.first_step)."""
   steps, plain = collections.Counter(), search._tokens_to_logits  # pylint: disable=protected-access
 
   def counting(*args):
     fn = plain(*args)
     def step(tokens, cache):
-      jax.debug.callback(functools.partial(steps.update, [tokens.shape[0] // beam]))
+      jax.debug.callback(functools.partial(steps.update, [tokens.shape[0]]))
       return fn(tokens, cache)
     return step
   monkeypatch.setattr(search, '_tokens_to_logits', counting)
@@ -141,7 +142,9 @@ def test_the_first_stage_ends_once_half_the_batch_is_done(params, monkeypatch, b
   jax.effects_barrier()
   half = next(s for s in range(MAX_LEN) if (batch.max_lengths > s).sum() <= 16)
   group = search._group(32, beam)  # pylint: disable=protected-access
-  assert 0 < steps[32] <= half < 16 and steps[group] > 0 and set(steps) == {32, group}
+  first = steps.pop(32) if beam > 1 else 0  # beam search's first step, at 32 rows
+  assert first == (beam > 1) and 0 < first + steps[32 * beam] <= half < 16
+  assert steps[group * beam] > 0 and set(steps) == {32 * beam, group * beam}
 
 
 @pytest.mark.parametrize('decoding, num_results', [
@@ -163,7 +166,8 @@ def test_the_transposed_embedding_gives_the_same_outputs(params, decoding, num_r
     compiled = run.lower(params, batch, projection).compile().as_text()
     contracted = re.findall(rf'= f32\[\d+,{CFG.vocab_size}\]\{{1,0\}} dot\([^\n]*?'
                             r'rhs_contracting_dims=\{(\d)\}', compiled)
-    assert contracted == ['0', '0']  # both loops' logits: [rows, D] x [D, V], not x [V, D]
+    # both loops' logits (and beam search's first step's): [rows, D] x [D, V], not x [V, D]
+    assert contracted == ['0'] * (2 + (decoding.beam_size > 1))
   (ids, scores), (plain_ids, plain_scores) = (
       jax.device_get(run(params, batch, *extra)) for extra in ((projection,), ()))
   np.testing.assert_array_equal(ids, plain_ids)
