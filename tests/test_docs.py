@@ -30,8 +30,9 @@ PAGES = [ROOT / 'README.md', *sorted(p for p in (ROOT / 'docs').glob('*.md')
 BLOCK = re.compile(r'(?:<!-- not run: ([^>]*?) -->\n)?^```(\w+)\n(.*?)^```', flags=re.S | re.M)
 # Appended to a `jaxformer train` that the docs give (by its --config), so that it runs in
 # seconds here.
-TINY = {'multi30k': ' --set model.vocab_size=1000 --set model.num_layers=1 --set train.num_steps=2',
-        'auto': ' --set model.num_layers=1 --set train.num_steps=2'}
+FEW = ' --set train.num_steps=2 --set train.tokens_per_batch=1024'  # two small updates
+TINY = {'multi30k': ' --set model.vocab_size=1000 --set model.num_layers=1' + FEW,
+        'auto': ' --set model.num_layers=1' + FEW}
 
 
 def _blocks(language: str) -> list[tuple[str, str, str | None]]:
@@ -156,7 +157,7 @@ def test_shell_example_runs(page, command, sandbox, tmp_path):
       if not (written and written[1] == f'{folder}/{made.name}'):
         (tmp_path / folder / made.name).symlink_to(made)
   if '--init-from' in command:  # the parent's model, not the tiny one
-    command += ' --set train.num_steps=2'
+    command += FEW
   elif 'jaxformer train' in command:
     config_name = re.search(r'--config (\w+)', command)
     command += TINY[config_name[1] if config_name else 'auto']
