@@ -47,8 +47,9 @@ def test_train_eval_export_translate_from_the_installed_package(installed, tmp_p
   assert where.stdout.startswith(str(installed))  # not this checkout
 
   _run(installed, tmp_path, jaxformer, 'train', '--config', 'demo', '--workdir', 'w',
-       '--set', 'train.num_steps=4', '--set', 'data.train_pairs=2000', '--set',
-       'train.spm_sample_size=4000', '--set', 'train.bleu_sentences=0',
+       '--set', 'train.num_steps=4', '--set', 'train.tokens_per_batch=1024', '--set',
+       'data.train_pairs=2000', '--set', 'train.spm_sample_size=4000', '--set',
+       'train.bleu_sentences=0',
        '--set', 'model.num_layers=1')  # the commands' wiring, not the model, is tested here
   assert sorted(os.listdir(tmp_path / 'w' / 'checkpoints')) == ['4']
 
