@@ -356,17 +356,15 @@ class Beam:
                         *continuations(s.alive_log_probs, logits, 2 * k, forced))  # [B, 2W]
 
   def first_step(self, logits: Array, s: BeamState) -> BeamState:
-    """`step` from `start`'s state given each sentence's first logits [B, V], computed once a
-    sentence instead of once a beam (until the first step a sentence's beams are one, only beam
-    0 live), with s.cache already after that step for all B * W hypotheses (the model's:
-    jaxformer.cache.expand), as CTranslate2 expands its beams after the first step. The same
-    state as `step`'s: beam 0's 2W best continuations are the 2W best of all its beams."""
-    k = self.beam_size
-    forced = None if s.prefix is None else s.prefix[:, 0]
+    """`step`'s state from `start`'s, given each sentence's first logits [B, V] (computed once
+    a sentence: until then its beams are one, beam 0) and s.cache after that step for B * W
+    hypotheses (the model's: jaxformer.cache.expand), as CTranslate2 expands its beams after
+    the first step. Beam 0's 2W best continuations are the 2W best of all its beams."""
+    k, forced = self.beam_size, None if s.prefix is None else s.prefix[:, 0]
     if logits.shape[-1] < 2 * k:  # fewer tokens than 2W: the other beams' continuations count
-      return self._chosen(s, *continuations(
-          s.alive_log_probs, jnp.repeat(logits, k, axis=0), 2 * k,
-          None if forced is None else jnp.repeat(forced, k)))
+      return self._chosen(s, *continuations(s.alive_log_probs, jnp.repeat(logits, k, axis=0),
+                                            2 * k, None if forced is None else
+                                            jnp.repeat(forced, k)))
     return self._chosen(s, *continuations(s.alive_log_probs[:, :1], logits, 2 * k, forced))
 
   def _chosen(self, s: BeamState, top_log_probs: Array, beam_of: Array, token: Array
