@@ -155,7 +155,7 @@ for step in $steps; do
     auto) SECONDS=0  # alone on the GPU; JAX_LOG_COMPILES: each program's compile time
       JAX_LOG_COMPILES=1 auto_run
       echo "== auto: ${SECONDS} s in all" >&2 ;;
-    peer) PYTHONPATH=$path run 300 peer.json "${bench[@]}" --only train \
+    peer) PYTHONPATH=$path run 420 peer.json "${bench[@]}" --only train \
             $(printf -- '--train-case %s ' ${PEER_CASES:-base big}) ;;
     parity)
       tmp=$(mktemp -d)
