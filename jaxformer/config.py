@@ -256,6 +256,9 @@ class TrainConfig:
   checkpoint_every_secs: float | None = setting(600.0, 'seconds between checkpoints (the '
                                                 "paper's 10 minutes; none: off)")
   checkpoint_every_steps: int | None = setting(None, 'steps between checkpoints (none: off)')
+  checkpoint_steps_to_average: bool = setting(False, 'checkpoint_every_steps makes only the '
+                                              'last average_last checkpoints (those averaged); '
+                                              'before them, checkpoint_every_secs makes them')
   keep_checkpoints: int = setting(20, 'checkpoints kept (raised to average_last if smaller)')
   keep_train_state: int = setting(2, 'the newest checkpoints that keep the optimiser state '
                                   'for resuming (the others keep params only, for averaging)')
@@ -308,6 +311,14 @@ class TrainConfig:
     if self.best_metric == 'bleu' and self.average_best and not self.bleu_sentences:
       raise SettingError('best_metric=bleu needs validation BLEU: set bleu_sentences (e.g. '
                          '--set train.bleu_sentences=1000).')
+
+  def step_checkpoints_from(self) -> int | None:
+    """With checkpoint_steps_to_average, the step of the first averaged checkpoint: from it
+    checkpoints come by the step count only, before it by the clock only (None: off)."""
+    every, count = self.checkpoint_every_steps, self.average_last
+    if not (self.checkpoint_steps_to_average and every and count):
+      return None
+    return [*range(every, self.num_steps, every), self.num_steps][-count:][0]
 
   def check_rows(self, config: TransformerConfig) -> None:
     """SettingError when rows are shorter than the model's longest sentences."""

@@ -49,13 +49,14 @@ def check_backend(train_cfg: TrainConfig, backend: str | None = None) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Action:
-  """Work the loop does after some steps: `run(step)` every `every` steps (None: never by the
-  count), after the last step, and, with `on_save_signal`, when the hosts agreed that a save is
-  due (the save clock ran out, or the run is being preempted)."""
+  """Work the loop does after some steps: `run(step)` every `every` steps from step `start`
+  (None: never by the count), after the last step, and, with `on_save_signal`, when the hosts
+  agreed that a save is due (the save clock ran out, or the run is being preempted)."""
   name: str
   every: int | None
   run: Callable[[int], Any]
   on_save_signal: bool = False
+  start: int = 1
 
 
 def periodic_actions(train_cfg: TrainConfig, *, log_metrics: Callable[[int], Any],
@@ -66,15 +67,15 @@ def periodic_actions(train_cfg: TrainConfig, *, log_metrics: Callable[[int], Any
   actions = [Action('log', train_cfg.log_every_steps, log_metrics)]
   if evaluate is not None:
     actions.append(Action('eval', train_cfg.eval_every_steps, evaluate))
-  return actions + [Action('save', train_cfg.checkpoint_every_steps, save, on_save_signal=True)]
+  return actions + [Action('save', train_cfg.checkpoint_every_steps, save, on_save_signal=True,
+                           start=train_cfg.step_checkpoints_from() or 1)]
 
 
 def due(actions: list[Action], step: int, num_steps: int, *, save_signal: bool = False
         ) -> list[Action]:
   """The actions to run after `step`."""
-  return [action for action in actions
-          if step == num_steps or (action.every and step % action.every == 0)
-          or (action.on_save_signal and save_signal)]
+  return [a for a in actions if step == num_steps or (a.on_save_signal and save_signal)
+          or (a.every and step % a.every == 0 and step >= a.start)]
 
 
 class Patience:
@@ -101,11 +102,12 @@ def host_sync_due(step: int, train_cfg: TrainConfig, process_count: int) -> bool
           or step == train_cfg.num_steps)
 
 
-def _agree(guard: monitor.PreemptionGuard, last_save: float, train_cfg: TrainConfig
+def _agree(guard: monitor.PreemptionGuard, last_save: float, train_cfg: TrainConfig, step: int
            ) -> tuple[bool, bool]:
-  """(preempted, timed save due) as all hosts agree: one all-gather."""
-  local = [guard.signal is not None,
-           monitor.clock_ran_out(last_save, train_cfg.checkpoint_every_secs)]
+  """(preempted, timed save due after `step`: none among the averaged step-counted ones) as
+  all hosts agree: one all-gather."""
+  local = [guard.signal is not None, step < (train_cfg.step_checkpoints_from() or step + 1)
+           and monitor.clock_ran_out(last_save, train_cfg.checkpoint_every_secs)]
   return tuple(bool(x) for x in parallel.all_hosts(np.array(local)).any(0))
 
 
@@ -158,10 +160,8 @@ def train(config: TransformerConfig, train_cfg: TrainConfig, workdir: str | path
   """Trains `config` on `train_pairs` in `workdir` (resuming from its checkpoints), evaluating
   on `validation` if given, with the optimiser of `optim` (default: the paper's): the backend
   check, data.pipeline.build, train_and_evaluate. With train_cfg.init_from, a fresh workdir
-  starts from that model's params and vocabulary (fine-tuning; see `inherit`).
-
-  One run at a time per workdir: process 0 holds its lock (files.locked), and a second run
-  on the same workdir stops at once, naming the process that holds it."""
+  starts from that model's params and vocabulary (fine-tuning; see `inherit`). One run at a
+  time per workdir: a second stops at once, naming the process that holds its lock."""
   check_backend(train_cfg)
   train_cfg.check_rows(config)  # before the workdir is made
   finetune.check_fine_tune_workdir(workdir, train_cfg.init_from)
@@ -213,10 +213,10 @@ def _on_skip(step: int, skipped: int) -> None:
 
 class Run:
   """One training run in progress: the replicated state, the save clock, the data position,
-  early stopping and the summary, with the loop's actions as methods (`log`,
-  `evaluate`, `save`, `stop`) and its state changed only by them and `train_step`.
-  train_and_evaluate starts one (`Run.start`: restored or initialised), steps it and finishes
-  it. The constructor only takes what it is given: it computes, compiles and logs nothing."""
+  early stopping and the summary, with the loop's actions as methods (`log`, `evaluate`,
+  `save`, `stop`) and its state changed only by them and `train_step`. train_and_evaluate
+  starts one (`Run.start`: restored or initialised), steps it and finishes it; the constructor
+  only takes what it is given: it computes, compiles and logs nothing."""
 
   @classmethod
   def start(cls, config: TransformerConfig, train_cfg: TrainConfig, workdir: pathlib.Path,
@@ -288,10 +288,9 @@ class Run:
     return max(train_cfg.bleu_sentences, train_cfg.sample_translations)
 
   def compile_ahead(self) -> None:
-    """Starts compiling the validation's programs (the eval step, and the search of the
-    sentences it translates) in a background thread, from the shapes alone: they compile while
-    the train step does, instead of stalling the loop at the first evaluation. A failure there
-    is left to the evaluation, which compiles (and reports) as it would have."""
+    """Compiles the validation's programs (the eval step, the search of the sentences it
+    translates) from their shapes in a background thread, beside the train step, rather than at
+    the first evaluation; a failure there is left to the evaluation, which compiles again."""
     if self.pipeline.validation is None or jax.process_count() > 1:
       return
     shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)  # noqa: E731
@@ -335,10 +334,10 @@ class Run:
 
   def save(self, step: int, metrics: dict[str, float] | None = None) -> None:
     """Starts an async save of this step (with the validation `metrics` that rank it, if any)
-    and restarts the save clock; nothing if this step was saved already. With one process the
-    save reads a copy of the state made on the device, in a background thread, so that the
-    loop goes on at once; with several, orbax's barriers and the loop's all-gathers must keep
-    one order on every host, and the loop saves on its own thread."""
+    and restarts the save clock; nothing if this step was saved already. With one process a
+    background thread saves a copy of the state made on the device, and the loop goes on at
+    once; with several, orbax's barriers and the loop's all-gathers must keep one order on
+    every host, so the loop saves on its own thread."""
     if self.saved_step == step:  # saved already at this step's evaluation
       return
     self.saved_step, self.last_save = step, time.monotonic()
@@ -427,7 +426,7 @@ def train_and_evaluate(config: TransformerConfig, train_cfg: TrainConfig,
           run.train_step(step, *next(device_batches))
           if step == run.start_step + 1:  # its compile and run, apart from the steps' rate
             run.read_metrics()
-        preempted, timed_save = _agree(guard, run.last_save, train_cfg) if host_sync_due(
+        preempted, timed_save = _agree(guard, run.last_save, train_cfg, step) if host_sync_due(
             step, train_cfg, jax.process_count()) else (False, False)
         now = due(actions, step, train_cfg.num_steps, save_signal=preempted or timed_save)
         if now:  # never report or save past an unchecked update

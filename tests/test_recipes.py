@@ -184,6 +184,7 @@ def test_the_rule_for_a_corpus_size_on_cpu(pairs, vocab, dropout, steps, warmup,
           train['eval_every_steps']) == (vocab, dropout, steps, warmup, every, 2 * every)
   assert (model.num_layers, model.d_model, model.d_ff, model.num_heads) == (4, 128, 256, 4)
   assert (model.max_len, train['row_len'], train['average_last']) == (64, 64, 5)
+  assert train['checkpoint_steps_to_average'] and train['checkpoint_every_secs'] == 600
   assert len(reasons) == 6 and reasons[0].startswith(f'vocabulary   {vocab:,} pieces')
 
 

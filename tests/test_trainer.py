@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import jax
 import numpy as np
@@ -53,6 +54,37 @@ def test_due_logs_evaluates_and_saves_on_their_schedules_and_at_the_end():
   assert _due(3, tc, evaluating=True, save_signal=True) == {'save'}
   untimed = train_settings(num_steps=10, checkpoint_every_steps=None)
   assert [s for s in range(1, 11) if 'save' in _due(s, untimed, evaluating=False)] == [10]
+
+
+def test_with_checkpoint_steps_to_average_the_count_saves_only_the_averaged_ones():
+  """Saves by the count only from the first of the last average_last (520 of 40, 80, ..., 640
+  and the last, 650), by the clock (its timed saves) only before it."""
+  tc = train_settings(num_steps=650, checkpoint_every_steps=40, average_last=5,
+                      checkpoint_steps_to_average=True, checkpoint_every_secs=600.0)
+  assert tc.step_checkpoints_from() == 520
+  assert [s for s in range(1, 651) if 'save' in _due(s, tc, evaluating=False)] == [
+      520, 560, 600, 640, 650]
+  guard, long_ago = types.SimpleNamespace(signal=None), time.monotonic() - 601
+  assert trainer._agree(guard, long_ago, tc, 519) == (False, True)
+  assert trainer._agree(guard, long_ago, tc, 520) == (False, False)
+  assert trainer._agree(guard, time.monotonic(), tc, 100) == (False, False)
+  assert trainer._agree(types.SimpleNamespace(signal='SIGTERM'), long_ago, tc, 600) == (
+      True, False)  # a stop signal still saves at once
+  assert train_settings(checkpoint_steps_to_average=True, average_last=0
+                        ).step_checkpoints_from() is None  # nothing averaged: off
+
+
+def test_saving_only_the_averaged_checkpoints_averages_the_same_params(tmp_path):
+  """The setting changes which checkpoints are written, not the run: the average of the last 3
+  equals the one of a run that saved every 2 steps."""
+  averages = []
+  for name, only in (('all', False), ('averaged', True)):
+    summary = trainer.train(CFG, _tc(num_steps=10, average_last=3,
+                                     checkpoint_steps_to_average=only), tmp_path / name, TEXT)
+    steps = sorted(int(p.name) for p in (tmp_path / name / 'checkpoints').iterdir())
+    assert steps == ([6, 8, 10] if only else [2, 4, 6, 8, 10])
+    averages.append(checkpoint.load(summary['averaged'])[0])
+  assert jax.tree.all(jax.tree.map(np.array_equal, *averages))
 
 
 def test_each_action_of_a_run_works_alone(tmp_path):

@@ -37,7 +37,7 @@ SECTIONS = {
                                        'peer': args.peer, 'lock': args.time_lock,
                                        'compiler_options': dict(args.compiler_option or [])}),
     'checkpoint': (checkpoint.run, lambda args: {}),
-    'loop': (loop.run, lambda args: {}),
+    'loop': (loop.run, lambda args: {'rounds': args.rounds}),
     'decode': (decode.run, lambda args: {'data_dir': args.data_dir,
                                          'demo_model': args.demo_model,
                                          'multi30k_model': args.multi30k_model}),
@@ -87,7 +87,7 @@ def main() -> int:
                       'against CTranslate2 on test_2016_flickr (e.g. workdirs/multi30k/'
                       'average-last5 after make train-multi30k)')
   parser.add_argument('--rounds', type=positive_int, default=3,
-                      help='startup section: rounds, each way once a round (medians)')
+                      help='startup and loop sections: rounds, each way once a round (medians)')
   parser.add_argument('--scale-pairs', type=positive_int, default=4_500_000,
                       help='scale section: pairs of the synthetic corpus (WMT14 EN-DE: 4.5M)')
   parser.add_argument('--scale-src', help='scale section: your own source file instead')

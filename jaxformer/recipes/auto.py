@@ -187,12 +187,15 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
   # A validation pass (its loss, and the sample translations) is a noticeable share of a small
   # run on a CPU, where it then comes at every other checkpoint (docs/BENCHMARKS.md).
   evaluate = every if gpu else 2 * every
-  reasons.append(f'checkpoints  every {every} steps, the last 5 averaged; a validation pass '
-                 f'every {evaluate} steps and at the end, when there is a validation set')
+  # Only the averaged checkpoints come by the step count: each save slows the steps around it
+  # (on a GPU, docs/benchmarks-log.md), and before them one every 10 minutes is enough to resume.
+  reasons.append(f'checkpoints  the last 5 every {every} steps, averaged (before them one every '
+                 f'10 minutes, to resume from); a validation pass every {evaluate} steps and at '
+                 'the end, when there is a validation set')
   train = {'num_steps': steps, 'tokens_per_batch': TOKENS_PER_BATCH, 'row_len': row_len,
-           'checkpoint_every_steps': every, 'checkpoint_every_secs': None, 'keep_checkpoints': 5,
-           'average_last': 5, 'eval_every_steps': evaluate,
-           'log_every_steps': max(10, every // 2)}
+           'checkpoint_every_steps': every, 'checkpoint_steps_to_average': True,
+           'checkpoint_every_secs': 600.0, 'keep_checkpoints': 5, 'average_last': 5,
+           'eval_every_steps': evaluate, 'log_every_steps': max(10, every // 2)}
   return Choice(model.replace(max_len=max_len), train, OptimConfig(**optim), tuple(reasons))
 
 
