@@ -376,14 +376,17 @@ class Translator:
 
 def _on_device(params: Any) -> Any:
   """The weights on jax's default device, once: numpy weights (a loaded checkpoint's) would be
-  copied to it again by every program call. Shapes alone (to compile ahead) get that device's
-  sharding, so that the programs they compile are those the arrays will call."""
+  copied to it again by every program call. Arrays are committed to that device, and shapes
+  alone (to compile ahead) get its sharding, so that the programs are one whoever made the
+  weights: a training run's validation compiles (and leaves in the compilation cache) the
+  search that an eval of its checkpoints then calls (an uncommitted array lowers without the
+  sharding, another program to jax's cache)."""
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   def put(x: Any) -> Any:
     if isinstance(x, jax.ShapeDtypeStruct):
       return x if x.sharding is not None else jax.ShapeDtypeStruct(x.shape, x.dtype,
                                                                    sharding=device)
-    return jax.device_put(x) if isinstance(x, np.ndarray) else x
+    return jax.device_put(x, device) if isinstance(x, (np.ndarray, jax.Array)) else x
   return jax.tree.map(put, params)
 
 

@@ -72,6 +72,25 @@ def test_a_search_compiled_ahead_is_not_compiled_again(translator):
   assert model._search.compiled == compiled
 
 
+def test_the_search_is_one_program_whoever_made_the_weights(translator):
+  """A run's validation compiles its search from shapes (or calls it with the device's
+  arrays); an eval of its checkpoint calls it with numpy weights, a library user perhaps with
+  arrays never placed: all lower to one program text, hence one entry in jax's compilation
+  cache (before, numpy weights lowered without the device's sharding: another program)."""
+  params = translator.params
+  sources = {'shapes': jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params),
+             'numpy': jax.tree.map(np.asarray, params),
+             'unplaced': jax.tree.map(jnp.asarray, jax.tree.map(np.asarray, params))}
+  texts = set()
+  for weights in sources.values():
+    model = translation.Translator(weights, translator.config, translator.tokenizer,
+                                   fixed_shapes=True, batch_size=2, beam_size=2)
+    ids = model._sources(SENTENCES[:2])  # pylint: disable=protected-access
+    args, static = model._search_arguments([0, 1], [[0, 1]], ids, [[], []], 0, None)
+    texts.add(model._search.transformed.lower(*args, **static).as_text())
+  assert len(texts) == 1
+
+
 def test_the_output_projection_is_made_once_for_the_weights(translator):
   """On a CPU the searches take the embedding transposed (model.output_projection), made on
   first use and kept by replace while the weights stay (a server's request settings)."""
