@@ -318,7 +318,9 @@ class TrainConfig:
     every, count = self.checkpoint_every_steps, self.average_last
     if not (self.checkpoint_steps_to_average and every and count):
       return None
-    return [*range(every, self.num_steps, every), self.num_steps][-count:][0]
+    before = (self.num_steps - 1) // every  # the count's saves before the last step's
+    first = max(before + 1 - count, 0)  # the first averaged one's place among them all
+    return self.num_steps if first == before else (first + 1) * every
 
   def check_rows(self, config: TransformerConfig) -> None:
     """SettingError when rows are shorter than the model's longest sentences."""
