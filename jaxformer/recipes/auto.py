@@ -187,8 +187,9 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
   # A validation pass (its loss, and the sample translations) is a noticeable share of a small
   # run on a CPU, where it then comes at every other checkpoint (docs/BENCHMARKS.md).
   evaluate = every if gpu else 2 * every
-  # Only the averaged checkpoints come by the step count: each save slows the steps around it
-  # (on a GPU, docs/benchmarks-log.md), and before them one every 10 minutes is enough to resume.
+  # Only the averaged checkpoints come by the step count: a save written in the background slows
+  # the steps beside it (docs/BENCHMARKS.md), and before them one every 10 minutes is enough
+  # to resume from.
   reasons.append(f'checkpoints  the last 5 every {every} steps, averaged (before them one every '
                  f'10 minutes, to resume from); a validation pass every {evaluate} steps and at '
                  'the end, when there is a validation set')
