@@ -402,9 +402,11 @@ class Transformer(nn.Module):
     `projection`: as `logits`'."""
     self_mask, cache = cache_lib.self_attention_mask(cache, self.config.attention_window)
     cross_mask = segment_mask(jnp.ones_like(src[:, :1]), (layout or Layout()).source(src)[0])
+    # Every hypothesis is at the same position: its encoding is computed once, [1, 1], and
+    # broadcast, not once a row (a sine and a cosine an entry).
     hidden, cache = self.decoder(tokens, None, self_mask, cross_mask,
-                                 jnp.full_like(tokens, cache['index']), deterministic=True,
-                                 cache=cache)
+                                 jnp.full((1, 1), cache['index'], tokens.dtype),
+                                 deterministic=True, cache=cache)
     return self.logits(hidden[:, 0], projection), cache
 
   def __call__(self, src: Array, tgt_in: Array, *, deterministic: bool = True,

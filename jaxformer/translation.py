@@ -190,8 +190,8 @@ class Translator:
     """As translate, but the output pieces' ids (without EOS; [] for a blank input)."""
     out: list[list[int]] = [[] for _ in sentences]
     for chosen, ids, _ in self._searches(sentences, progress, None, prefixes, first_index):
-      for i, row in zip(chosen, ids):
-        out[i] = _until_eos(row)
+      for i, row in zip(chosen, _until_eos(ids)):
+        out[i] = row
     return out
 
   def translate_nbest(self, sentences: Sequence[str], n: int, progress: bool = False, *,
@@ -390,6 +390,9 @@ def _on_device(params: Any) -> Any:
   return jax.tree.map(put, params)
 
 
-def _until_eos(row: np.ndarray) -> list[int]:
-  """A searched row's ids before its EOS (or its padding)."""
-  return [int(t) for t in row[:np.argmax(np.append(row, 0) <= EOS_ID)]]
+def _until_eos(ids: np.ndarray) -> list[list[int]]:
+  """Each searched row's ids [B, T] before its EOS (or its padding), found for the whole batch
+  at once: a small model's batch decodes in milliseconds, and a row at a time took a few
+  percent of that."""
+  ends = np.argmax(np.pad(ids, ((0, 0), (0, 1))) <= EOS_ID, axis=1)
+  return [row[:end].tolist() for row, end in zip(ids, ends)]

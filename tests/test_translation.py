@@ -30,6 +30,13 @@ def test_cached_and_uncached_search_agree(translator, beam_size):
   np.testing.assert_array_equal(cached, jax.jit(lambda: run(uncached_decoding.decode_batch))())
 
 
+def test_a_rows_ids_end_before_its_eos_or_padding():
+  ids = np.array([[5, 6, 1, 7], [5, 6, 7, 8], [1, 5, 6, 7], [5, 0, 6, 1]], np.int32)
+  out = translation._until_eos(ids)
+  assert out == [[5, 6], [5, 6, 7, 8], [], [5]]
+  assert all(type(t) is int for row in out for t in row)  # JSON-ready, not numpy scalars
+
+
 def test_batch_padding_does_not_change_a_translation(translator):
   together = translator.translate(SENTENCES)
   alone = [translator.translate([s])[0] for s in SENTENCES]
@@ -369,8 +376,8 @@ def test_the_first_sampled_tokens_of_a_model_follow_its_softmax(translator):
   standard errors of the model's probability for it (a fixed seed: the test cannot flake)."""
   n, sentence = 2000, SENTENCES[0]
   sampler = translator.replace(sampling=True, seed=0, extra_length=0)
-  ids = [translation._until_eos(row)[:1] for row in next(
-      sampler._searches([sentence], False, n, None, 0))[1][0]]  # n samples' ids
+  ids = [row[:1] for row in translation._until_eos(next(
+      sampler._searches([sentence], False, n, None, 0))[1][0])]  # n samples' ids
   assert len(ids) == n
   src = shapes.padded([translator.tokenizer.encode([sentence])[0] + [1]], (1, 32))
   logits = Transformer(translator.config).apply({'params': translator.params}, src,
