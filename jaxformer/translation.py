@@ -392,7 +392,7 @@ def _on_device(params: Any) -> Any:
 
 def _until_eos(ids: np.ndarray) -> list[list[int]]:
   """Each searched row's ids [B, T] before its EOS (or its padding), found for the whole batch
-  at once: a small model's batch decodes in milliseconds, and a row at a time took a few
-  percent of that."""
+  at once: row by row in Python was a measurable part of a small model's call
+  (docs/benchmarks-log.md)."""
   ends = np.argmax(np.pad(ids, ((0, 0), (0, 1))) <= EOS_ID, axis=1)
   return [row[:end].tolist() for row, end in zip(ids, ends)]
