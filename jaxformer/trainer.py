@@ -106,7 +106,8 @@ def _agree(guard: monitor.PreemptionGuard, last_save: float, train_cfg: TrainCon
            ) -> tuple[bool, bool]:
   """(preempted, timed save due after `step`: none among the averaged step-counted ones) as
   all hosts agree: one all-gather."""
-  local = [guard.signal is not None, step < (train_cfg.step_checkpoints_from() or step + 1)
+  counted_from = train_cfg.step_checkpoints_from()
+  local = [guard.signal is not None, (counted_from is None or step < counted_from)
            and monitor.clock_ran_out(last_save, train_cfg.checkpoint_every_secs)]
   return tuple(bool(x) for x in parallel.all_hosts(np.array(local)).any(0))
 
