@@ -47,16 +47,13 @@ help:
 	@echo "make clean       remove $(VENV) and the build outputs"
 
 # The venv is (re)installed when pyproject.toml changes, and rebuilt from scratch when it holds
-# another jax build than JAX_EXTRA's. pip installs without byte-compiling (PIP_INSTALL): Python
-# compiles a module when it is first imported, and most of the installed files (TensorFlow's
-# above all) never are; compiling them all took a third of the install (docs/benchmarks-log.md).
-PIP_INSTALL = -m pip install --quiet --no-compile
+# another jax build than JAX_EXTRA's.
 $(STAMP): pyproject.toml
 	$(if $(OTHER_BUILD),@echo "$(VENV) holds jax's $(patsubst $(VENV)/.installed-%,%,$(OTHER_BUILD)) build: rebuilding it for $(JAX_EXTRA)")
 	$(if $(OTHER_BUILD),rm -rf $(VENV))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) $(PIP_INSTALL) -e '.[test,docs,wmt,$(JAX_EXTRA)]'
+	$(PY) -m pip install --quiet -e '.[test,docs,wmt,$(JAX_EXTRA)]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -87,7 +84,7 @@ check-core-install:
 	rm -rf $(CORE_VENV)
 	$(PYTHON) -m venv $(CORE_VENV)
 	$(CORE_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(CORE_VENV)/bin/python $(PIP_INSTALL) '.[cpu]'
+	$(CORE_VENV)/bin/python -m pip install --quiet '.[cpu]'
 	@if $(CORE_VENV)/bin/python -c 'import tensorflow' 2>/dev/null; then \
 	  echo "the core install has TensorFlow"; exit 1; fi
 	$(CORE_VENV)/bin/python -c 'import jaxformer.cli'
