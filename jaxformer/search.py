@@ -104,18 +104,21 @@ def start(params: Any, batch: Batch, projection: Array | None = None, *,
           config: TransformerConfig, max_len: int, decoding: DecodingConfig = DecodingConfig(),
           num_results: int | None = None) -> Any:
   """The search's first state: the batch's sources encoded once, the hypotheses of a sentence
-  sharing its encoder keys/values, the cache made for the first stage. On a CPU beam search
-  takes its first step here, once a sentence rather than once a beam (decode.Beam.first_step):
-  until then a sentence's beams are one, and a step at a row a sentence costs a W-th of one at
-  all rows, for a decoder step more to compile in each program (docs/benchmarks-log.md); an
-  accelerator would autotune that step's products as well, unmeasured, so it steps all rows
-  from the first. `projection`: decode_batch's."""
+  sharing its encoder keys/values, the cache made for the first stage. On a CPU a beam search
+  of MIN_ROWS sentences or more takes its first step here, once a sentence rather than once a
+  beam (decode.Beam.first_step): until then a sentence's beams are one, and a step at a row a
+  sentence costs a W-th of one at all rows, for a decoder step more to compile in each program
+  (docs/benchmarks-log.md). A batch of fewer (a server's request, a terminal's line) steps all
+  its rows from the first: there that step's rows cost nothing measurable and the compile a
+  second. An accelerator would autotune the step's products as well, unmeasured, so it steps
+  all rows from the first. `projection`: decode_batch's."""
   src, max_lengths, prefix = batch.src, batch.max_lengths, batch.prefix
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]
   rows = _hypotheses(decoding, num_results)
   search = _search_of(decoding, num_results)
-  once = isinstance(search, decode.Beam) and jax.default_backend() == 'cpu'
+  once = (isinstance(search, decode.Beam) and jax.default_backend() == 'cpu'
+          and len(src) >= MIN_ROWS)
   cache = {'src': src, 'model': model.apply({'params': params}, encoded,
                                             decode.stage_lengths(max_len)[0],
                                             1 if once else rows, method=Transformer.init_cache)}

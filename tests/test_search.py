@@ -126,15 +126,7 @@ def test_the_first_stage_ends_once_half_the_batch_is_done(params, monkeypatch, b
   at which the limits leave at most 16 sentences live (before the first stage's 16; random
   weights may end some sooner), and the groups' steps go on from there. Beam search's first
   step is one row a sentence (decode.Beam.first_step)."""
-  steps, plain = collections.Counter(), search._tokens_to_logits  # pylint: disable=protected-access
-
-  def counting(*args):
-    fn = plain(*args)
-    def step(tokens, cache):
-      jax.debug.callback(functools.partial(steps.update, [tokens.shape[0]]))
-      return fn(tokens, cache)
-    return step
-  monkeypatch.setattr(search, '_tokens_to_logits', counting)
+  steps = _counting_steps(monkeypatch)
   batch = _long_tails()
   jax.block_until_ready(jax.jit(lambda *a: search.decode_batch(
       *a, config=CFG, max_len=MAX_LEN, decoding=DecodingConfig(beam_size=beam),
@@ -145,6 +137,41 @@ def test_the_first_stage_ends_once_half_the_batch_is_done(params, monkeypatch, b
   first = steps.pop(32) if beam > 1 else 0  # beam search's first step, at 32 rows
   assert first == (beam > 1) and 0 < first + steps[32 * beam] <= half < 16
   assert steps[group * beam] > 0 and set(steps) == {32 * beam, group * beam}
+
+
+def _counting_steps(monkeypatch) -> collections.Counter:
+  """A Counter that the searches compiled from here on count their decoder steps in, by the
+  rows each step decodes."""
+  steps, plain = collections.Counter(), search._tokens_to_logits  # pylint: disable=protected-access
+
+  def counting(*args):
+    fn = plain(*args)
+    def step(tokens, cache):
+      jax.debug.callback(functools.partial(steps.update, [tokens.shape[0]]))
+      return fn(tokens, cache)
+    return step
+  monkeypatch.setattr(search, '_tokens_to_logits', counting)
+  return steps
+
+
+def test_a_batch_of_few_sentences_steps_all_its_beams_from_the_first(params, monkeypatch):
+  """Beam search's first step is once a sentence in a batch of MIN_ROWS sentences, at every
+  beam's row in a batch of fewer (a server's request: there it saves nothing measurable and
+  costs a decoder step's compile); both find the same n best, prefix and limits included."""
+  steps, decoding = _counting_steps(monkeypatch), DecodingConfig(beam_size=3, alpha=0.6)
+  full = _batch()
+  few = full._replace(**{name: getattr(full, name)[:4]
+                         for name in ('src', 'max_lengths', 'prefix', 'indices')})
+  found = {}
+  for batch in (full, few):
+    steps.clear()
+    found[len(batch.src)] = jax.device_get(jax.jit(lambda *a: search.decode_batch(
+        *a, config=CFG, max_len=MAX_LEN, decoding=decoding, num_results=2))(params, batch))
+    jax.effects_barrier()
+    found[f'rows of {len(batch.src)}'] = set(steps)
+  assert found['rows of 8'] == {8, 24} and found['rows of 4'] == {12}
+  np.testing.assert_array_equal(found[4][0], found[8][0][:4])
+  np.testing.assert_allclose(found[4][1], found[8][1][:4], rtol=1e-5)
 
 
 @pytest.mark.parametrize('decoding, num_results', [
