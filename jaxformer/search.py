@@ -36,7 +36,8 @@ from jaxformer.data.tokenizer import EOS_ID
 from jaxformer.model import Transformer
 
 Array = jax.Array
-MIN_ROWS = 8  # fewer rows than this are searched in one program: little to gain from shrinking
+MIN_ROWS = 8  # a batch of fewer sentences is searched in one program at all its rows (and beam
+              # search's first step at every beam's): little to gain, a compile to pay
 SHRINK = 4  # a batch's rows go from R to R / 4, R / 16, ...: few programs to compile
 STRAGGLER_GROUPS = 8  # a batch's sentences still live after its first stage go on R / 8 at a time
 GREEDY_GROUPS = 4  # (R / 4 for a row a sentence: greedy search, one sample)

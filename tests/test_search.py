@@ -64,9 +64,7 @@ def test_segments_give_the_one_programs_outputs(params, decoding, num_results):
                          ids=['few-rows', 'greedy'])
 def test_few_rows_and_greedy_search_are_one_program(params, decoding, rows):
   segmented = search.Segmented(CFG, decoding)
-  full = _batch(search.MIN_ROWS)
-  batch = full._replace(**{name: getattr(full, name)[:rows]
-                           for name in ('src', 'max_lengths', 'prefix', 'indices')})
+  batch = _first_sentences(_batch(search.MIN_ROWS), rows)
   found = segmented(params, batch, max_len=MAX_LEN)
   assert [what.split(' [')[0] for what, _ in segmented.compiled] == ['the search']
   np.testing.assert_array_equal(found[0], jax.jit(lambda *a: search.decode_batch(
@@ -81,6 +79,12 @@ def test_compiling_ahead_leaves_the_full_rows_nothing_to_compile(params):
   every_row_live = batch._replace(max_lengths=np.full(search.MIN_ROWS, MAX_LEN, np.int32))
   segmented(params, every_row_live, max_len=MAX_LEN)
   assert len(segmented.compiled) == ahead == 5  # start, steps in 16, room 24, its steps, results
+
+
+def _first_sentences(batch: search.Batch, count: int) -> search.Batch:
+  """The batch of `batch`'s first `count` sentences."""
+  return batch._replace(**{name: getattr(batch, name)[:count]
+                           for name in ('src', 'max_lengths', 'prefix', 'indices')})
 
 
 def _long_tails() -> search.Batch:
@@ -159,17 +163,15 @@ def test_a_batch_of_few_sentences_steps_all_its_beams_from_the_first(params, mon
   beam's row in a batch of fewer (a server's request: there it saves nothing measurable and
   costs a decoder step's compile); both find the same n best, prefix and limits included."""
   steps, decoding = _counting_steps(monkeypatch), DecodingConfig(beam_size=3, alpha=0.6)
-  full = _batch()
-  few = full._replace(**{name: getattr(full, name)[:4]
-                         for name in ('src', 'max_lengths', 'prefix', 'indices')})
-  found = {}
-  for batch in (full, few):
+  found, rows = {}, {}
+  for count in (search.MIN_ROWS, 4):
     steps.clear()
-    found[len(batch.src)] = jax.device_get(jax.jit(lambda *a: search.decode_batch(
-        *a, config=CFG, max_len=MAX_LEN, decoding=decoding, num_results=2))(params, batch))
+    found[count] = jax.device_get(jax.jit(lambda *a: search.decode_batch(
+        *a, config=CFG, max_len=MAX_LEN, decoding=decoding, num_results=2))(
+            params, _first_sentences(_batch(), count)))
     jax.effects_barrier()
-    found[f'rows of {len(batch.src)}'] = set(steps)
-  assert found['rows of 8'] == {8, 24} and found['rows of 4'] == {12}
+    rows[count] = set(steps)
+  assert rows == {search.MIN_ROWS: {8, 24}, 4: {12}}  # (the steps' rows: sentences x 3 beams)
   np.testing.assert_array_equal(found[4][0], found[8][0][:4])
   np.testing.assert_allclose(found[4][1], found[8][1][:4], rtol=1e-5)
 
