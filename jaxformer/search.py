@@ -110,9 +110,9 @@ def start(params: Any, batch: Batch, projection: Array | None = None, *,
   beam (decode.Beam.first_step): until then a sentence's beams are one, and a step at a row a
   sentence costs a W-th of one at all rows, for a decoder step more to compile in each program
   (docs/benchmarks-log.md). A batch of fewer (a server's request, a terminal's line) steps all
-  its rows from the first: there that step's rows cost nothing measurable and the compile a
-  second. An accelerator would autotune the step's products as well, unmeasured, so it steps
-  all rows from the first. `projection`: decode_batch's."""
+  its rows from the first: there that step's rows cost nothing measurable and its compile
+  does. An accelerator would autotune the step's products as well, unmeasured, so it steps all
+  rows from the first. `projection`: decode_batch's."""
   src, max_lengths, prefix = batch.src, batch.max_lengths, batch.prefix
   model = Transformer(config)
   encoded = model.apply({'params': params}, src, method=Transformer.encode)  # [B, S, D]

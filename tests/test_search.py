@@ -171,9 +171,10 @@ def test_a_batch_of_few_sentences_steps_all_its_beams_from_the_first(params, mon
             params, _first_sentences(_batch(), count)))
     jax.effects_barrier()
     rows[count] = set(steps)
-  assert rows == {search.MIN_ROWS: {8, 24}, 4: {12}}  # (the steps' rows: sentences x 3 beams)
-  np.testing.assert_array_equal(found[4][0], found[8][0][:4])
-  np.testing.assert_allclose(found[4][1], found[8][1][:4], rtol=1e-5)
+  full = search.MIN_ROWS  # the steps' rows: sentences, or sentences x 3 beams
+  assert rows == {full: {full, 3 * full}, 4: {3 * 4}}
+  np.testing.assert_array_equal(found[4][0], found[full][0][:4])
+  np.testing.assert_allclose(found[4][1], found[full][1][:4], rtol=1e-5)
 
 
 @pytest.mark.parametrize('decoding, num_results', [
