@@ -42,7 +42,8 @@
 #              took ~3 min on an H100; `train` times it beside the shipped path)
 #   loop       bench --only loop: the busy share of a tiny model's run (its steps alone, with a
 #              checkpoint and a validation every 1/18 of the steps, with the averaged five
-#              checkpoints only), LOOP_ROUNDS rounds (default 3)
+#              checkpoints only), LOOP_ROUNDS rounds (default 3); LOOP_IN_FLIGHT="4 16": each
+#              case at each of these depths of the loop's queue of dispatched steps
 #   resume     bench --only startup without a model: a resumed `jaxformer train` at base
 #              dimensions and 25,600 target tokens a step, to its first step, with the
 #              compilation cache and without (RESUME_ROUNDS rounds, default 1)
@@ -180,7 +181,8 @@ for step in $steps; do
         --execution $chunk --compiler-option xla_gpu_enable_triton_gemm=false \
         --time-lock "$lock" &
       wait ;;
-    loop) PYTHONPATH=$path run 300 loop.json "${bench[@]}" --only loop --rounds "${LOOP_ROUNDS:-3}" ;;
+    loop) PYTHONPATH=$path run 300 loop.json "${bench[@]}" --only loop --rounds "${LOOP_ROUNDS:-3}" \
+            $(printf -- '--steps-in-flight %s ' ${LOOP_IN_FLIGHT:-}) ;;
     resume) XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$path run 300 resume.json \
               "${bench[@]}" --only startup --rounds "${RESUME_ROUNDS:-1}" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

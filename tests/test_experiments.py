@@ -159,6 +159,36 @@ def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):
   assert results['tiny']['ratio_to_torch_eager'] == 1.25
 
 
+def test_bench_loop_runs_each_case_at_each_depth_of_the_queue(monkeypatch):
+  """--steps-in-flight: every case at every depth, each busy share against 'alone' at its own
+  depth; the trainer's depth is back as it was after. The runs are faked (the real ones take
+  minutes): a run's rate says which depth it trained at and whether it saved every time."""
+  sys.path.insert(0, str(ROOT / 'experiments'))
+  from bench import loop  # pylint: disable=g-import-not-at-top
+  from jaxformer import trainer  # pylint: disable=g-import-not-at-top
+  default, runs = trainer.STEPS_IN_FLIGHT, []
+
+  def fake_train(model, train_cfg, workdir, train, validation, optim):
+    depth = trainer.STEPS_IN_FLIGHT
+    periodic = validation is not None
+    runs.append((depth, periodic, train_cfg.checkpoint_steps_to_average))
+    rate = 100.0 * (0.5 + (depth > default) / 4 if periodic else 1.0)
+    return {'time': {'total_s': 1.0 + (train_cfg.num_steps - 1) / rate, 'first_step_s': 1.0}}
+  monkeypatch.setattr(trainer, 'train', fake_train)
+  result = loop.run(steps=36, rounds=2, in_flight=[default, 16])
+  restored = trainer.STEPS_IN_FLIGHT
+  assert restored == default
+  assert runs[0] == (default, True, False)  # the short run that compiles
+  assert len(runs) == 1 + 2 * 6
+  shares = {name: (case['steps_in_flight'], case['busy_share'])
+            for name, case in result['cases'].items()}
+  assert shares == {'alone': (default, 1.0), 'every save': (default, 0.5),
+                    'the recipe': (default, 0.5), 'alone, 16 in flight': (16, 1.0),
+                    'every save, 16 in flight': (16, 0.75),
+                    'the recipe, 16 in flight': (16, 0.75)}
+  assert result['cases']['alone, 16 in flight']['steps_per_s_after_first'] == [100.0, 100.0]
+
+
 def test_torch_peer_matches_jaxformer(monkeypatch):
   """Where torch is installed (jaxformer[bench]): the peer has jaxformer's parameters plus the
   two stack LayerNorms nn.Transformer adds, the paper's lrate, the config's dropout rates, its

@@ -37,7 +37,7 @@ SECTIONS = {
                                        'peer': args.peer, 'lock': args.time_lock,
                                        'compiler_options': dict(args.compiler_option or [])}),
     'checkpoint': (checkpoint.run, lambda args: {}),
-    'loop': (loop.run, lambda args: {'rounds': args.rounds}),
+    'loop': (loop.run, lambda args: {'rounds': args.rounds, 'in_flight': args.steps_in_flight}),
     'decode': (decode.run, lambda args: {'data_dir': args.data_dir,
                                          'demo_model': args.demo_model,
                                          'multi30k_model': args.multi30k_model}),
@@ -88,6 +88,9 @@ def main() -> int:
                       'average-last5 after make train-multi30k)')
   parser.add_argument('--rounds', type=positive_int, default=3,
                       help='startup and loop sections: rounds, each way once a round (medians)')
+  parser.add_argument('--steps-in-flight', type=positive_int, action='append',
+                      help='loop section: also run its cases with the trainer keeping this many '
+                      'steps dispatched ahead of the metrics it reads (repeatable)')
   parser.add_argument('--scale-pairs', type=positive_int, default=4_500_000,
                       help='scale section: pairs of the synthetic corpus (WMT14 EN-DE: 4.5M)')
   parser.add_argument('--scale-src', help='scale section: your own source file instead')

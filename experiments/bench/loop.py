@@ -15,8 +15,14 @@ cases run in turn, `rounds` times. Each case reports its runs' own 'time' summar
 busy share: the median of those over alone's median, the steps' own rate. The
 work moved off the loop's thread (background saves) shows there, not in the summary's
 'steps_s' share.
+
+With `in_flight` (--steps-in-flight, repeatable), each case runs at each depth of the loop's
+queue of dispatched steps (trainer.STEPS_IN_FLIGHT), named 'CASE, N in flight' for a depth
+other than the trainer's, its busy share against 'alone' at the same depth: whether a deeper
+queue keeps the device fed while a background save's Python holds the interpreter.
 """
 
+import contextlib
 import dataclasses
 import logging
 import statistics
@@ -26,7 +32,7 @@ from jaxformer import config, recipes, trainer
 from jaxformer.data import embedded
 
 
-def run(steps: int = 1800, rounds: int = 3) -> dict:
+def run(steps: int = 1800, rounds: int = 3, in_flight: list[int] | None = None) -> dict:
   recipe = recipes.load('demo')
   model = dataclasses.replace(recipe.model, num_layers=1, d_model=32, d_ff=64, num_heads=2)
   corpus = embedded.splits(20_000, 1000, 10)
@@ -38,26 +44,42 @@ def run(steps: int = 1800, rounds: int = 3) -> dict:
       spm_sample_size=20_000)
   periodic = dataclasses.replace(base, checkpoint_every_steps=every, average_last=5,
                                  eval_every_steps=every, log_every_steps=max(1, every // 2))
-  cases = {'alone': (base, None),
+  kinds = {'alone': (base, None),
            'every save': (periodic, corpus['validation']),
            'the recipe': (dataclasses.replace(periodic, checkpoint_steps_to_average=True,
                                               checkpoint_every_secs=600.0),
                           corpus['validation'])}
+  default = trainer.STEPS_IN_FLIGHT
+  cases = {(name if depth == default else f'{name}, {depth} in flight'): (depth, *case)
+           for depth in in_flight or [default] for name, case in kinds.items()}
   logging.getLogger('jaxformer').setLevel(logging.WARNING)
 
-  def train(train_cfg: config.TrainConfig, validation) -> dict:
-    with tempfile.TemporaryDirectory() as workdir:
+  def train(depth: int, train_cfg: config.TrainConfig, validation) -> dict:
+    with tempfile.TemporaryDirectory() as workdir, _steps_in_flight(depth):
       return trainer.train(model, train_cfg, workdir, corpus['train'], validation,
                            optim=recipe.optim)['time']
 
-  train(dataclasses.replace(periodic, num_steps=2 * every), corpus['validation'])  # compiles
+  # A short run compiles the programs every case uses (the queue's depth changes none).
+  train(default, dataclasses.replace(periodic, num_steps=2 * every), corpus['validation'])
   times = {name: [] for name in cases}
   for _ in range(rounds):  # the cases in turn, rounds times: the host's drift hits them alike
     for name, case in cases.items():
       times[name].append(train(*case))
   rate = {name: [round((steps - 1) / (t['total_s'] - t['first_step_s']), 2) for t in runs]
           for name, runs in times.items()}
-  own = statistics.median(rate['alone'])
+  alone = {depth: statistics.median(rate[name]) for name, (depth, *_) in cases.items()
+           if name.startswith('alone')}
   return {'steps': steps, 'every': every, 'rounds': rounds, 'cases': {
-      name: {'steps_per_s_after_first': rate[name], 'busy_share': round(
-          statistics.median(rate[name]) / own, 3), 'time': times[name]} for name in cases}}
+      name: {'steps_in_flight': depth, 'steps_per_s_after_first': rate[name],
+             'busy_share': round(statistics.median(rate[name]) / alone[depth], 3),
+             'time': times[name]} for name, (depth, *_) in cases.items()}}
+
+
+@contextlib.contextmanager
+def _steps_in_flight(depth: int):
+  """Within: the trainer's loop keeps `depth` steps dispatched ahead of the metrics it reads."""
+  default, trainer.STEPS_IN_FLIGHT = trainer.STEPS_IN_FLIGHT, depth
+  try:
+    yield
+  finally:
+    trainer.STEPS_IN_FLIGHT = default
