@@ -16,7 +16,7 @@ import pytest
 from helpers import synthetic_text
 from matplotlib import image
 
-from jaxformer import cli, config, scoring, translation
+from jaxformer import cli, config, scoring, trainer, translation
 from jaxformer.flops import forward_flops
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -162,10 +162,9 @@ def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):
 def test_bench_loop_runs_each_case_at_each_depth_of_the_queue(monkeypatch):
   """--steps-in-flight: every case at every depth, each busy share against 'alone' at its own
   depth; the trainer's depth is back as it was after. The runs are faked (the real ones take
-  minutes): a run's rate says which depth it trained at and whether it saved every time."""
+  minutes): a run's rate says which depth it trained at and whether it had periodic work."""
   sys.path.insert(0, str(ROOT / 'experiments'))
   from bench import loop  # pylint: disable=g-import-not-at-top
-  from jaxformer import trainer  # pylint: disable=g-import-not-at-top
   default, runs = trainer.STEPS_IN_FLIGHT, []
 
   def fake_train(model, train_cfg, workdir, train, validation, optim):
