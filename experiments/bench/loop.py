@@ -50,8 +50,9 @@ def run(steps: int = 1800, rounds: int = 3, in_flight: list[int] | None = None) 
                                               checkpoint_every_secs=600.0),
                           corpus['validation'])}
   default = trainer.STEPS_IN_FLIGHT
-  cases = {(name if depth == default else f'{name}, {depth} in flight'): (depth, *case)
-           for depth in in_flight or [default] for name, case in kinds.items()}
+  depths = in_flight or [default]
+  named = lambda kind, depth: kind if depth == default else f'{kind}, {depth} in flight'  # noqa: E731
+  cases = {named(kind, depth): (depth, *case) for depth in depths for kind, case in kinds.items()}
   logging.getLogger('jaxformer').setLevel(logging.WARNING)
 
   def train(depth: int, train_cfg: config.TrainConfig, validation) -> dict:
@@ -67,8 +68,7 @@ def run(steps: int = 1800, rounds: int = 3, in_flight: list[int] | None = None) 
       times[name].append(train(*case))
   rate = {name: [round((steps - 1) / (t['total_s'] - t['first_step_s']), 2) for t in runs]
           for name, runs in times.items()}
-  alone = {depth: statistics.median(rate[name]) for name, (depth, *_) in cases.items()
-           if name.startswith('alone')}
+  alone = {depth: statistics.median(rate[named('alone', depth)]) for depth in depths}
   return {'steps': steps, 'every': every, 'rounds': rounds, 'cases': {
       name: {'steps_in_flight': depth, 'steps_per_s_after_first': rate[name],
              'busy_share': round(statistics.median(rate[name]) / alone[depth], 3),
