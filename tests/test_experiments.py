@@ -3,6 +3,7 @@ test files of their own)."""
 
 import argparse
 import json
+import logging
 import os
 import pathlib
 import subprocess
@@ -161,8 +162,9 @@ def test_bench_divides_by_the_torch_peer_of_each_case(monkeypatch):
 
 def test_bench_loop_runs_each_case_at_each_depth_of_the_queue(monkeypatch):
   """--steps-in-flight: every case at every depth, each busy share against 'alone' at its own
-  depth; the trainer's depth is back as it was after. The runs are faked (the real ones take
-  minutes): a run's rate says which depth it trained at and whether it had periodic work."""
+  depth; the trainer's depth and jaxformer's log level are back as they were after (a level
+  left at WARNING hid the next tests' INFO lines from caplog). The runs are faked (the real ones
+  take minutes): a run's rate says which depth it trained at and whether it had periodic work."""
   sys.path.insert(0, str(ROOT / 'experiments'))
   from bench import loop  # pylint: disable=g-import-not-at-top
   default, runs = trainer.STEPS_IN_FLIGHT, []
@@ -174,9 +176,10 @@ def test_bench_loop_runs_each_case_at_each_depth_of_the_queue(monkeypatch):
     rate = 100.0 * (0.5 + (depth > default) / 4 if periodic else 1.0)
     return {'time': {'total_s': 1.0 + (train_cfg.num_steps - 1) / rate, 'first_step_s': 1.0}}
   monkeypatch.setattr(trainer, 'train', fake_train)
+  level = logging.getLogger('jaxformer').level
   result = loop.run(steps=36, rounds=2, in_flight=[default, 16])
   restored = trainer.STEPS_IN_FLIGHT
-  assert restored == default
+  assert restored == default and logging.getLogger('jaxformer').level == level
   assert runs[0] == (default, True, False)  # the short run that compiles
   assert len(runs) == 1 + 2 * 6
   shares = {name: (case['steps_in_flight'], case['busy_share'])

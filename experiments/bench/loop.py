@@ -53,10 +53,9 @@ def run(steps: int = 1800, rounds: int = 3, in_flight: list[int] | None = None) 
   depths = in_flight or [default]
   named = lambda kind, depth: kind if depth == default else f'{kind}, {depth} in flight'  # noqa: E731
   cases = {named(kind, depth): (depth, *case) for depth in depths for kind, case in kinds.items()}
-  logging.getLogger('jaxformer').setLevel(logging.WARNING)
 
   def train(depth: int, train_cfg: config.TrainConfig, validation) -> dict:
-    with tempfile.TemporaryDirectory() as workdir, _steps_in_flight(depth):
+    with tempfile.TemporaryDirectory() as workdir, _settings(depth):
       return trainer.train(model, train_cfg, workdir, corpus['train'], validation,
                            optim=recipe.optim)['time']
 
@@ -76,10 +75,16 @@ def run(steps: int = 1800, rounds: int = 3, in_flight: list[int] | None = None) 
 
 
 @contextlib.contextmanager
-def _steps_in_flight(depth: int):
-  """Within: the trainer's loop keeps `depth` steps dispatched ahead of the metrics it reads."""
-  default, trainer.STEPS_IN_FLIGHT = trainer.STEPS_IN_FLIGHT, depth
+def _settings(depth: int):
+  """Within: the trainer's loop keeps `depth` steps dispatched ahead of the metrics it reads,
+  and jaxformer logs only warnings (the runs' lines would drown the bench's); both as they were
+  after, for whatever runs next in the process."""
+  log = logging.getLogger('jaxformer')
+  default, level = trainer.STEPS_IN_FLIGHT, log.level
+  trainer.STEPS_IN_FLIGHT = depth
+  log.setLevel(logging.WARNING)
   try:
     yield
   finally:
     trainer.STEPS_IN_FLIGHT = default
+    log.setLevel(level)
