@@ -63,10 +63,11 @@ def test_mismatched_line_counts_name_both_files(tmp_path):
     data.read_parallel_text(tmp_path / 'a.en', tmp_path / 'a.de')
 
 
-tfds = pytest.importorskip('tensorflow_datasets')
-
-
-tf = pytest.importorskip('tensorflow')
+@pytest.fixture
+def tensorflow():
+  """(tensorflow, tensorflow_datasets), imported by the tests that use them: importing
+  TensorFlow takes 4 s, which every pytest worker paid at collection when it was this module's."""
+  return pytest.importorskip('tensorflow'), pytest.importorskip('tensorflow_datasets')
 
 
 PAIRS = [('Hello world.', 'Hallo Welt.'), ('The house is red.', 'Das Haus ist rot.')]
@@ -80,9 +81,10 @@ WMT14_FAKE = {'de': {'en': ['Hello world.', 'The house is red.'],
 
 @pytest.mark.parametrize('source,target', [('en', 'de'), ('de', 'en'), ('en', 'fr'),
                                            ('fr', 'en')])
-def test_wmt14_reads_all_four_directions(source, target):
+def test_wmt14_reads_all_four_directions(source, target, tensorflow):
   """tfds's supervised keys are (de|fr, en): the loader selects fields by name, either way
   round, from the dataset of the non-English language."""
+  tf, tfds = tensorflow
   other = target if source == 'en' else source
 
   def as_dataset(builder, *args, **kwargs):
@@ -97,7 +99,8 @@ def test_wmt14_reads_all_four_directions(source, target):
   assert text.origin == f'tfds:wmt14_translate/{other}-en:test'
 
 
-def test_a_locally_stored_tfds_dataset_goes_through_the_real_loader(tmp_path):
+def test_a_locally_stored_tfds_dataset_goes_through_the_real_loader(tmp_path, tensorflow):
+  tf, tfds = tensorflow
   features = tfds.features.FeaturesDict({'en': tfds.features.Text(),
                                          'fr': tfds.features.Text()})
   examples = {'en': ['one', 'two', 'three'], 'fr': ['un', 'deux', 'trois']}
