@@ -47,16 +47,13 @@ help:
 	@echo "make clean       remove $(VENV) and the build outputs"
 
 # The venv is (re)installed when pyproject.toml changes, and rebuilt from scratch when it holds
-# another jax build than JAX_EXTRA's. --no-compile: pip writes no bytecode for the installed
-# packages (TensorFlow's and PyTorch's thousands of modules, most never imported here); Python
-# writes it for the modules a first import reads. The install took 49 s instead of 74 s, the
-# first import of every package the tests use 0.4 s more (docs/benchmarks-log.md).
+# another jax build than JAX_EXTRA's.
 $(STAMP): pyproject.toml
 	$(if $(OTHER_BUILD),@echo "$(VENV) holds jax's $(patsubst $(VENV)/.installed-%,%,$(OTHER_BUILD)) build: rebuilding it for $(JAX_EXTRA)")
 	$(if $(OTHER_BUILD),rm -rf $(VENV))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -e '.[test,docs,wmt,$(JAX_EXTRA)]'
+	$(PY) -m pip install --quiet -e '.[test,docs,wmt,$(JAX_EXTRA)]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -81,14 +78,13 @@ docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -E -a -W --keep-going -q -b html docs docs/_build/html
 
 # The core install, as `pip install jaxformer` gives it: no TensorFlow (WMT14's extra, wmt, is
-# not installed), in a fresh venv (without bytecode, as above); CI runs it after the suite
-# (.ci/run).
+# not installed), in a fresh venv; CI runs it after the suite (.ci/run).
 CORE_VENV ?= .venv-core
 check-core-install:
 	rm -rf $(CORE_VENV)
 	$(PYTHON) -m venv $(CORE_VENV)
 	$(CORE_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(CORE_VENV)/bin/python -m pip install --quiet --no-compile '.[cpu]'
+	$(CORE_VENV)/bin/python -m pip install --quiet '.[cpu]'
 	@if $(CORE_VENV)/bin/python -c 'import tensorflow' 2>/dev/null; then \
 	  echo "the core install has TensorFlow"; exit 1; fi
 	$(CORE_VENV)/bin/python -c 'import jaxformer.cli'
