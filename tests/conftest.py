@@ -39,12 +39,14 @@ jax.config.update('jax_persistent_cache_min_compile_time_secs',
 # The files that take longest, longest first (measured on 2 cores: `--durations=0` summed by
 # file, docs/benchmarks-log.md): `make test` hands whole files to its workers in collection
 # order (--no-loadscope-reorder), so these start first and the run does not end on one worker
-# alone. Every other file follows, in name order.
+# alone. Every other file (each under 10 s) follows, in name order.
 _LONGEST_FIRST = ('test_docs.py', 'test_experiments.py', 'test_translation.py', 'test_trainer.py',
-                  'test_demo.py', 'test_export.py', 'test_gpu_check.py', 'test_model.py',
-                  'test_formats_marian.py', 'test_commands.py', 'test_serving.py',
-                  'test_makefile.py', 'test_package.py', 'test_train.py', 'test_recipes.py',
-                  'test_cli.py', 'test_finetune.py')
+                  'test_export.py', 'test_demo.py', 'test_formats_marian.py', 'test_model.py',
+                  'test_gpu_check.py', 'test_commands.py', 'test_search.py', 'test_serving.py',
+                  'test_train.py', 'test_recipes.py', 'test_decode.py', 'test_cli.py',
+                  'test_finetune.py', 'test_package.py', 'test_formats.py', 'test_files.py',
+                  'test_parallel.py', 'test_resume.py', 'test_compilation.py', 'test_makefile.py',
+                  'test_data_cache.py')
 
 
 def pytest_collection_modifyitems(items):
