@@ -51,7 +51,10 @@ def run(steps: int = 1800, rounds: int = 3, in_flight: list[int] | None = None) 
                           corpus['validation'])}
   default = trainer.STEPS_IN_FLIGHT
   depths = in_flight or [default]
-  named = lambda kind, depth: kind if depth == default else f'{kind}, {depth} in flight'  # noqa: E731
+
+  def named(kind: str, depth: int) -> str:
+    return kind if depth == default else f'{kind}, {depth} in flight'
+
   cases = {named(kind, depth): (depth, *case) for depth in depths for kind, case in kinds.items()}
 
   def train(depth: int, train_cfg: config.TrainConfig, validation) -> dict:
