@@ -55,7 +55,8 @@ def _alternating(fns: dict, repeats: int) -> tuple[dict, dict]:
 
 
 def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
-                        sentences: list[str], *, threads: int = 2, repeats: int = 5) -> dict:
+                        sentences: list[str], *, threads: int = 2, repeats: int = 5,
+                        variants: tuple[str, ...] = ('drop_finished', 'all_rows')) -> dict:
   """jaxformer and a CTranslate2 export of the same weights on the same sentences: greedy and
   beam 4 with the translator's alpha and length limit, batches of the translator's size, each
   compiled / loaded and warmed up first, then timed `repeats` times in turn (medians).
@@ -65,7 +66,8 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
   ('1x1', '1x2'), and `threads` batches side by side on one thread each (inter_threads,
   '2x1'). Per search: tokens/s of each (output pieces, EOS excluded), jaxformer / the fastest
   CTranslate2, and the fraction of sentences with the same output ids; beside it the same
-  search with drop_finished and with all_rows, and whether their outputs are the default's.
+  search with each of `variants` (DecodingConfig's drop_finished, all_rows), and whether
+  their outputs are the default's.
   """
   import ctranslate2  # pylint: disable=g-import-not-at-top  (an optional extra)
   engines = _engines(model_dir, threads)
@@ -74,8 +76,7 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
   results, decoding = {}, translator.decoding
   for name, beam in (('greedy', 1), ('beam4', 4)):
     ours = translator.replace(beam_size=beam)
-    others = {'drop_finished': ours.replace(drop_finished=True),
-              'all_rows': ours.replace(all_rows=True)}
+    others = {name: ours.replace(**{name: True}) for name in variants}
 
     def theirs(engine, beam=beam):
       found = engine.translate_batch(
