@@ -122,7 +122,8 @@ def start(params: Any, batch: Batch, projection: Array | None = None, *,
           and len(src) >= MIN_ROWS)
   cache = {'src': src, 'model': model.apply({'params': params}, encoded,
                                             decode.stage_lengths(max_len)[0],
-                                            1 if once else rows, method=Transformer.init_cache)}
+                                            1 if once or decoding.sampling else rows,
+                                            method=Transformer.init_cache)}
   if once:
     logits, cache = _tokens_to_logits(model, params, projection)(
         jnp.zeros((src.shape[0], 1), jnp.int32), cache)  # decoding starts from token 0
@@ -131,6 +132,10 @@ def start(params: Any, batch: Batch, projection: Array | None = None, *,
   if not decoding.sampling:
     return search.start(cache, max_lengths, max_len, prefix)
   repeat = functools.partial(jnp.repeat, repeats=rows, axis=0)  # a sentence's samples adjacent
+  # Samples are never reordered, so each is a sentence of its own to the cache (its encoder
+  # keys/values repeated): a sentence's W beams attend to all W slots (jaxformer.cache), which
+  # for n samples would cost n times the self-attention products of each.
+  cache = jax.tree.map(lambda x: x if x.ndim == 0 else repeat(x), cache)
   return search.start(cache, repeat(max_lengths), max_len,
                       None if prefix is None else repeat(prefix),
                       decode.sample_keys(batch.seed, batch.indices, rows), per_sentence=rows)

@@ -54,9 +54,11 @@ def test_segments_give_the_one_programs_outputs(params, decoding, num_results):
   for ours, theirs in zip(found[1:], whole[1:]):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
   assert found[0][1].reshape(-1, MAX_LEN)[0, :3].tolist() == [7, 8, 9]  # the prefix
-  rows = {re.search(r'(\d+)x12\]', what)[1]  # the sources [B, 12], the state's last array
-          for what, _ in segmented.compiled if what.startswith('the search (steps)')}
-  assert rows == {'8', '2'}, segmented.compiled
+  rows = {int(re.search(r'(\d+)x12\]', what)[1])  # the sources, the state's last array: [B, 12],
+          for what, _ in segmented.compiled      # a sentence's samples each a row of their own
+          if what.startswith('the search (steps)')}
+  assert rows == {8 * (num_results if decoding.sampling else 1) // k for k in (1, 4)}, \
+      segmented.compiled
 
 
 @pytest.mark.parametrize('decoding, rows', [(DecodingConfig(), 4),
