@@ -19,7 +19,8 @@ model-agnostic searches of jaxformer.decode, run one of two ways.
   of a search is row by row.
 
 The search's cache is the model's (jaxformer.cache) with the source ids beside it, since each
-decoder step masks the encoder's padding: {'src': [B, S], 'model': ...}.
+decoder step masks the encoder's padding: {'src': [B, S], 'model': ...}; with n samples a
+sentence, each sample is a sentence of its own to the cache (B * n rows, `start`).
 """
 
 import functools
