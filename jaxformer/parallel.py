@@ -20,8 +20,19 @@ def replicate(tree: Any, devices: list[jax.Device] | None = None) -> Any:
   axis: pmap's layout. The copies lie on a mesh of axis AXIS, as a pmap's outputs do, so that
   the state a step returns matches the one it was given and the step's first compiled program
   serves every later call (with flax's default axis name, the second step traced and compiled
-  the whole train step again)."""
-  return jax_utils.replicate(tree, devices, axis_name=AXIS)
+  the whole train step again). Each device gets the host's copy of an array: stacking copies
+  on a device (flax's jax_utils.replicate) compiles a program per array shape, at every run's
+  start; PRNG keys, which have no host copy, are stacked so."""
+  devices = devices or jax.local_devices()
+  sharding = jax.NamedSharding(jax.sharding.Mesh(np.array(devices), (AXIS,)), jax.P(AXIS))
+
+  def one(x: Any) -> jax.Array:
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      return jax_utils.replicate(x, devices, axis_name=AXIS)
+    host = np.asarray(x)[None]
+    return jax.make_array_from_callback((len(devices), *host.shape[1:]), sharding,
+                                        lambda _: host)
+  return jax.tree.map(one, tree)
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -33,8 +44,13 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
 
 
 def unreplicate(tree: Any) -> Any:
-  """The first device's copy of a pmap-replicated tree, as host numpy arrays."""
-  return jax.device_get(jax.tree.map(lambda x: x[0], tree))
+  """The first device's copy of a pmap-replicated tree, as host numpy arrays (read from that
+  device's buffer: indexing the arrays would compile a program per shape)."""
+  def first(x: Any) -> Any:  # [1, ...]
+    if isinstance(x, jax.Array):
+      return min(x.addressable_shards, key=lambda s: s.index[0].start or 0).data
+    return np.asarray(x)[:1]
+  return jax.tree.map(lambda x: x[0, ...], jax.device_get(jax.tree.map(first, tree)))
 
 
 def shard(batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
