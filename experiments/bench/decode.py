@@ -76,7 +76,7 @@ def compare_ctranslate2(translator: Translator, model_dir: pathlib.Path,
   results, decoding = {}, translator.decoding
   for name, beam in (('greedy', 1), ('beam4', 4)):
     ours = translator.replace(beam_size=beam)
-    others = {name: ours.replace(**{name: True}) for name in variants}
+    others = {variant: ours.replace(**{variant: True}) for variant in variants}
 
     def theirs(engine, beam=beam):
       found = engine.translate_batch(
