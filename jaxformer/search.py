@@ -135,7 +135,8 @@ def start(params: Any, batch: Batch, projection: Array | None = None, *,
   repeat = functools.partial(jnp.repeat, repeats=rows, axis=0)  # a sentence's samples adjacent
   # Samples are never reordered, so each is a sentence of its own to the cache (its encoder
   # keys/values repeated): a sentence's W beams attend to all W slots (jaxformer.cache), which
-  # for n samples would cost n times the self-attention products of each.
+  # for n samples would cost n times the self-attention products of each. The cache's memory
+  # grows by the repeats, n times the encoder keys/values, beside the n histories it holds.
   cache = jax.tree.map(lambda x: x if x.ndim == 0 else repeat(x), cache)
   return search.start(cache, repeat(max_lengths), max_len,
                       None if prefix is None else repeat(prefix),
