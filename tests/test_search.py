@@ -54,11 +54,10 @@ def test_segments_give_the_one_programs_outputs(params, decoding, num_results):
   for ours, theirs in zip(found[1:], whole[1:]):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5)
   assert found[0][1].reshape(-1, MAX_LEN)[0, :3].tolist() == [7, 8, 9]  # the prefix
-  rows = {int(re.search(r'(\d+)x12\]', what)[1])  # the sources, the state's last array: [B, 12],
-          for what, _ in segmented.compiled      # a sentence's samples each a row of their own
-          if what.startswith('the search (steps)')}
-  assert rows == {8 * (num_results if decoding.sampling else 1) // k for k in (1, 4)}, \
-      segmented.compiled
+  rows = {int(re.search(r'(\d+)x12\]', what)[1])  # the sources [rows, 12], the state's last
+          for what, _ in segmented.compiled if what.startswith('the search (steps)')}
+  per = num_results if decoding.sampling else 1  # a sentence's samples are rows of their own
+  assert rows == {8 * per, 2 * per}, segmented.compiled  # 8 sentences, then 8 / SHRINK
 
 
 @pytest.mark.parametrize('decoding, rows', [(DecodingConfig(), 4),
