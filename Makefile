@@ -46,29 +46,31 @@ help:
 	@echo "make install     set up $(VENV) with jaxformer, its tests' tools and that jax build"
 	@echo "make clean       remove $(VENV) and the build outputs"
 
-# $(call install_wheels,VENV,REQUIREMENT): pip resolves, downloads and builds the wheels, so that
-# pip's configuration holds (index, certificates, constraints, local wheel folders); then uv,
-# which pip fetches into a temporary folder (not into the venv), installs them: it unpacks and
-# byte-compiles on every core, where pip takes one file after another (docs/BENCHMARKS.md, "Data,
-# memory and checkpoints"). The bytecode is written at install because a process may not write it
-# (PYTHONDONTWRITEBYTECODE), and would then compile every module it imports.
+# $(call install_wheels,VENV,EXTRAS): jaxformer with those extras. pip resolves, downloads and
+# builds the wheels, so that pip's configuration holds (index, certificates, constraints, local
+# wheel folders); then uv, which pip fetches into a temporary folder (not into the venv), installs
+# them from that folder alone: it unpacks and byte-compiles on every core, where pip takes one file
+# after another (docs/BENCHMARKS.md, "Data, memory and checkpoints"). The bytecode is written at
+# install because a process may not write it (PYTHONDONTWRITEBYTECODE), and would then compile
+# every module it imports. (By name, not by file, so that `pip freeze` names versions, not the
+# temporary folder.)
 define install_wheels
 $(1)/bin/python -m pip install --quiet --upgrade pip
 tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
   $(1)/bin/python -m pip install --quiet --target "$$tmp/uv" uv && \
-  $(1)/bin/python -m pip wheel --quiet --wheel-dir "$$tmp/wheels" '$(2)' && \
-  "$$tmp/uv/bin/uv" pip install --quiet --no-cache --python $(1)/bin/python --no-deps \
-    --compile-bytecode "$$tmp/wheels"/*.whl
+  $(1)/bin/python -m pip wheel --quiet --wheel-dir "$$tmp/wheels" '.[$(2)]' && \
+  "$$tmp/uv/bin/uv" pip install --quiet --no-cache --python $(1)/bin/python --no-index \
+    --find-links "$$tmp/wheels" --compile-bytecode 'jaxformer[$(2)]'
 endef
 
-DEV_REQUIREMENT = .[test,docs,wmt,$(JAX_EXTRA)]
+DEV_EXTRAS = test,docs,wmt,$(JAX_EXTRA)
 # The venv is (re)installed when pyproject.toml changes, and rebuilt from scratch when it holds
 # another jax build than JAX_EXTRA's. jaxformer itself is then installed editable over its wheel.
 $(STAMP): pyproject.toml
 	$(if $(OTHER_BUILD),@echo "$(VENV) holds jax's $(patsubst $(VENV)/.installed-%,%,$(OTHER_BUILD)) build: rebuilding it for $(JAX_EXTRA)")
 	$(if $(OTHER_BUILD),rm -rf $(VENV))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(call install_wheels,$(VENV),$(DEV_REQUIREMENT))
+	$(call install_wheels,$(VENV),$(DEV_EXTRAS))
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
@@ -99,7 +101,7 @@ CORE_VENV ?= .venv-core
 check-core-install:
 	rm -rf $(CORE_VENV)
 	$(PYTHON) -m venv $(CORE_VENV)
-	$(call install_wheels,$(CORE_VENV),.[cpu])
+	$(call install_wheels,$(CORE_VENV),cpu)
 	@if $(CORE_VENV)/bin/python -c 'import tensorflow' 2>/dev/null; then \
 	  echo "the core install has TensorFlow"; exit 1; fi
 	$(CORE_VENV)/bin/python -c 'import jaxformer.cli'

@@ -90,6 +90,8 @@ def test_a_venv_of_the_other_kind_is_rebuilt_and_the_same_kind_reused(tmp_path):
   assert f'rm -rf {venv}' in plan
   assert f"{venv}/bin/python -m pip wheel --quiet --wheel-dir \"$tmp/wheels\" " \
          "'.[test,docs,wmt,cuda12]'" in plan
+  assert "--no-index --find-links \"$tmp/wheels\" --compile-bytecode " \
+         "'jaxformer[test,docs,wmt,cuda12]'" in plan  # uv: pip's wheels alone, by name
   assert f"{venv}/bin/python -m pip install --quiet --no-deps -e ." in plan
   assert plan.index('rm -rf') < plan.index('python3 -m venv')
   assert _make('-n', 'install', f'VENV={venv}', JAX_EXTRA='cpu').stdout == ''  # up to date
