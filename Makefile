@@ -48,19 +48,20 @@ help:
 
 # $(call install_wheels,VENV,EXTRAS): jaxformer with those extras. pip resolves, downloads and
 # builds the wheels, so that pip's configuration holds (index, certificates, constraints, local
-# wheel folders); then uv, which pip fetches into a temporary folder (not into the venv), installs
+# wheel folders); then uv, which pip fetches into a working folder (not into the venv), installs
 # them from that folder alone: it unpacks and byte-compiles on every core, where pip takes one file
 # after another (docs/BENCHMARKS.md, "Data, memory and checkpoints"). The bytecode is written at
 # install because a process may not write it (PYTHONDONTWRITEBYTECODE), and would then compile
-# every module it imports. (By name, not by file, so that `pip freeze` names versions, not the
-# temporary folder.)
+# every module it imports. By name, not by file, so that `pip freeze` names versions, not the
+# folder. The folder (wheels, uv's unpacked cache) lies beside the venv, on its disk: the venv's
+# files are then links to the cache's, not copies, and a small /tmp does not have to hold them.
 define install_wheels
 $(1)/bin/python -m pip install --quiet --upgrade pip
-tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+tmp=$$(mktemp -d '$(1).install.XXXXXX') && trap 'rm -rf "$$tmp"' EXIT && \
   $(1)/bin/python -m pip install --quiet --target "$$tmp/uv" uv && \
   $(1)/bin/python -m pip wheel --quiet --wheel-dir "$$tmp/wheels" '.[$(2)]' && \
-  "$$tmp/uv/bin/uv" pip install --quiet --no-cache --python $(1)/bin/python --no-index \
-    --find-links "$$tmp/wheels" --compile-bytecode 'jaxformer[$(2)]'
+  "$$tmp/uv/bin/uv" pip install --quiet --cache-dir "$$tmp/cache" --python $(1)/bin/python \
+    --no-index --find-links "$$tmp/wheels" --compile-bytecode 'jaxformer[$(2)]'
 endef
 
 DEV_EXTRAS = test,docs,wmt,$(JAX_EXTRA)
