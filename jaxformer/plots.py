@@ -48,9 +48,10 @@ def _heatmap(ax, weights: np.ndarray, src: list[str] | None, tgt: list[str] | No
              title: str) -> None:
   """A map with the pieces along its axes (None: no ticks on that axis; matplotlib's ticks cost
   more to draw than the map)."""
+  src, tgt = src or [], tgt or []
   ax.imshow(weights, cmap='viridis', vmin=0.0, vmax=1.0, aspect='auto')
-  ax.set_xticks(range(len(src)) if src else [], src or [], rotation=90, fontsize=7)
-  ax.set_yticks(range(len(tgt)) if tgt else [], tgt or [], fontsize=7)
+  ax.set_xticks(range(len(src)), src, rotation=90, fontsize=7)
+  ax.set_yticks(range(len(tgt)), tgt, fontsize=7)
   ax.set_title(title, fontsize=9)
 
 
