@@ -44,11 +44,9 @@ def _forward_with_intermediates(config: TransformerConfig) -> Any:
   return jax.jit(functools.partial(model.apply, mutable=['intermediates']))
 
 
-def _heatmap(ax, weights: np.ndarray, src: list[str] | None, tgt: list[str] | None,
-             title: str) -> None:
-  """A map with the pieces along its axes (None: no ticks on that axis; matplotlib's ticks cost
-  more to draw than the map)."""
-  src, tgt = src or [], tgt or []
+def _heatmap(ax, weights: np.ndarray, src: list[str], tgt: list[str], title: str) -> None:
+  """A map with the pieces along its axes (an empty list: no ticks on that axis; matplotlib's
+  ticks cost more to draw than the map)."""
   ax.imshow(weights, cmap='viridis', vmin=0.0, vmax=1.0, aspect='auto')
   ax.set_xticks(range(len(src)), src, rotation=90, fontsize=7)
   ax.set_yticks(range(len(tgt)), tgt, fontsize=7)
@@ -81,8 +79,8 @@ def save_attention(translator: Translator, sentence: str, out_dir: str | pathlib
     for h, ax in enumerate(axes.flat):
       if h < heads:
         # The pieces once per row and column of the grid: left, and under the lowest map.
-        _heatmap(ax, weights[h], src if h + cols >= heads else None,
-                 tgt if h % cols == 0 else None, f'layer {i + 1}, head {h + 1}')
+        _heatmap(ax, weights[h], src if h + cols >= heads else [],
+                 tgt if h % cols == 0 else [], f'layer {i + 1}, head {h + 1}')
       else:
         ax.axis('off')
     fig.tight_layout()
