@@ -66,13 +66,18 @@ endef
 
 DEV_EXTRAS = test,docs,wmt,$(JAX_EXTRA)
 # The venv is (re)installed when pyproject.toml changes, and rebuilt from scratch when it holds
-# another jax build than JAX_EXTRA's. jaxformer itself is then installed editable over its wheel.
+# another jax build than JAX_EXTRA's. jaxformer itself is then installed editable over its wheel,
+# and its modules byte-compiled where they lie, as uv compiled every other package's: an
+# editable install writes no bytecode, so where a process may not (PYTHONDONTWRITEBYTECODE) each
+# command would compile them all; a module edited since is read from its source (Python checks
+# each file's time and size).
 $(STAMP): pyproject.toml
 	$(if $(OTHER_BUILD),@echo "$(VENV) holds jax's $(patsubst $(VENV)/.installed-%,%,$(OTHER_BUILD)) build: rebuilding it for $(JAX_EXTRA)")
 	$(if $(OTHER_BUILD),rm -rf $(VENV))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(call install_wheels,$(VENV),$(DEV_EXTRAS))
 	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m compileall -q jaxformer
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -93,6 +93,7 @@ def test_a_venv_of_the_other_kind_is_rebuilt_and_the_same_kind_reused(tmp_path):
   assert "--no-index --find-links \"$tmp/wheels\" --compile-bytecode " \
          "'jaxformer[test,docs,wmt,cuda12]'" in plan  # uv: pip's wheels alone, by name
   assert f"{venv}/bin/python -m pip install --quiet --no-deps -e ." in plan
+  assert plan.index('--no-deps -e .') < plan.index(f'{venv}/bin/python -m compileall -q jaxformer')
   assert plan.index('rm -rf') < plan.index('python3 -m venv')
   assert _make('-n', 'install', f'VENV={venv}', JAX_EXTRA='cpu').stdout == ''  # up to date
 
