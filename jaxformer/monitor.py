@@ -196,7 +196,8 @@ class MetricsSink:
 class Stopwatch:
   """Wall seconds of a run by part: `with watch('eval'): ...` adds the block's time to 'eval'.
   The train loop times its steps, its first step (which compiles) and each periodic action, so
-  that a run says how much of its time the device spent on steps and what stalled it."""
+  that a run says how much of its time the device spent on steps and what stalled it; a part
+  may lie within another (an evaluation's 'translations' within its 'eval')."""
 
   def __init__(self):
     self.seconds: collections.Counter = collections.Counter()

@@ -235,8 +235,7 @@ class Run:
                pipeline: pipeline_lib.Pipeline, optim: OptimConfig, manager: Any,
                state: TrainState, rng: Array):
     self.config, self.train_cfg, self.workdir, self.pipeline = config, train_cfg, workdir, pipeline
-    self.manager, self.rng = manager, rng
-    self.start_step = int(state.step)
+    self.manager, self.rng, self.start_step = manager, rng, int(state.step)
     self.meta = checkpoint.make_meta(config, pipeline.tokenizer.model_proto, optim)
     computed = train_cfg.computed(config)  # what the steps compute with (the fast path's)
     self.facts = execution_facts(computed, train_cfg, src_len=pipeline.src_len,
@@ -325,9 +324,10 @@ class Run:
                                                        self.pipeline)
     self.stop_early = self.patience.update(result['loss'])  # the same on every host
     if self._translates():
-      result.update(validation.translated(
-          self.translator(parallel.unreplicate(self.p_state.params)),
-          self.pipeline.validation_text, train_cfg, self.sink, step))
+      with self.watch('translations'):  # (a part of 'eval': its searches and their reads)
+        result.update(validation.translated(
+            self.translator(parallel.unreplicate(self.p_state.params)),
+            self.pipeline.validation_text, train_cfg, self.sink, step))
     self.sink.scalars(step, 'eval', result)
     if train_cfg.average_best:  # a checkpoint at every evaluation, ranked by its metric
       self.save(step, {'loss': result['loss']} if train_cfg.best_metric == 'loss' else

@@ -98,6 +98,7 @@ def trained(tmp_path_factory) -> pathlib.Path:
   assert summary['step'] == 6 and summary['averaged'].endswith('average-last3')
   assert 0 < summary['eval']['accuracy'] < 1 and summary['eval']['perplexity'] > 1
   assert 0 <= summary['eval']['bleu'] <= 100
+  assert 0 < summary['time']['translations_s'] < summary['time']['eval_s']  # (a part of it)
   return workdir
 
 
