@@ -2,6 +2,7 @@
 params, trained workdirs (tiny; demo-sized), a tokenizer and a token cache, the shared data."""
 
 import fcntl
+import gc
 import logging
 import os
 import pathlib
@@ -24,6 +25,12 @@ from jaxformer.translation import Translator
 # processes the tests start (see helpers.CHEAP_COMPILES).
 if CHEAP_COMPILES not in os.environ.get('XLA_FLAGS', ''):  # (pytest-xdist's workers inherit it)
   os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {CHEAP_COMPILES}'.strip()
+
+# A worker holds about a million objects by the end of a run (jax's caches of the programs it
+# traced and compiled), and CPython's full collection, which scans them all, came once every 10
+# collections of the middle generation: 30-34 full passes, 15-27 s of a worker's CPU. Once every
+# 1,000, its cyclic garbage waits longer, in hosts with memory to spare (docs/benchmarks-log.md).
+gc.set_threshold(*gc.get_threshold()[:2], 1000)
 
 # One persistent XLA compilation cache for the whole run: the pytest workers and the processes
 # the tests start (through the environment) compile the same small programs many times. It
