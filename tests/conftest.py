@@ -26,10 +26,10 @@ from jaxformer.translation import Translator
 if CHEAP_COMPILES not in os.environ.get('XLA_FLAGS', ''):  # (pytest-xdist's workers inherit it)
   os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {CHEAP_COMPILES}'.strip()
 
-# A worker holds about a million objects by the end of a run (jax's caches of the programs it
-# traced and compiled), and CPython's full collection, which scans them all, came once every 10
-# collections of the middle generation: 30-34 full passes, 15-27 s of a worker's CPU. Once every
-# 1,000, its cyclic garbage waits longer, in hosts with memory to spare (docs/benchmarks-log.md).
+# A worker ends a run holding jax's caches of every program it traced and compiled, and each of
+# CPython's full collections scans all of it, by default once every 10 collections of the middle
+# generation. Once every 1,000 gives the workers back most of that CPU; their cyclic garbage waits
+# longer for it, at about the same peak memory (docs/benchmarks-log.md).
 gc.set_threshold(*gc.get_threshold()[:2], 1000)
 
 # One persistent XLA compilation cache for the whole run: the pytest workers and the processes
