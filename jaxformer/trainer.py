@@ -324,7 +324,7 @@ class Run:
                                                        self.pipeline)
     self.stop_early = self.patience.update(result['loss'])  # the same on every host
     if self._translates():
-      with self.watch('translations'):  # (a part of 'eval': its searches and their reads)
+      with self.watch('translations'):  # (a part of 'eval': samples and BLEU)
         result.update(validation.translated(
             self.translator(parallel.unreplicate(self.p_state.params)),
             self.pipeline.validation_text, train_cfg, self.sink, step))
