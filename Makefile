@@ -144,7 +144,9 @@ eval: $(STAMP)
 	  $(TFDS_FLAG) $(ARGS)
 
 # Multi30k EN->DE on CPU (jaxformer/recipes/multi30k.py): train, then BLEU on test_2016_flickr
-# with the checkpoints the run averaged (the last 5; fewer after a run shortened with ARGS).
+# with the checkpoints the run averaged (the last 5; fewer after a run shortened with ARGS), or
+# its newest checkpoint where it averaged none (ARGS="--set train.average_last=0", or a run
+# stopped by SIGTERM before its end, which exits 0: docs/training.md).
 # Each file is read unpacked or as the Multi30k repository ships it (train.en.gz, ...).
 DATA_DIR ?= ../shared/data/multi30k
 m30k = $(firstword $(wildcard $(DATA_DIR)/$(1) $(DATA_DIR)/$(1).gz) $(DATA_DIR)/$(1))
@@ -153,7 +155,8 @@ train-multi30k: $(STAMP)
 	$(JAXFORMER) train --config multi30k --workdir $(WORKDIR) \
 	  --train-src $(call m30k,train.en) --train-tgt $(call m30k,train.de) \
 	  --eval-src $(call m30k,val.en) --eval-tgt $(call m30k,val.de) $(ARGS)
-	$(JAXFORMER) eval --model "$$(ls -d $(WORKDIR)/average-last* | sort -V | tail -n 1)" \
+	$(JAXFORMER) eval --model "$$(ls -d $(WORKDIR)/average-last* 2>/dev/null | sort -V | \
+	  tail -n 1 | grep . || echo $(WORKDIR))" \
 	  --src $(call m30k,test_2016_flickr.en) --ref $(call m30k,test_2016_flickr.de)
 
 # Real corpora for benchmarks live beside the repository, never in it.

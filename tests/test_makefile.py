@@ -227,3 +227,30 @@ def test_train_multi30k_reads_the_corpus_as_multi30k_ships_it(tmp_path):
   assert result.stdout.splitlines()[-6].startswith('sacreBLEU ')
   assert f'test set: {tmp_path}/test_2016_flickr.en.gz' in result.stdout
   assert (tmp_path / 'w' / 'average-last1').is_dir()
+
+
+def test_train_multi30k_scores_its_newest_average_or_else_its_newest_checkpoint(tmp_path):
+  """The eval after training takes the largest average-lastN of the workdir, and the workdir
+  itself (its newest checkpoint) where the run averaged none, never an empty --model."""
+  log = tmp_path / 'calls'
+  stub = tmp_path / 'jaxformer'
+  stub.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+  stub.chmod(0o755)
+  workdir = tmp_path / 'w'
+  workdir.mkdir()
+
+  def evaluated() -> str:
+    log.unlink(missing_ok=True)
+    result = _make('train-multi30k', f'JAXFORMER={stub}', f'DATA_DIR={tmp_path}',
+                   f'WORKDIR={workdir}')
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    train, evaluation = log.read_text().splitlines()
+    assert train.startswith(f'train --config multi30k --workdir {workdir} ')
+    assert evaluation.endswith(f'--src {tmp_path}/test_2016_flickr.en '
+                               f'--ref {tmp_path}/test_2016_flickr.de')
+    return evaluation.split()[2]  # eval --model MODEL ...
+
+  assert evaluated() == str(workdir)
+  for n in (5, 10, 2):
+    (workdir / f'average-last{n}').mkdir()
+  assert evaluated() == str(workdir / 'average-last10')
