@@ -13,7 +13,7 @@ import pathlib
 import sys
 import time
 
-from jaxformer import cli, compilation, monitor, plots, recipes, scoring, trainer
+from jaxformer import cli, commands, compilation, monitor, plots, recipes, scoring, trainer
 from jaxformer.data import embedded
 from jaxformer.errors import JaxformerError
 from jaxformer.translation import Translator
@@ -99,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="generated test pairs (default: the config's)")
   cli.add_compilation_cache_flag(parser)
   args = parser.parse_args(argv)
-  logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s',
-                      force=True)
-  logging.getLogger('absl').setLevel(logging.WARNING)
+  commands.setup_logging('demo')
   cli.use_compilation_cache(args)
   try:
     with monitor.Interrupts(), compilation.one_line_cache_errors():

@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 import jax
+import tqdm
 
 from jaxformer import (arguments, checkpoint, data, export, files, finetune, parallel, protocol,
                        recipes, scoring, serving, trainer)
@@ -26,10 +27,35 @@ from jaxformer.model import parameter_count
 from jaxformer.recipes import auto as auto_recipe
 from jaxformer.translation import Translator
 
-def setup_logging() -> None:
+
+class _CommandLog(logging.StreamHandler):
+  """A long command's log on stderr: jaxformer's records (and those of the loggers named in
+  `own`) from INFO, every other library's from WARNING only, each on a line of its own above
+  the progress bars (tqdm.write clears them, writes the line, draws them again) rather than
+  appended to a bar's line. At INFO the libraries speak of what is not wrong: jax of each
+  accelerator plugin it could not load (a TPU's, on every CPU and GPU host), orbax of every
+  checkpoint step. A filter here, not the loggers' levels, which outlive the command in a
+  process that goes on (a test's, a notebook's)."""
+
+  def __init__(self, own: tuple[str, ...]):
+    super().__init__()
+    self.own = ('jaxformer', *own)
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or record.name.split('.')[0] in self.own
+
+  def emit(self, record: logging.LogRecord) -> None:
+    try:
+      tqdm.tqdm.write(self.format(record), file=self.stream)
+    except Exception:  # noqa: BLE001  (logging's rule: a handler never raises)
+      self.handleError(record)
+
+
+def setup_logging(*own: str) -> None:
+  """Logging for a long command (train, serve, the demo): _CommandLog's."""
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s',
+                      handlers=[_CommandLog(own)],
                       force=True)  # absl may have installed a handler already
-  logging.getLogger('absl').setLevel(logging.WARNING)  # orbax logs every step at INFO
 
 
 # The sections whose every field is also a flag of `jaxformer train` (--num-steps for --set

@@ -5,6 +5,7 @@ import functools
 import gc
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -171,6 +172,17 @@ def train_command(workdir: pathlib.Path, src: pathlib.Path, tgt: pathlib.Path,
   return [sys.executable, str(TESTS.parent / 'experiments' / 'train.py'), '--config',
           str(TESTS / 'tiny_config.py'), '--workdir', str(workdir), '--source', 'text',
           '--train-src', str(src), '--train-tgt', str(tgt), *extra]
+
+
+def assert_log_lines(stderr: str, *own: str) -> None:
+  """A long command's stderr: each log record on a line of its own (not appended to a progress
+  bar's line, which tqdm redraws after a carriage return), and none from another library's
+  logger than jaxformer's and those in `own` (jax's notes at INFO on a host without a TPU)."""
+  for line in re.split(r'[\r\n]', stderr):
+    record = re.search(r'(DEBUG|INFO|WARNING|ERROR) ([\w.]+): ', line)
+    if record:
+      assert record.start() == 0, line
+      assert record[2].split('.')[0] in ('jaxformer', *own), line
 
 
 def one_line_error(*argv: str) -> str:

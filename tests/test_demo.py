@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import JAXFORMER_MAIN, without_tensorflow
+from helpers import JAXFORMER_MAIN, assert_log_lines, without_tensorflow
 from matplotlib import image
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -53,6 +53,7 @@ def test_short_demo_runs_end_to_end_and_reruns_cleanly(tmp_path):
                'make train-base'):
     assert line in first.stdout
   assert 'training' in first.stderr  # the training progress bar
+  assert_log_lines(first.stderr, 'demo')
 
   again = _demo(workdir)  # a finished workdir: resumes at the end and re-evaluates
   assert again.returncode == 0, again.stderr[-3000:]

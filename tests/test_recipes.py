@@ -9,6 +9,7 @@ import sys
 
 import jax.numpy as jnp
 import pytest
+from helpers import assert_log_lines
 
 from jaxformer import cli, commands, config, files, recipes
 from jaxformer import config as config_lib
@@ -386,6 +387,7 @@ def test_the_installed_command_on_a_small_corpus_with_one_overlong_line(tmp_path
   tgt = (folder / 'train.de').read_text().splitlines()[:301]
   done = _auto_train(tmp_path / 'w', src, tgt, '--target-language', 'es')
   assert done.returncode == 0 and 'Traceback' not in done.stderr, done.stderr[-3000:]
+  assert_log_lines(done.stderr)
   assert 'corpus       301 pairs: fewer than 2,000' in done.stderr
   assert re.search(r'lengths      max_len 64, rows of 64: 99\.\d% of the sentences have at most '
                    r'\d\d pieces', done.stderr), done.stderr
