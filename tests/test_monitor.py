@@ -3,6 +3,7 @@
 import json
 import os
 import gc
+import itertools
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import tqdm.std
 from helpers import sigint_inside_a_gc_callback
 
 from jaxformer import monitor
@@ -79,6 +81,18 @@ def test_sink_writes_on_process_zero_only(tmp_path):
                      {'step': 2, 'split': 'train', 'loss': 1.5}]
   assert (tmp_path / 'main' / 'tensorboard').is_dir()
   assert os.listdir(tmp_path / 'other') == []
+
+
+def test_the_bar_redraws_once_a_minute_where_stderr_is_a_file(tmp_path, monkeypatch, capsys):
+  """A run whose stderr is not a terminal (captured here, as a cluster job's log is): 600 steps
+  a second apart on tqdm's clock draw the bar about once a minute, not at each step."""
+  clock = itertools.count()  # one second a reading
+  monkeypatch.setattr(tqdm.std, 'time', lambda: float(next(clock)))
+  with monitor.MetricsSink(tmp_path, enabled=True, start_step=0, total_steps=600) as sink:
+    for _ in range(600):
+      sink.progress.update(1)
+  draws = capsys.readouterr().err.count('training:')
+  assert 5 <= draws <= 30, draws
 
 
 def test_sink_writes_tensorboard_events_without_importing_tensorflow(tmp_path):
