@@ -121,8 +121,10 @@ class MetricsSink:
   def __init__(self, workdir: pathlib.Path, *, enabled: bool, start_step: int, total_steps: int):
     self.enabled = enabled
     # On a terminal the bar redraws in place. Written to a file (a cluster job's log, nohup)
-    # every redraw stays, up to ten a second over a run of days: there it redraws once a minute.
-    interval = {} if sys.stderr.isatty() else {'mininterval': 60, 'maxinterval': 60}
+    # every redraw stays, up to ten a second over a run of days: there it redraws once a minute,
+    # unless tqdm's own TQDM_MININTERVAL says otherwise.
+    in_place = sys.stderr.isatty() or 'TQDM_MININTERVAL' in os.environ
+    interval = {} if in_place else {'mininterval': 60, 'maxinterval': 60}
     self.progress = tqdm.tqdm(total=total_steps, initial=start_step, desc='training',
                               unit='step', disable=not enabled, dynamic_ncols=True, **interval)
     self._writer: Any = _NoWriter()

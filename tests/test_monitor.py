@@ -85,7 +85,8 @@ def test_sink_writes_on_process_zero_only(tmp_path):
 
 def test_the_bar_redraws_once_a_minute_where_stderr_is_a_file(tmp_path, monkeypatch, capsys):
   """A run whose stderr is not a terminal (captured here, as a cluster job's log is): 600 steps
-  a second apart on tqdm's clock draw the bar about once a minute, not at each step."""
+  a second apart on tqdm's clock draw the bar about once a minute, not at each step; tqdm's
+  TQDM_MININTERVAL, where set, chooses instead (the startup bench reads the bar's counts)."""
   clock = itertools.count()  # one second a reading
   monkeypatch.setattr(tqdm.std, 'time', lambda: float(next(clock)))
   with monitor.MetricsSink(tmp_path, enabled=True, start_step=0, total_steps=600) as sink:
@@ -93,6 +94,14 @@ def test_the_bar_redraws_once_a_minute_where_stderr_is_a_file(tmp_path, monkeypa
       sink.progress.update(1)
   draws = capsys.readouterr().err.count('training:')
   assert 5 <= draws <= 30, draws
+  code = ('import pathlib; from jaxformer import monitor\n'
+          f'sink = monitor.MetricsSink(pathlib.Path({str(tmp_path)!r}), enabled=True, '
+          'start_step=0, total_steps=1)\n'
+          'print(sink.progress.mininterval, sink.progress.maxinterval)')
+  for env, intervals in (({}, '60 60'), ({'TQDM_MININTERVAL': '0.5'}, '0.5 10.0')):
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          env={**os.environ, **env}, check=True)
+    assert done.stdout.split() == intervals.split(), (env, done.stdout)  # (tqdm's own setting)
 
 
 def test_sink_writes_tensorboard_events_without_importing_tensorflow(tmp_path):

@@ -138,12 +138,13 @@ def _first_step_s(argv: list[str], env: dict[str, str], step: int) -> tuple[floa
   """Seconds from starting `argv` (a training run resuming at step - 1) to the end of its first
   step, `step` (its progress bar's count, shown once the step has run), and to that step's start
   (the end less one step's time, that of the next step); then ends it, before any save: the
-  workdir stays as it was. The bar redraws at most every 0.1 s, so fast steps (a GPU's) skip
-  counts: a count at or past the one awaited marks it, and a step shorter than a redraw reads
-  as starting where it ends."""
+  workdir stays as it was. The bar redraws at most every 0.1 s (tqdm's interval on a terminal,
+  asked for through TQDM_MININTERVAL: into a pipe the trainer's bar redraws once a minute), so
+  fast steps (a GPU's) skip counts: a count at or past the one awaited marks it, and a step
+  shorter than a redraw reads as starting where it ends."""
   start = time.perf_counter()
-  process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                             cwd=ROOT)
+  process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             env={**env, 'TQDM_MININTERVAL': '0.1'}, cwd=ROOT)
   seen, ends = b'', []
   try:
     for count in (step, step + 1):
