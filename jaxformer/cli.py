@@ -8,6 +8,7 @@ train, data, optim).
 
 import argparse
 import dataclasses
+import logging
 import os
 import pathlib
 import sys
@@ -26,6 +27,7 @@ from jaxformer.errors import exit_code
 
 
 _PRESETS = ('tiny', 'base', 'big')  # what `jaxformer params` counts
+_LONG = ('train', 'serve')  # the commands whose log shows jaxformer's INFO records
 
 
 def compilation_cache_dir(environ: typing.Mapping[str, str]) -> pathlib.Path:
@@ -353,6 +355,7 @@ def run(argv: list[str]) -> int:
     _subcommands(parser)[args.command].error('the following arguments are required: --model')
   for line in older_spellings(parser, argv):
     print(line, file=sys.stderr)
+  commands.setup_logging(level=logging.INFO if args.command in _LONG else logging.WARNING)
   use_compilation_cache(args)
   with monitor.Interrupts(), compilation.one_line_cache_errors():
     return args.run(args)

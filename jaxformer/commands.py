@@ -29,20 +29,21 @@ from jaxformer.translation import Translator
 
 
 class _CommandLog(logging.StreamHandler):
-  """A long command's log on stderr: jaxformer's records (and those of the loggers named in
-  `own`) from INFO, every other library's from WARNING only, each on a line of its own above
-  the progress bars (tqdm.write clears them, writes the line, draws them again) rather than
+  """A command's log on stderr: jaxformer's records (and those of the loggers named in `own`)
+  from `level`, every other library's from WARNING only, each on a line of its own above the
+  progress bars (tqdm.write clears them, writes the line, draws them again) rather than
   appended to a bar's line. At INFO the libraries speak of what is not wrong: jax of each
   accelerator plugin it could not load (a TPU's, on every CPU and GPU host), orbax of every
   checkpoint step. A filter here, not the loggers' levels, which outlive the command in a
   process that goes on (a test's, a notebook's)."""
 
-  def __init__(self, own: tuple[str, ...]):
+  def __init__(self, own: tuple[str, ...], level: int):
     super().__init__()
-    self.own = ('jaxformer', *own)
+    self.own, self.level = ('jaxformer', *own), level
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.WARNING or record.name.split('.')[0] in self.own
+    ours = record.name.split('.')[0] in self.own
+    return record.levelno >= (self.level if ours else logging.WARNING)
 
   def emit(self, record: logging.LogRecord) -> None:
     try:
@@ -51,11 +52,12 @@ class _CommandLog(logging.StreamHandler):
       self.handleError(record)
 
 
-def setup_logging(*own: str) -> None:
-  """Logging for a long command (train, serve, the demo): _CommandLog's."""
+def setup_logging(*own: str, level: int = logging.INFO) -> None:
+  """Every command's logging (_CommandLog's): from INFO for the long ones (train, serve, the
+  demo), from WARNING for the others, one format for all (force: absl's first record, orbax's at
+  import, has set up logging's default handler already)."""
   logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s',
-                      handlers=[_CommandLog(own)],
-                      force=True)  # absl may have installed a handler already
+                      handlers=[_CommandLog(own, level)], force=True)
 
 
 # The sections whose every field is also a flag of `jaxformer train` (--num-steps for --set
@@ -97,7 +99,6 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
 
 
 def train_command(args: argparse.Namespace) -> int:
-  setup_logging()
   if args.distributed or args.coordinator_address:
     try:
       parallel.initialize(args.coordinator_address, args.num_processes, args.process_id)
@@ -147,7 +148,6 @@ def target_language(args: argparse.Namespace) -> str:
 
 
 def eval_command(args: argparse.Namespace) -> int:
-  logging.getLogger('absl').setLevel(logging.WARNING)
   lang = target_language(args)
   scoring.check_language(lang)  # before the model is loaded and run
   if not (args.src or args.ref):
@@ -214,7 +214,6 @@ def score_command(args: argparse.Namespace) -> int:
 
 
 def serve_command(args: argparse.Namespace) -> int:
-  setup_logging()
   limits = arguments.server_limits_of(args)
   key = arguments.api_key(args.api_key_file, os.environ)
   serving.check_exposure(args.host, key, args.allow_no_key)

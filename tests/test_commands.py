@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 import sacrebleu
-from helpers import assert_trees_equal
+from helpers import assert_log_lines, assert_trees_equal
 
 from jaxformer import checkpoint, cli, commands, search, translation
 
@@ -56,6 +56,9 @@ def test_nothing_to_search_is_an_empty_answer_from_the_command(workdir, tmp_path
                           capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   assert json.loads(result.stdout)['skipped'].startswith('the source has')
+  # (every command's log in one format, warnings up: 'WARNING:jaxformer...' before, absl's)
+  assert "WARNING jaxformer.translation: 1 pair(s) longer than the model's" in result.stderr
+  assert_log_lines(result.stderr)
 
 
 def test_translate_refuses_invalid_utf8_naming_the_line(workdir):
