@@ -98,9 +98,10 @@ def test_the_bar_redraws_once_a_minute_where_stderr_is_a_file(tmp_path, monkeypa
           f'sink = monitor.MetricsSink(pathlib.Path({str(tmp_path)!r}), enabled=True, '
           'start_step=0, total_steps=1)\n'
           'print(sink.progress.mininterval, sink.progress.maxinterval)')
+  environ = {k: v for k, v in os.environ.items() if not k.startswith('TQDM_')}
   for env, intervals in (({}, '60 60'), ({'TQDM_MININTERVAL': '0.5'}, '0.5 10.0')):
     done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                          env={**os.environ, **env}, check=True)
+                          env={**environ, **env}, check=True)
     assert done.stdout.split() == intervals.split(), (env, done.stdout)  # (tqdm's own setting)
 
 
