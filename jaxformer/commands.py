@@ -39,11 +39,11 @@ class _CommandLog(logging.StreamHandler):
 
   def __init__(self, own: tuple[str, ...], level: int):
     super().__init__()
-    self.own, self.level = ('jaxformer', *own), level
+    self.setLevel(level)  # (logging drops what is below it before the filter)
+    self.own = ('jaxformer', *own)
 
   def filter(self, record: logging.LogRecord) -> bool:
-    ours = record.name.split('.')[0] in self.own
-    return record.levelno >= (self.level if ours else logging.WARNING)
+    return record.levelno >= logging.WARNING or record.name.split('.')[0] in self.own
 
   def emit(self, record: logging.LogRecord) -> None:
     try:
