@@ -406,6 +406,6 @@ def test_the_installed_command_on_a_small_corpus_with_one_overlong_line(tmp_path
   assert sorted(p.name for p in (tmp_path / 'w' / 'checkpoints').iterdir()) == ['1']
   assert not any('hyps' in p.name for p in (tmp_path / 'w').rglob('*'))  # eval wrote nothing
   done = _auto_train(tmp_path / 'few', src[:30], tgt[:30])
-  assert done.returncode == 1 and 'Traceback' not in done.stderr
-  assert done.stderr.strip().splitlines()[-1].startswith(
-      'error: 30 training pairs are too few to learn a translation from')
+  assert done.returncode == 1
+  [line] = done.stderr.strip().splitlines()  # (refused before a probe vocabulary is trained)
+  assert line.startswith('error: 30 training pairs are too few to learn a translation from')

@@ -132,6 +132,15 @@ def _round_up(x: float, step: int) -> int:
   return int(step * math.ceil(x / step))
 
 
+def _check_pairs(pairs: int) -> None:
+  if pairs < MIN_PAIRS:
+    raise config_lib.SettingError(
+        f'{pairs:,} training pairs are too few to learn a translation from: the automatic recipe '
+        f'needs at least {MIN_PAIRS} (its rules were measured from {MEASURED_PAIRS:,}). To train '
+        'on them anyway, a check of the pipeline say, give a recipe and the steps: --config '
+        'multi30k --num-steps 20.')
+
+
 def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None, *,
            peak_given: bool = False) -> Choice:
   """The recipe's settings for `corpus` on `backend` ('cpu' or 'gpu'), and the reason for each
@@ -140,12 +149,7 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
   learning rate of their own (`peak_given`), which is then used as it is. A SettingError below
   MIN_PAIRS pairs."""
   pairs = corpus.pairs
-  if pairs < MIN_PAIRS:
-    raise config_lib.SettingError(
-        f'{pairs:,} training pairs are too few to learn a translation from: the automatic recipe '
-        f'needs at least {MIN_PAIRS} (its rules were measured from {MEASURED_PAIRS:,}). To train '
-        'on them anyway, a check of the pipeline say, give a recipe and the steps: --config '
-        'multi30k --num-steps 20.')
+  _check_pairs(pairs)
   if pairs >= PAPER_PAIRS and parent is None:  # the paper's base recipe (recipes/base.py)
     return Choice(config_lib.base(37_000),
                   {'num_steps': 100_000, 'tokens_per_batch': 25_000, 'average_last': 5,
@@ -259,6 +263,7 @@ def size(recipe: Recipe, assignments: Sequence[str], *, backend: str,
     raise config_lib.SettingError('the automatic recipe sizes itself from your corpus: give '
                                   '--train-src and --train-tgt (or a --config).')
   pairs = sources.TextFiles(recipe.data.train_src, recipe.data.train_tgt)
+  _check_pairs(len(pairs))  # (before the probe vocabulary is trained on them)
   corpus = measure(pairs, rule_vocab_size(len(pairs)), seed=recipe.train.seed,
                    tokenizer=parent and parent[1])
   given = {a.partition('=')[0].strip() for a in assignments}
