@@ -270,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     return sub
 
   _add_train_flags(command(
-      'train', f'train a recipe ({", ".join(recipes.NAMES)}) or a config file',
+      'train', 'train on your own files (a recipe sized from them), a recipe '
+      f'({", ".join(recipes.NAMES)}) or a recipe file',
       _TRAIN_DESCRIPTION))
 
   evaluation = command(

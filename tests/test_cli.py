@@ -23,7 +23,8 @@ def test_cli_help_lists_subcommands(capsys):
   assert exit_info.value.code == 0
   listing = ' '.join(capsys.readouterr().out.split())  # argparse wraps the lines
   assert 'params' in listing
-  assert f'train a recipe ({", ".join(recipes.NAMES)})' in listing  # multi30k_gpu was missing
+  assert (f'train on your own files (a recipe sized from them), a recipe '  # (the default)
+          f'({", ".join(recipes.NAMES)}) or a recipe file') in listing  # multi30k_gpu was missing
   with pytest.raises(SystemExit):
     cli.main(['train', '--help'])
   assert 'GLIBC_TUNABLES=glibc.malloc.hugetlb=1 jaxformer train' in capsys.readouterr().out
