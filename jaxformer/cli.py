@@ -348,7 +348,10 @@ def run(argv: list[str]) -> int:
   """Every command but `translate --server`, parsed and run; what goes wrong is raised (a
   JaxformerError, KeyboardInterrupt), for `main` to report."""
   parser = build_parser()
-  args = parser.parse_args(argv)
+  args, unknown = parser.parse_known_args(argv)
+  if unknown:  # (parse_args would show the usage of `jaxformer`, not the command's)
+    (parser if args.command is None else _subcommands(parser)[args.command]).error(
+        f'unrecognized arguments: {" ".join(unknown)}')
   if args.command is None:
     parser.print_help()
     return 0

@@ -121,6 +121,20 @@ def test_cli_refuses_non_positive_counts_in_one_line(capsys, argv):
       r'must be an integer (>= 1|in \[1, \d+\]), got', err[-1]), err[-1]
 
 
+@pytest.mark.parametrize('argv, usage, unknown', [
+    (['export', '--model', 'M', '--output', 'OUT'], 'usage: jaxformer export ', '--output'),
+    (['translate', '--model', 'M', '--bem', '3'], 'usage: jaxformer translate ', '--bem 3'),
+    (['--bogus'], 'usage: jaxformer [-h] COMMAND', '--bogus')])
+def test_an_unknown_flag_shows_its_commands_usage(capsys, argv, usage, unknown):
+  """Not `jaxformer`'s usage, which lists none of the command's flags (it did)."""
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(argv)
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith(usage)
+  assert err.strip().splitlines()[-1].endswith(f'error: unrecognized arguments: {unknown}')
+
+
 @pytest.mark.parametrize('flag, value, bound', [
     ('--beam', '100000', 'an integer in [1, 256]'), ('--batch-size', '100000',
                                                      'an integer in [1, 4096]'),
