@@ -62,7 +62,6 @@ def test_short_demo_runs_end_to_end_and_reruns_cleanly(tmp_path):
       summary['sacrebleu']
 
 
-
 def test_demo_refuses_non_positive_counts_in_one_line(capsys):
   with pytest.raises(SystemExit) as exit_info:
     _demo_module().main(['--num-steps', '0'])

@@ -10,6 +10,7 @@ caches and checkpoints record. `ParallelText` holds pairs in memory (validation 
 import dataclasses
 import hashlib
 import itertools
+import logging
 import os
 import pathlib
 from collections.abc import Iterator
@@ -169,6 +170,22 @@ def require_tfds() -> Any:
   return tfds
 
 
+def _not_a_variant_folder(record: logging.LogRecord) -> bool:
+  return not str(record.msg).startswith('Variant folder')
+
+
+def _is_prepared(builder: Any) -> bool:
+  """builder.is_prepared() without tfds's warning that the dataset's folder lacks its files
+  ("Variant folder ... has no dataset_info.json", even where there is no folder): where it is
+  not prepared, the DataError says so, with the command that prepares it."""
+  absl = logging.getLogger('absl')
+  absl.addFilter(_not_a_variant_folder)
+  try:
+    return builder.is_prepared()
+  finally:
+    absl.removeFilter(_not_a_variant_folder)
+
+
 class TfdsSplit(PairSource):
   """A split of a prepared tfds translation dataset, streamed, with the source and target
   fields picked by name (tfds's supervised keys for wmt14_translate are (de|fr, en): pass
@@ -188,7 +205,7 @@ class TfdsSplit(PairSource):
                       f'{data_dir or "the default data dir"}.') from None
     if download:
       self._builder.download_and_prepare()
-    elif not self._builder.is_prepared():
+    elif not _is_prepared(self._builder):
       raise DataError(
           f'tfds dataset {name} is not prepared in {self._builder.data_dir}. Prepare it once '
           f'(needs internet, hours for WMT14 train): {prepare_command(name, data_dir)} '
