@@ -389,6 +389,9 @@ def test_the_installed_command_on_a_small_corpus_with_one_overlong_line(tmp_path
   assert done.returncode == 0 and 'Traceback' not in done.stderr, done.stderr[-3000:]
   assert_log_lines(done.stderr)
   assert 'corpus       301 pairs: fewer than 2,000' in done.stderr
+  # The probe that measures the lengths, then the run's own: each named (both read alike).
+  assert re.findall(r'training a \d+-piece (.*) on a sample', done.stderr) == [
+      "probe vocabulary (to measure the sentences' lengths)", 'vocabulary'], done.stderr
   assert re.search(r'lengths      max_len 64, rows of 64: 99\.\d% of the sentences have at most '
                    r'\d\d pieces', done.stderr), done.stderr
   assert re.search(r'read 301 pairs, kept 29\d, dropped 0 empty and \d longer than 64 tokens',

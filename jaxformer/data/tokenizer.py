@@ -310,7 +310,7 @@ def _save(model_path: pathlib.Path, model: bytes, record: dict[str, Any]) -> Non
 
 def train_tokenizer(texts: 'Sequence[str] | PairSource', model_path: str | os.PathLike,
                     vocab_size: int, *, sample_size: int = 2_000_000, seed: int = 0,
-                    check_existing: bool = True) -> Tokenizer:
+                    check_existing: bool = True, what: str = 'vocabulary') -> Tokenizer:
   """Trains a BPE model on a seeded sample of `texts` (a list of sentences, or both sides of a
   PairSource, streamed), unless the file exists.
 
@@ -320,6 +320,7 @@ def train_tokenizer(texts: 'Sequence[str] | PairSource', model_path: str | os.Pa
   file whatever the number of cores. What the model was trained on is recorded beside it
   (MODEL.json); an existing model trained on something else is a DataError, unless
   check_existing is off (the trainer turns it off when a checkpoint pins the vocabulary).
+  `what` names it in the log line.
   """
   model_path = pathlib.Path(model_path)
   record = vocabulary_record(texts, vocab_size, sample_size, seed)
@@ -332,7 +333,7 @@ def train_tokenizer(texts: 'Sequence[str] | PairSource', model_path: str | os.Pa
   except OSError as e:
     raise files.cannot_write(model_path.parent, 'the vocabulary', e) from None
   model = io.BytesIO()
-  log.info('training a %d-piece vocabulary on a sample of %d of %d sentences', vocab_size,
+  log.info('training a %d-piece %s on a sample of %d of %d sentences', vocab_size, what,
            min(sample_size, record['sentences']), record['sentences'])
   try:
     spm.SentencePieceTrainer.train(

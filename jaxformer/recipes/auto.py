@@ -13,6 +13,7 @@ and the growth of the epochs.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import pathlib
@@ -116,13 +117,14 @@ def measure(pairs: sources.PairSource, vocab_size: int, *, seed: int = 0,
   largest = None
   if tokenizer is None:
     with tempfile.TemporaryDirectory() as folder:
+      probe = functools.partial(tokenizer_lib.train_tokenizer, sample,
+                                pathlib.Path(folder) / 'probe.model', seed=seed,
+                                what="probe vocabulary (to measure the sentences' lengths)")
       try:
-        tokenizer = tokenizer_lib.train_tokenizer(sample, pathlib.Path(folder) / 'probe.model',
-                                                  vocab_size, seed=seed)
+        tokenizer = probe(vocab_size)
       except tokenizer_lib.VocabularyTooLarge as e:
         largest = e.largest
-        tokenizer = tokenizer_lib.train_tokenizer(sample, pathlib.Path(folder) / 'probe.model',
-                                                  largest, seed=seed)
+        tokenizer = probe(largest)
   mean, long, share = lengths_of([len(ids) for ids in tokenizer.encode(sample)])
   return Corpus(pairs=len(pairs), mean_pieces=mean, long_pieces=long, largest_vocab=largest,
                 long_share=share)
