@@ -383,13 +383,14 @@ class Run:
       checkpoint.wait_until_finished(self.manager)
       self.summary['preempted'], self.summary['signal'] = True, signal
       log.warning('%s received: saved step %d to %s; rerun the same command to resume.',
-                  signal or 'stop', step, self.manager.directory / str(step))
+                  signal or 'stop', step, self.workdir / 'checkpoints' / str(step))
 
   def finish(self) -> dict[str, Any]:
     """The summary, after the end-of-run averages (resume.average)."""
     self.summary.update(step=int(parallel.unreplicate(self.p_state.step)),
                         skipped_updates=self.reader.skipped,
-                        checkpoint=str(self.manager.directory / str(self.manager.latest_step())))
+                        checkpoint=str(self.workdir / 'checkpoints' /  # (as the workdir's given)
+                                       str(self.manager.latest_step())))
     finished = (self.summary['step'] == self.train_cfg.num_steps
                 or self.summary.get('stopped_early')) and not self.summary['preempted']
     self.summary.update(resume.average(self.workdir, self.manager, self.train_cfg,

@@ -168,14 +168,17 @@ def test_a_workdir_of_jaxformer_0_1_0_loads_and_resumes(tmp_path, caplog):
   assert 'optimiser settings changed' not in caplog.text
 
 
-def test_a_short_run_averages_the_checkpoints_it_has_and_says_where(tmp_path, caplog):
-  """Two checkpoints where average_last asks for 5: both are averaged, into average-last2."""
+def test_a_short_run_averages_the_checkpoints_it_has_and_says_where(tmp_path, caplog,
+                                                                   monkeypatch):
+  """Two checkpoints where average_last asks for 5: both are averaged, into average-last2. The
+  summary's paths are spelled as the workdir was given (the checkpoint's was absolute)."""
+  monkeypatch.chdir(tmp_path)
   with caplog.at_level('WARNING'):
-    summary = trainer.train(CFG, _tc(num_steps=4, average_last=5), tmp_path, TEXT)
-  assert summary['averaged'] == str(tmp_path / 'average-last2')
-  manager = checkpoint.make_manager(tmp_path / 'checkpoints')
+    summary = trainer.train(CFG, _tc(num_steps=4, average_last=5), 'w', TEXT)
+  assert (summary['averaged'], summary['checkpoint']) == ('w/average-last2', 'w/checkpoints/4')
+  manager = checkpoint.make_manager(tmp_path / 'w' / 'checkpoints')
   expected = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2,
                           *[checkpoint.restore(manager, s)['params'] for s in (2, 4)])
   assert_trees_equal(checkpoint.load(summary['averaged'])[0], expected, rtol=1e-6)
-  assert (f'the run saved 2 checkpoint(s), fewer than average_last=5: averaged those into '
-          f'{tmp_path / "average-last2"}; use that path next.') in caplog.messages
+  assert ('the run saved 2 checkpoint(s), fewer than average_last=5: averaged those into '
+          'w/average-last2; use that path next.') in caplog.messages
