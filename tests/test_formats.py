@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from helpers import TESTS, one_line_error
 
-from jaxformer import cli, config, data, export, files, formats, train, translation
+from jaxformer import cli, config, data, export, files, formats, recipes, train, translation
 from jaxformer.formats import card, huggingface
+from jaxformer.recipes import auto
 from jaxformer.model import sinusoidal_positions
 
 sys.path.insert(0, str(TESTS.parent / 'experiments'))
@@ -146,3 +147,19 @@ def test_the_model_card_reads_the_metrics_as_records_another_tool_wrote(tmp_path
   with pytest.raises(files.RecordError, match=r'metrics\.jsonl:1: "bleu" must be an integer or '
                      r'a number or null, got "high"\.$'):
     card.last_validation_bleu(tmp_path)
+
+
+def test_the_model_card_states_the_automatic_recipes_rules_and_the_users_settings(tmp_path):
+  """The rules' 450 steps and the user's --num-steps 30 over them: the card said only the
+  first."""
+  recipe = recipes.override(recipes.AUTO, ['data.train_src=a.en', 'data.train_tgt=a.de'])
+  rules = ('schedule     450 steps of 8,192 tokens', 'dropout      0.3: fewer than 10,000 pairs')
+  auto.record(tmp_path, auto.Sizing(recipe, 'head', rules, ('train.num_steps=30',)))
+  data_section, lines = card.recorded_data(tmp_path)
+  assert data_section['train_src'] == 'a.en'
+  text = card.markdown(tmp_path, config.tiny(), 30, data_section, lines)
+  assert ('- **Recipe:** the automatic recipe:\n  - schedule 450 steps of 8,192 tokens\n'
+          '  - dropout 0.3: fewer than 10,000 pairs\n  - then your settings: train.num_steps=30\n'
+          ) in text
+  auto.record(tmp_path, auto.Sizing(recipe, 'head', rules, ()))
+  assert card.recorded_data(tmp_path)[1] == list(rules)

@@ -245,7 +245,7 @@ def test_a_resumed_run_keeps_its_recorded_recipe_and_does_not_measure_again(tmp_
   reasons = chosen.reasons
   data_cfg = recipes.override(recipes.AUTO, ['data.train_src=a', 'data.train_tgt=b']).data
   first = auto.Sizing(recipes.Recipe(chosen.model, config.TrainConfig(**chosen.train),
-                                     data_cfg, chosen.optim), 'head', reasons, 'tail')
+                                     data_cfg, chosen.optim), 'head', reasons, ())
   auto.record(tmp_path, first)
   assert auto.recorded(tmp_path, recipes.AUTO, []) is None  # no checkpoint yet: sized afresh
   (tmp_path / 'checkpoints' / '40').mkdir(parents=True)
@@ -360,7 +360,7 @@ def test_the_recipe_record_states_only_the_data_settings_in_use(tmp_path):
   recipe = recipes.override(recipes.AUTO, ['data.train_src=a', 'data.train_tgt=b'])
   chosen = auto.choose(_corpus(4_000), 'cpu')
   sizing = auto.Sizing(recipes.Recipe(chosen.model, config.TrainConfig(**chosen.train),
-                                      recipe.data, chosen.optim), 'head', chosen.reasons, 'tail')
+                                      recipe.data, chosen.optim), 'head', chosen.reasons, ())
   data = json.loads(auto.record(tmp_path, sizing).read_text())['data']
   assert data['train_src'] == 'a' and data['target_language'] == 'de'
   assert 'train_pairs' not in data and 'tfds_data_dir' not in data  # (embedded's, wmt14's)

@@ -13,12 +13,16 @@ from jaxformer.config import TransformerConfig
 
 
 def recorded_data(origin: str | pathlib.Path | None) -> tuple[dict[str, Any], list]:
-  """The data section and the rules of the recipe the model's workdir recorded, if any."""
+  """The data section and the rules of the recipe the model's workdir recorded, if any, the
+  user's settings over them (--set: the number of steps, say) a last line."""
   found = origin and files.record_near(origin, 'recipe.json')
   if not found:
     return {}, []
-  return (files.field(found[1], 'data', dict, str(found[0]), {}),
-          files.field(found[1], 'rules', list, str(found[0]), []))
+  fields, where = found[1], str(found[0])
+  settings = files.field(fields, 'settings', list, where, [])  # (none in records before it)
+  return (files.field(fields, 'data', dict, where, {}),
+          files.field(fields, 'rules', list, where, []) +
+          [f'then your settings: {", ".join(map(str, settings))}'] * bool(settings))
 
 
 def markdown(origin: str | pathlib.Path | None, config: TransformerConfig, step: int,

@@ -81,16 +81,20 @@ class Choice:
 @dataclasses.dataclass(frozen=True)
 class Sizing:
   """The recipe the rules chose, and why: what was sized (or that a record was resumed), a
-  line per choice of the rules, and the user's settings over them."""
+  line per choice of the rules, and the user's settings over them (--set, the data's aside)."""
   recipe: Recipe
   head: str
   rules: tuple[str, ...]
-  yours: str
+  settings: tuple[str, ...]
 
   @property
   def reasons(self) -> tuple[str, ...]:
-    """Every line, as the command prints them."""
-    return (self.head, *self.rules, self.yours)
+    """Every line, as the command prints them: the last is the user's settings, or how to give
+    some."""
+    return (self.head, *self.rules,
+            f'then your settings, which win: {", ".join(self.settings)}' if self.settings else
+            'change any of it with --set SECTION.NAME=VALUE (or its flag); docs/own-data.md '
+            'explains the rules')
 
 
 def rule_vocab_size(pairs: int) -> int:
@@ -275,15 +279,11 @@ def size(recipe: Recipe, assignments: Sequence[str], *, backend: str,
   sized = Recipe(chosen.model, train, recipe.data, chosen.optim)
   head = (f'the automatic recipe for {corpus.pairs:,} pairs ({corpus.mean_pieces:.1f} pieces a '
           f'sentence, {corpus.long_share:.1%} within {corpus.long_pieces}) on {backend}:')
-  return Sizing(override(sized, assignments), head, chosen.reasons, _last_reason(assignments))
+  return Sizing(override(sized, assignments), head, chosen.reasons, _settings(assignments))
 
 
-def _last_reason(assignments: Sequence[str]) -> str:
-  """The reasons' last line: the user's settings over the rules', or how to give some."""
-  yours = [a for a in assignments if not a.startswith('data.')]
-  return (f'then your settings, which win: {", ".join(yours)}' if yours else
-          'change any of it with --set SECTION.NAME=VALUE (or its flag); docs/own-data.md '
-          'explains the rules')
+def _settings(assignments: Sequence[str]) -> tuple[str, ...]:
+  return tuple(a for a in assignments if not a.startswith('data.'))
 
 
 def recorded(workdir: str | pathlib.Path, recipe: Recipe, assignments: Sequence[str]
@@ -311,7 +311,7 @@ def recorded(workdir: str | pathlib.Path, recipe: Recipe, assignments: Sequence[
     raise config_lib.SettingError(f'{path}: damaged recipe record ({type(e).__name__}: {e}); '
                                   'give the settings with --config, or remove it.') from None
   head = f'resuming: the automatic recipe recorded in {path} (the corpus is not measured again)'
-  return Sizing(override(sized, assignments), head, rules, _last_reason(assignments))
+  return Sizing(override(sized, assignments), head, rules, _settings(assignments))
 
 
 def record(workdir: str | pathlib.Path, sizing: Sizing) -> pathlib.Path:
@@ -325,6 +325,7 @@ def record(workdir: str | pathlib.Path, sizing: Sizing) -> pathlib.Path:
     raise files.cannot_write(path, 'the recipe', e) from None
   files.write_atomically(path, (json.dumps({
       'recipe': 'auto', 'reasons': list(sizing.reasons), 'rules': list(sizing.rules),
+      'settings': list(sizing.settings),
       'model': config_lib.config_to_dict(recipe.model),
       'train': dataclasses.asdict(recipe.train), 'optim': dataclasses.asdict(recipe.optim),
       'data': recipe.data.in_use()}, indent=1) + '\n').encode(), 'the recipe')
