@@ -365,7 +365,10 @@ def save_average(workdir: str | pathlib.Path, last_n: int | None = None, *,
                  best: int | None = None, metric: str = 'loss') -> pathlib.Path:
   """Averages the last `last_n` checkpoints into `<workdir>/average-last<N>/<last step>/`, or
   with `best`, the best N by validation `metric` into `<workdir>/average-best<N>/<newest of
-  them>/`."""
+  them>/`. `workdir` must be a training workdir: a checkpoint folder (its checkpoints/, an
+  average) would get the average inside it."""
+  if (found := files.describe(workdir)) != files.WORKDIR:
+    raise CheckpointError(files.misplaced(workdir, found, 'a training workdir'))
   steps = best_steps(workdir, best, metric) if best else last_steps(workdir, last_n)
   meta = newest_meta(workdir)[1]
   out = pathlib.Path(workdir) / (f'average-best{best}' if best else f'average-last{last_n}')

@@ -129,6 +129,12 @@ def test_one_average_at_a_time_and_a_killed_holder_blocks_nothing(workdir, capsy
     holder.kill()
     holder.wait()
   assert cli.main(['average', '--workdir', str(workdir), '--last', '2']) == 0
+  capsys.readouterr()
+  for folder in (workdir / 'average-last2', workdir / 'checkpoints'):  # (it averaged into them)
+    assert cli.main(['average', '--workdir', str(folder), '--last', '1']) == 1
+    assert capsys.readouterr().err == (
+        f'error: {folder}: is a checkpoint folder, where a training workdir belongs.\n')
+    assert not (folder / 'average-last1').exists()
 
 
 def test_resume_state_is_kept_until_its_replacement_commits(tmp_path):
