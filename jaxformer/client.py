@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from jaxformer import arguments, protocol, text
+from jaxformer import arguments, files, protocol, text
 from jaxformer.errors import JaxformerError, exit_code
 from jaxformer.settings import DecodingConfig
 
@@ -147,6 +147,8 @@ def _translate_with(args: argparse.Namespace) -> int:
   settings = arguments.decoding_settings(args, DecodingConfig.PER_REQUEST)
   DecodingConfig(**settings)  # refused here, before any request, as the local command does
   api_key = arguments.api_key(args.api_key_file, os.environ)
+  if args.output:  # found out before any request, as the local command does
+    files.check_output(args.output, 'the translations')
   with tqdm(total=None, desc='translating', unit='sent', disable=not args.input) as bar:
     def ask(lines: list[str], first: int, prefixes: list[str] | None) -> list[Any]:
       bar.total = bar.total or len(lines)  # (a file: its lines, all in one part)

@@ -176,6 +176,8 @@ def eval_command(args: argparse.Namespace) -> int:
 def translate_command(args: argparse.Namespace) -> int:
   if given := [name for name in arguments.CLIENT_SIDE if getattr(args, name) is not None]:
     raise SettingError(f'--{given[0].replace("_", "-")} is for translating with --server.')
+  if args.output:  # found out before the model loads, not after
+    files.check_output(args.output, 'the translations')
   translator = load_translator(args.model, args)[0]
   if args.nbest:  # (before any input is read)
     protocol.check_nbest(args.nbest, translator.decoding)

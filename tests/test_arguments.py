@@ -51,3 +51,13 @@ def test_arguments_import_no_jax():
   result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                           timeout=60, check=True)
   assert result.stdout.strip() == 'False False'
+
+
+def test_an_api_key_file_that_cannot_be_read_is_said_in_words(tmp_path):
+  """Not Python's "[Errno 21] Is a directory: '...'"."""
+  with pytest.raises(SettingError) as raised:
+    arguments.api_key(str(tmp_path), {})
+  assert str(raised.value) == f'--api-key-file {tmp_path}: cannot read it (Is a directory).'
+  (tmp_path / 'key').write_bytes(b'\xff\n')
+  with pytest.raises(SettingError, match=r"cannot read it \('utf-8' codec can't decode"):
+    arguments.api_key(str(tmp_path / 'key'), {})

@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 from helpers import one_line_error
 
-from jaxformer import cli, client, serving
+from jaxformer import cli, client, files, serving
 from jaxformer.settings import ServerLimits
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -229,15 +229,28 @@ def test_serve_refuses_a_port_out_of_range(capsys):
   assert 'must be a port number from 0 to 65535' in capsys.readouterr().err
 
 
-def test_an_output_file_that_cannot_be_written_is_one_line(server, workdir, tmp_path, capsys):
-  """Both ways of translating write through text.write_translations, and say so alike."""
+def test_an_output_file_that_cannot_be_written_is_one_line(server, workdir, tmp_path, capsys,
+                                                          monkeypatch):
+  """Both ways of translating say so alike, before any translation (the local command before
+  its model loads); a write that fails later is one line too."""
   (tmp_path / 'in.txt').write_text('the dog\n')
-  missing = tmp_path / 'no-folder' / 'out.txt'
+  missing, folder = tmp_path / 'no-folder' / 'out.txt', tmp_path
   for argv in (['--server', server.url], ['--model', str(workdir)]):
-    assert cli.main(['translate', *argv, '--input', str(tmp_path / 'in.txt'), '--output',
-                     str(missing)]) == 1
-    err = capsys.readouterr().err
-    assert err.splitlines()[-1] == f'error: cannot write to {missing} (No such file or directory).'
+    for output, said in ((missing, f'{missing.parent}: no such folder for the translations.'),
+                         (folder, f'{folder}: a folder, where the file for the translations '
+                          'belongs.')):
+      assert cli.main(['translate', *argv, '--input', str(tmp_path / 'in.txt'), '--output',
+                       str(output)]) == 1
+      assert capsys.readouterr().err.splitlines()[-1] == f'error: {said}'
+  assert cli.main(['translate', '--model', str(tmp_path / 'no-model'), '--output',
+                   str(missing)]) == 1  # found out before the model is looked for
+  assert capsys.readouterr().err == (
+      f'error: {missing.parent}: no such folder for the translations.\n')
+  monkeypatch.setattr(files, 'check_output', lambda *args: None)  # (as if it went later)
+  assert cli.main(['translate', '--model', str(workdir), '--input', str(tmp_path / 'in.txt'),
+                   '--output', str(missing)]) == 1
+  assert capsys.readouterr().err.splitlines()[-1] == (
+      f'error: cannot write to {missing} (No such file or directory).')
 
 
 # --- bounds, batching and access (each class of issue 70, on real sockets) ------------------------
