@@ -307,8 +307,7 @@ _BAD_INPUT = {  # one of each class of bad input: (its files, argv) -> the comma
         'exported model or a MarianMT folder) belongs.'),
     'a model that does not exist': (
         'average --workdir nowhere',
-        'error: nowhere: does not exist, where a training workdir or a checkpoint folder '
-        'belongs.'),
+        'error: nowhere: does not exist, where a training workdir belongs.'),
     'a file where the workdir belongs': (
         'train --workdir s.txt --train-src s.txt --train-tgt t.txt',
         'error: s.txt: is a file, where a training workdir belongs.'),
