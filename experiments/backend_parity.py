@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 # pylint: disable=wrong-import-position
-from jaxformer import recipes, translation  # noqa: E402
+from jaxformer import files, recipes, translation  # noqa: E402
 from jaxformer.data import embedded  # noqa: E402
 from jaxformer.data.tokenizer import EOS_ID  # noqa: E402
 from jaxformer.decode import length_penalty  # noqa: E402
@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     command.add_argument('--precision', choices=('default', 'highest'), default='default',
                          help="float32 matrix products' precision (jax.default_matmul_precision)")
   args = parser.parse_args(argv)
+  if args.out:  # before the decoding (minutes of a lent GPU's), not after it
+    files.check_output(args.out, 'the report')
   if args.command == 'decode':
     pathlib.Path(args.out).write_text(json.dumps(decode(args.model, args.src, args.precision)))
     return 0

@@ -17,7 +17,7 @@ import pytest
 from helpers import synthetic_text
 from matplotlib import image
 
-from jaxformer import cli, config, scoring, trainer, translation
+from jaxformer import cli, config, files, scoring, trainer, translation
 from jaxformer.flops import forward_flops
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -361,6 +361,8 @@ def test_backend_parity_explains_each_difference_by_teacher_forced_scores(workdi
   assert cli.main(['export', '--model', str(workdir), str(model)]) == 0
   (tmp_path / 'src.txt').write_text('\n'.join(synthetic_text(3, seed=3).src) + '\n')
   run = tmp_path / 'a.json'
+  with pytest.raises(files.WriteError, match='no such folder for the report'):  # at once
+    parity.main(['decode', '--model', 'nowhere', '--out', str(tmp_path / 'no' / 'a.json')])
   assert parity.main(['decode', '--model', str(model), '--src', str(tmp_path / 'src.txt'),
                       '--out', str(run)]) == 0
   a = json.loads(run.read_text())
