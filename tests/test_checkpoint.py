@@ -1,5 +1,6 @@
 """jaxformer.checkpoint: what is kept, averaging, compatibility, damaged checkpoints."""
 
+import itertools
 import shutil
 import socket
 
@@ -7,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tqdm
 from helpers import CFG, TEXT, assert_trees_equal, hold_lock, synthetic_text
 from helpers import train_settings as _tc
 
@@ -48,6 +50,17 @@ def test_average_is_the_mean_and_loads_for_decoding(trained):
   assert logits.shape == (1, 3, 400) and bool(jnp.all(jnp.isfinite(logits)))
   with pytest.raises(checkpoint.CheckpointError, match='only 3'):
     checkpoint.average_checkpoints(trained, 5)
+
+
+@pytest.mark.parametrize('seconds_a_reading, shown', [(0, False), (1, True)])
+def test_averaging_shows_its_progress_once_it_takes_a_while(trained, monkeypatch, capsys,
+                                                            seconds_a_reading, shown):
+  """On tqdm's clock: a bar from a second on (20 big checkpoints take a while), none before."""
+  clock = itertools.count(step=seconds_a_reading)
+  monkeypatch.setattr(tqdm.std, 'time', lambda: float(next(clock)))
+  checkpoint.mean_params(trained, [2, 4, 6])
+  err = capsys.readouterr().err
+  assert ('averaging: 100%' in err and '3/3' in err) if shown else err == '', err
 
 
 def test_incompatible_config_or_vocabulary_is_named(trained, tmp_path):
