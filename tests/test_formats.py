@@ -12,8 +12,8 @@ from helpers import TESTS, one_line_error
 
 from jaxformer import cli, config, data, export, files, formats, recipes, train, translation
 from jaxformer.formats import card, huggingface
-from jaxformer.recipes import auto
 from jaxformer.model import sinusoidal_positions
+from jaxformer.recipes import auto
 
 sys.path.insert(0, str(TESTS.parent / 'experiments'))
 import huggingface_parity  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
