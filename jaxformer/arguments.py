@@ -12,6 +12,7 @@ import dataclasses
 import math
 import types
 import typing
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,21 @@ def path_arg(text: str) -> str:
   if not text.strip():
     raise argparse.ArgumentTypeError(f'must be a path, got {text!r}')
   return text
+
+
+def server_url(text: str) -> str:
+  """An argparse type: a server's HTTP(S) address; HOST:PORT alone is http://HOST:PORT (urllib
+  took `localhost:8228` for a URL of the scheme `localhost`)."""
+  url = text.strip() if '://' in text else f'http://{text.strip()}'
+  try:
+    parts = urllib.parse.urlsplit(url)
+    parts.port  # noqa: B018  (a port that is no number raises here)
+  except ValueError:
+    parts = None
+  if parts is None or parts.scheme not in ('http', 'https') or not parts.hostname:
+    raise argparse.ArgumentTypeError(f"must be the server's address, http://HOST:PORT, got "
+                                     f'{text!r}')
+  return url
 
 
 def flag(parser: argparse._ActionsContainer, name: str, **kwargs: Any) -> None:
@@ -164,8 +180,9 @@ def add_translate_flags(parser: argparse.ArgumentParser) -> None:
                       help='target prefixes, a line for each input line (an empty line: none): '
                       'each output starts with its prefix, searched from there')
   group = parser.add_argument_group('with a server (jaxformer serve)')
-  group.add_argument('--server', help='translate with a running `jaxformer serve` at this '
-                     'address (e.g. http://127.0.0.1:8228) instead of --model: the model and '
+  group.add_argument('--server', type=server_url, help='translate with a running `jaxformer '
+                     'serve` at this address (e.g. http://127.0.0.1:8228; HOST:PORT alone is '
+                     'taken as http://HOST:PORT) instead of --model: the model and '
                      "its search (beam, alpha, extra length, batch size) are the server's; "
                      'sampling, prefixes and --nbest are sent with each request')
   group.add_argument('--timeout', type=in_range(float, Range(0, low_open=True)),

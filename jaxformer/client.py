@@ -79,7 +79,8 @@ def _probe(url: str, opener: urllib.request.OpenerDirector) -> None:
 
 
 def _no_server(url: str, reason: Any) -> ServerError:
-  return ServerError(f'no jaxformer server answers at {url} ({reason}); start one with '
+  words = getattr(reason, 'strerror', None) or reason  # (an OSError's without its errno)
+  return ServerError(f'no jaxformer server answers at {url} ({words}); start one with '
                      '`jaxformer serve --model DIR`.')
 
 

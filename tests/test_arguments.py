@@ -61,3 +61,17 @@ def test_an_api_key_file_that_cannot_be_read_is_said_in_words(tmp_path):
   (tmp_path / 'key').write_bytes(b'\xff\n')
   with pytest.raises(SettingError, match=r"cannot read it \('utf-8' codec can't decode"):
     arguments.api_key(str(tmp_path / 'key'), {})
+
+
+@pytest.mark.parametrize('text, url', [
+    ('http://127.0.0.1:8228', 'http://127.0.0.1:8228'), ('localhost:8228', 'http://localhost:8228'),
+    ('https://mt.example.org/', 'https://mt.example.org/'), ('ftp://x', None), ('http://', None),
+    ('localhost:port', None), (' ', None)])
+def test_a_server_is_an_http_address_and_host_port_alone_is_one(text, url):
+  """`localhost:8228` was taken as a URL of the scheme `localhost` ("unknown url type")."""
+  if url:
+    assert arguments.server_url(text) == url
+  else:
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be the server's address, "
+                       r'http://HOST:PORT, got '):
+      arguments.server_url(text)

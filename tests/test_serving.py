@@ -157,8 +157,8 @@ def test_no_server_and_a_busy_port_are_one_line_errors(server, tmp_path, capsys)
                               str(tmp_path / 'in.txt')]) == 1
   err = capsys.readouterr().err  # (after the file's progress bar at 0%)
   assert err.splitlines()[-1] == (
-      'error: no jaxformer server answers at http://127.0.0.1:9 ([Errno 111] Connection '
-      'refused); start one with `jaxformer serve --model DIR`.') and 'Traceback' not in err
+      'error: no jaxformer server answers at http://127.0.0.1:9 (Connection refused); start '
+      'one with `jaxformer serve --model DIR`.') and 'Traceback' not in err
   with pytest.raises(serving.ServerError, match=r'cannot listen on 127\.0\.0\.1:\d+ \(Address '
                      r'already in use\); choose another --port or --host\.'):
     serving.Server(server.translator, server.server_address)
