@@ -16,6 +16,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
+from jaxformer.errors import reason
 from jaxformer.settings import MAX_NBEST, DecodingConfig, Range, ServerLimits, SettingError
 
 
@@ -206,9 +207,8 @@ def api_key(path: str | None, environ: typing.Mapping[str, str]) -> str | None:
     try:
       with open(path, encoding='utf-8') as f:
         key, where = f.readline().strip(), f'--api-key-file {path}'
-    except (OSError, UnicodeDecodeError) as e:  # (an OSError's words without its errno)
-      raise SettingError(f'--api-key-file {path}: cannot read it '
-                         f'({getattr(e, "strerror", None) or e}).') from None
+    except (OSError, UnicodeDecodeError) as e:
+      raise SettingError(f'--api-key-file {path}: cannot read it ({reason(e)}).') from None
     if not key:
       raise SettingError(f'--api-key-file {path}: the file holds no key on its first line.')
   # The key travels in an HTTP header, which carries printable ASCII only: another character

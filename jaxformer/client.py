@@ -15,7 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from jaxformer import arguments, files, protocol, text
-from jaxformer.errors import JaxformerError, exit_code
+from jaxformer.errors import JaxformerError, exit_code, reason
 from jaxformer.settings import DecodingConfig
 
 DEFAULT_PORT = 8228
@@ -70,17 +70,16 @@ def _probe(url: str, opener: urllib.request.OpenerDirector) -> None:
   except urllib.error.HTTPError as e:  # (503: warming up or stopping; it answers)
     e.close()
   except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-    reason = getattr(e, 'reason', e)
-    if isinstance(reason, TimeoutError):
+    cause = getattr(e, 'reason', e)
+    if isinstance(cause, TimeoutError):
       raise ServerError(f'{url} accepts connections but did not answer GET /health within '
                         f'{PROBE_TIMEOUT:g} s: is the server stopped or stuck?') from None
-    raise _no_server(url, reason) from None
+    raise _no_server(url, cause) from None
   _probed.add(url)
 
 
-def _no_server(url: str, reason: Any) -> ServerError:
-  words = getattr(reason, 'strerror', None) or reason  # (an OSError's without its errno)
-  return ServerError(f'no jaxformer server answers at {url} ({words}); start one with '
+def _no_server(url: str, cause: Any) -> ServerError:
+  return ServerError(f'no jaxformer server answers at {url} ({reason(cause)}); start one with '
                      '`jaxformer serve --model DIR`.')
 
 
@@ -106,10 +105,10 @@ def _ask(url: str, path: str, request: dict[str, Any], timeout: float, api_key: 
   except TimeoutError:
     raise ServerError(f'{url} did not answer within {timeout:g} s (--timeout).') from None
   except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-    reason = getattr(e, 'reason', e)
-    if isinstance(reason, TimeoutError):
+    cause = getattr(e, 'reason', e)
+    if isinstance(cause, TimeoutError):
       raise ServerError(f'{url} did not answer within {timeout:g} s (--timeout).') from None
-    raise _no_server(url, reason) from None
+    raise _no_server(url, cause) from None
   except (ValueError, KeyError, TypeError):  # (JSONDecodeError is a ValueError)
     raise ServerError(f'{url} answered, but not as `jaxformer serve` does: is it one?') from None
 

@@ -35,6 +35,8 @@ from typing import Any
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
+from jaxformer.errors import reason
+
 log = logging.getLogger(__name__)
 
 MAX_BYTES = 2**30  # room for many models' programs; the least recently used go first
@@ -54,7 +56,7 @@ def enable_cache(path: str | os.PathLike, *, max_bytes: int = MAX_BYTES) -> bool
       os.fsync(probe.fileno())
   except OSError as e:
     log.warning('compilation cache off: cannot write %s (%s); this run compiles everything '
-                'itself', path, e.strerror or e)
+                'itself', path, reason(e))
     return False
   if jax.config.jax_compilation_cache_dir not in (None, str(path)):
     compilation_cache.reset_cache()  # jax opened another folder already: open this one next

@@ -7,6 +7,12 @@ import sys
 from collections.abc import Callable
 
 
+def reason(e: BaseException) -> str:
+  """What went wrong, for a message: an OSError's words without its errno and path (`Is a
+  directory`, not `[Errno 21] Is a directory: 'x'`), any other error's own text."""
+  return getattr(e, 'strerror', None) or str(e)
+
+
 class JaxformerError(Exception):
   """Bad input, settings, data or checkpoints, or a run that cannot go on; see the message."""
 

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from jaxformer.errors import JaxformerError
+from jaxformer.errors import JaxformerError, reason
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def make_workdir(workdir: str | os.PathLike) -> pathlib.Path:
   try:
     workdir.mkdir(parents=True, exist_ok=True)
   except OSError as e:
-    raise WorkdirError(f'{workdir}: cannot be the workdir ({e.strerror}).') from None
+    raise WorkdirError(f'{workdir}: cannot be the workdir ({reason(e)}).') from None
   return workdir
 
 
@@ -182,7 +182,7 @@ def cannot_write(path: str | os.PathLike, what: str, error: OSError) -> Jaxforme
   if disk_full(error):
     return no_space(path, what)
   return WriteError(f'{path}: cannot write {what} on {mount_point(path)} '
-                    f'({error.strerror or error}).')
+                    f'({reason(error)}).')
 
 
 def respect_umask(path: str | os.PathLike) -> None:
@@ -259,7 +259,7 @@ def locked(folder: str | os.PathLike, name: str, what: str, *, wait: bool = Fals
       f.write(f'pid {os.getpid()} on {socket.gethostname()}\n')
       f.flush()
     except OSError as e:  # a disk that filled: the lock holds, its note does not
-      log.warning('%s: cannot note the lock\'s holder (%s)', path, e.strerror)
+      log.warning('%s: cannot note the lock\'s holder (%s)', path, reason(e))
     try:
       yield
     finally:
@@ -301,7 +301,7 @@ def read_record(path: str | os.PathLike, what: str) -> dict[str, Any]:
   try:
     value = json.loads(pathlib.Path(path).read_text(encoding='utf-8'))
   except (OSError, UnicodeDecodeError, ValueError) as e:
-    raise RecordError(f'{path}: cannot read {what} ({e}).') from None
+    raise RecordError(f'{path}: cannot read {what} ({reason(e)}).') from None
   if not isinstance(value, dict):
     raise RecordError(f'{path}: {what} must be a JSON object, got {json.dumps(value)[:60]}.')
   return value

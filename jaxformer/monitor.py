@@ -21,6 +21,8 @@ import jax
 import tqdm
 from flax import traverse_util
 
+from jaxformer.errors import reason
+
 Array = jax.Array
 
 
@@ -141,7 +143,7 @@ class MetricsSink:
       write()
     except OSError as e:
       logging.getLogger(__name__).warning('no more %s: %s (%s); training goes on', what,
-                                          e.filename or 'cannot write', e.strerror or e)
+                                          e.filename or 'cannot write', reason(e))
       lost = self._file if what == 'metrics.jsonl' else self._writer
       with contextlib.suppress(OSError, AttributeError):  # (the same error again)
         lost.close()

@@ -40,7 +40,7 @@ from jaxformer.batching import Batcher
 from jaxformer.client import (  # noqa: F401
     CLIENT_LINES, CLIENT_TIMEOUT, DEFAULT_PORT, PROBE_TIMEOUT, ServerError, client_main,
     is_client, score, translate)
-from jaxformer.errors import JaxformerError
+from jaxformer.errors import JaxformerError, reason
 from jaxformer.protocol import RequestError, TooLarge  # noqa: F401  (its 400 and 413)
 from jaxformer.settings import ServerLimits, SettingError
 
@@ -66,7 +66,7 @@ class Server(http.server.ThreadingHTTPServer):
     try:
       super().__init__(address, _Handler)
     except OSError as e:
-      raise ServerError(f'cannot listen on {address[0]}:{address[1]} ({e.strerror}); choose '
+      raise ServerError(f'cannot listen on {address[0]}:{address[1]} ({reason(e)}); choose '
                         'another --port or --host.') from None
     self.translator, self.limits, self.api_key = translator, limits, api_key
     self.info = {**(info or {}), **dataclasses.asdict(translator.decoding)}

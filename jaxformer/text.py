@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from jaxformer.errors import DataError, JaxformerError
+from jaxformer.errors import DataError, JaxformerError, reason
 
 
 def decode_line(raw: bytes, where: str) -> str:
@@ -69,7 +69,7 @@ def raw_blocks(path: pathlib.Path) -> Iterator[bytes]:
         if cut:
           yield block[:cut]
   except (OSError, EOFError, zlib.error) as e:  # zlib's: a damaged .gz
-    raise DataError(f'{path}: cannot read ({e}).') from None
+    raise DataError(f'{path}: cannot read ({reason(e)}).') from None
   if rest:
     yield rest
 
@@ -190,4 +190,4 @@ def write_translations(output: str | None, chunks: Iterable[list[str]],
   except OSError as e:
     if not output:
       raise
-    raise JaxformerError(f'cannot write to {output} ({e.strerror}).') from None
+    raise JaxformerError(f'cannot write to {output} ({reason(e)}).') from None

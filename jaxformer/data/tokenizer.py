@@ -17,6 +17,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 from jaxformer import files
 from jaxformer.data.sources import DataError, PairSource
+from jaxformer.errors import reason
 
 log = logging.getLogger(__name__)
 
@@ -198,14 +199,14 @@ def _content(model_path: str | os.PathLike, model_proto: bytes | None) -> bytes:
   try:
     return pathlib.Path(model_path).read_bytes()
   except OSError as e:
-    raise DataError(f'{model_path}: not a sentencepiece model ({e.strerror}).') from None
+    raise DataError(f'{model_path}: not a sentencepiece model ({reason(e)}).') from None
 
 
 def _processor(path: pathlib.Path, model: bytes) -> spm.SentencePieceProcessor:
   try:
     return spm.SentencePieceProcessor(model_proto=model)
   except (OSError, RuntimeError, TypeError) as e:
-    raise DataError(f'{path}: not a sentencepiece model ({e}).') from None
+    raise DataError(f'{path}: not a sentencepiece model ({reason(e)}).') from None
 
 
 def _until_eos(row: Sequence[int]) -> list[int]:

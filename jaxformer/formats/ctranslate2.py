@@ -14,6 +14,7 @@ from flax import traverse_util
 from jaxformer import checkpoint, files
 from jaxformer.config import TransformerConfig
 from jaxformer.data.tokenizer import Tokenizer
+from jaxformer.errors import reason
 from jaxformer.formats import folders
 from jaxformer.model import sinusoidal_positions
 
@@ -74,8 +75,8 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
   if importlib.util.find_spec('ctranslate2') is None:
     raise checkpoint.CheckpointError("the CTranslate2 export needs ctranslate2: pip install "
                                      "'jaxformer[ctranslate2]'.")
-  if reason := cannot(config):
-    raise checkpoint.CheckpointError(f'CTranslate2 has no Transformer with {reason}.')
+  if missing := cannot(config):
+    raise checkpoint.CheckpointError(f'CTranslate2 has no Transformer with {missing}.')
   out = folders.prepare(out, files.CTRANSLATE2, overwrite)  # before the work: fails at once
   # pylint: disable-next=g-import-not-at-top
   from ctranslate2.specs import common_spec, transformer_spec
@@ -125,5 +126,5 @@ def save(out: str | pathlib.Path, params: Any, config: TransformerConfig, spm_mo
   except files.DiskFullError:
     raise
   except OSError as e:
-    raise checkpoint.CheckpointError(f'{out}: cannot write the export ({e.strerror}).') from None
+    raise checkpoint.CheckpointError(f'{out}: cannot write the export ({reason(e)}).') from None
   return out

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from jaxformer import checkpoint, files
+from jaxformer.errors import reason
 
 
 def check_destination(out: str | os.PathLike, kind: files.Kind, overwrite: bool) -> None:
@@ -38,7 +39,7 @@ def prepare(out: str | os.PathLike, kind: files.Kind, overwrite: bool) -> pathli
   try:
     out.mkdir(parents=True, exist_ok=True)
   except OSError as e:
-    raise checkpoint.CheckpointError(f'{out}: cannot create the export folder ({e.strerror}).'
+    raise checkpoint.CheckpointError(f'{out}: cannot create the export folder ({reason(e)}).'
                                      ) from None
   return out
 
