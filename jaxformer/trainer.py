@@ -388,9 +388,8 @@ class Run:
   def finish(self) -> dict[str, Any]:
     """The summary, after the end-of-run averages (resume.average)."""
     self.summary.update(step=int(parallel.unreplicate(self.p_state.step)),
-                        skipped_updates=self.reader.skipped,
-                        checkpoint=str(self.workdir / 'checkpoints' /  # (as the workdir's given)
-                                       str(self.manager.latest_step())))
+                        skipped_updates=self.reader.skipped, checkpoint=str(  # (as given)
+                            self.workdir / 'checkpoints' / str(self.manager.latest_step())))
     finished = (self.summary['step'] == self.train_cfg.num_steps
                 or self.summary.get('stopped_early')) and not self.summary['preempted']
     self.summary.update(resume.average(self.workdir, self.manager, self.train_cfg,

@@ -19,10 +19,10 @@ def recorded_data(origin: str | pathlib.Path | None) -> tuple[dict[str, Any], li
   if not found:
     return {}, []
   fields, where = found[1], str(found[0])
-  settings = files.field(fields, 'settings', list, where, [])  # (none in records before it)
-  return (files.field(fields, 'data', dict, where, {}),
-          files.field(fields, 'rules', list, where, []) +
-          [f'then your settings: {", ".join(map(str, settings))}'] * bool(settings))
+  rules = files.field(fields, 'rules', list, where, [])
+  if settings := files.field(fields, 'settings', list, where, []):  # (none in older records)
+    rules = [*rules, f'then your settings: {", ".join(map(str, settings))}']
+  return files.field(fields, 'data', dict, where, {}), rules
 
 
 def markdown(origin: str | pathlib.Path | None, config: TransformerConfig, step: int,
