@@ -253,11 +253,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       return
     length = int(length)
     if length > MAX_REQUEST_BYTES:
-      self.close_connection = True  # the body is not read
       self._send(413, {'error': f'the request has {length} bytes, more than '
                                 f'{MAX_REQUEST_BYTES}: send the sentences in parts.'})
       return
     body = self.rfile.read(length)  # (OSError, a timeout: handle_error's one line)
+    self.body_read = True
     try:
       request = json.loads(body)
     except ValueError as e:  # (JSONDecodeError and UnicodeDecodeError are ValueErrors)
@@ -300,6 +300,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
   def _send(self, status: int, body: dict[str, Any], retry_after: int | None = None,
             authenticate: bool = False) -> None:
+    """The answer; the connection closed after it if the request's body is still unread (a
+    refusal before it: 401, 404, 503 warming up), since the next request would begin inside it."""
+    if not self.close_connection and not self.body_read and (
+        self.headers.get('Content-Length', '0') != '0' or 'Transfer-Encoding' in self.headers):
+      self.close_connection = True
     data = json.dumps(body, ensure_ascii=False).encode()
     self.send_response(status)
     self.send_header('Content-Type', 'application/json; charset=utf-8')
@@ -316,11 +321,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
   def log_request(self, code: Any = '-', size: Any = '-') -> None:  # pylint: disable=unused-argument
     """The access log: a line per request, with its status and time."""
-    log.info('%s %s %s %s %.3f s', self.client_address[0], self.command, self.path, code,
+    # (a request line that did not parse has no command, and its path is the last request's)
+    what = f'{self.command} {self.path}' if self.command else repr(self.requestline[:200])
+    log.info('%s %s %s %.3f s', self.client_address[0], what, code,
              time.perf_counter() - getattr(self, '_start', time.perf_counter()))
 
   def parse_request(self) -> bool:
     self._start = time.perf_counter()  # pylint: disable=attribute-defined-outside-init
+    self.body_read = False  # pylint: disable=attribute-defined-outside-init
     return super().parse_request()
 
   def log_message(self, format: str, *args: Any) -> None:  # pylint: disable=redefined-builtin

@@ -472,6 +472,42 @@ def test_every_method_gets_the_protocols_json_error(server, method):
                                        '/health, or GET /.')
 
 
+def test_a_request_refused_before_its_body_leaves_the_next_one_on_the_connection_whole(
+    translator):
+  """A POST answered before its body was read (warming up, no such page, no key) left the body
+  in the connection, so a client that kept it (a retry after the 503) got 400 'Bad request
+  syntax' for its next request: such an answer now closes the connection."""
+  with serving.Server(translator, ('127.0.0.1', 0), api_key='k') as server:  # warming up
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+      for page, key, status in [('/translate', 'k', 503), ('/nothing', 'k', 404),
+                                ('/translate', 'wrong', 401)]:
+        connection = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+        connection.request('POST', page, b'{"src": ["a"]}', {'Authorization': f'Bearer {key}'})
+        response = connection.getresponse()
+        assert (response.status, response.getheader('Connection')) == (status, 'close')
+        response.read()
+        connection.request('GET', '/health')  # (http.client opens a new connection for it)
+        response = connection.getresponse()
+        assert (response.status, json.load(response)) == (503, {'status': 'warming up'})
+        connection.close()
+    finally:
+      server.shutdown()
+
+
+def test_a_request_line_that_does_not_parse_is_answered_and_logged_as_it_came(server, caplog):
+  """As a connection's first request it was a traceback in the log (the access line read the
+  path of a request that never was) and no answer; after a request, that request's path."""
+  caplog.set_level(logging.INFO, logger='jaxformer.serving')
+  assert json.loads(_raw(server, b'garbage\r\n\r\n')) == {
+      'error': "Bad request syntax ('garbage')."}
+  answer = _raw(server, b'GET / HTTP/1.1\r\nHost: x\r\n\r\nnot a request\r\n\r\n')
+  assert answer.startswith(b'HTTP/1.1 200 ')
+  assert answer.endswith(b'{"error": "Bad request version (\'request\')."}')
+  assert "'garbage' 400" in caplog.text and "'not a request' 400" in caplog.text
+  assert 'Traceback' not in caplog.text and 'None' not in caplog.text
+
+
 def test_text_that_is_not_unicode_and_sizes_over_the_caps_are_refused(translator):
   with _serving(translator, max_sentences=3, max_chars=20) as server:
     code, answer = _http(server.url + '/translate', b'{"src": ["ok", "bad \\ud800 text"]}')
