@@ -7,11 +7,13 @@ of `jaxformer serve`) reads its input as every other command does without import
 """
 
 import codecs
+import collections
 import contextlib
 import gzip
 import itertools
 import os
 import pathlib
+import select
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -105,21 +107,45 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 
 def chunks(stream: Iterable[bytes], name: str, size: int) -> Iterator[list[str]]:
-  """The stream's lines, `size` at a time (a UTF-8 byte-order mark before the first dropped, as
+  """The stream's lines, `size` at a time (see decoded)."""
+  stream = iter(stream)
+  return decoded(iter(lambda: list(itertools.islice(stream, size)), []), name)
+
+
+def arrived(fd: int, size: int) -> Iterator[list[bytes]]:
+  """The lines read from file descriptor `fd`, in lists of those that have arrived (at most
+  `size`; the last line's end may be missing). A list waits for its first line only: a program
+  that writes a line and waits for its translation gets it (a terminal, a co-process through
+  pipes), and the lines of a file or of a fast writer still come `size` at a time."""
+  ready: collections.deque[bytes] = collections.deque()
+  pending, ended = b'', False
+  while ready or not ended:
+    if ready and (ended or len(ready) >= size or not select.select([fd], [], [], 0)[0]):
+      yield [ready.popleft() for _ in range(min(size, len(ready)))]
+      continue
+    data = os.read(fd, _BLOCK)  # waits only when no line is ready (or for the rest of one)
+    *lines, pending = (pending + data).split(b'\n')
+    ready.extend(lines)
+    if not data:
+      ended = True
+      ready.extend([pending] if pending else [])
+
+
+def decoded(raw_chunks: Iterable[list[bytes]], name: str) -> Iterator[list[str]]:
+  """Each list of raw lines as text (a UTF-8 byte-order mark before the first line dropped, as
   read_lines does); the lines before one that is not UTF-8 come out before its error."""
-  chunk = []
-  try:
-    for number, raw in enumerate(stream, 1):
-      raw = raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
-      chunk.append(decode_line(raw, f'{name}:{number}'))
-      if len(chunk) == size:
+  number = 0
+  for raw in raw_chunks:
+    chunk = []
+    try:
+      for line in raw:
+        number += 1
+        line = line.removeprefix(codecs.BOM_UTF8) if number == 1 else line
+        chunk.append(decode_line(line, f'{name}:{number}'))
+    except DataError:
+      if chunk:
         yield chunk
-        chunk = []
-  except DataError:
-    if chunk:
-      yield chunk
-    raise
-  if chunk:
+      raise
     yield chunk
 
 
@@ -138,11 +164,11 @@ def check_pairs(sources: Sequence[str], targets: Sequence[str]) -> None:
 def translate_lines(input_path: str | None, output: str | None, prefix_path: str | None,
                     chunk: int, translate: Translate, nbest: int | None) -> None:
   """`jaxformer translate`'s input and output, with a model here or a server's: the input file
-  read whole, or stdin `chunk` lines at a time (a line at a time from a terminal, so that each
-  typed line is answered at once); each part's translations, `translate(lines,
-  index of lines[0] in the input, their prefixes or None)`, written as it is done (see
-  write_translations). The prefix file (`prefix_path`) has a line for each input line;
-  DataError when the counts differ (from stdin: found when one runs out)."""
+  read whole, or stdin's lines as they arrive, at most `chunk` at a time (see arrived: a line
+  typed, or written by a program that waits for its answer, is answered at once); each part's
+  translations, `translate(lines, index of lines[0] in the input, their prefixes or None)`,
+  written as it is done (see write_translations). The prefix file (`prefix_path`) has a line
+  for each input line; DataError when the counts differ (from stdin: found when one runs out)."""
   prefixes = read_lines(prefix_path) if prefix_path else None
   if input_path:
     lines = read_lines(input_path)
@@ -151,7 +177,9 @@ def translate_lines(input_path: str | None, output: str | None, prefix_path: str
                       f'{len(lines)}: give one prefix a line (an empty line for none).')
     parts: Iterable[list[str]] = [lines]
   else:
-    parts = chunks(sys.stdin.buffer, 'stdin', 1 if sys.stdin.isatty() else chunk)
+    if sys.stdin is None:  # (started with stdin closed)
+      raise DataError('no input: stdin is closed; give --input FILE, or send the text to stdin.')
+    parts = decoded(arrived(sys.stdin.fileno(), chunk), 'stdin')
 
   def aligned(lines: list[str], first: int) -> Sequence[Any]:
     part = None if prefixes is None else prefixes[first:first + len(lines)]

@@ -191,27 +191,35 @@ def test_translate_files_with_a_progress_bar(workdir, translator, tmp_path):
   assert out[:-1] == translator.translate(lines) and out[-1] == ''
 
 
-def test_translate_answers_each_line_typed_at_a_terminal(workdir, translator):
-  """stdin a terminal: the translation of a line comes before the next line (or EOF) is sent."""
+@pytest.mark.parametrize('stdin', ['terminal', 'pipe'])
+def test_translate_answers_each_line_before_the_next_is_sent(workdir, translator, stdin):
+  """The translation of a line comes before the next line (or EOF) is sent: typed at a
+  terminal, or written through a pipe by a program that waits for each answer (through a pipe
+  it waited for 64 lines, or EOF: such a program and the command waited for each other)."""
   import pty  # pylint: disable=g-import-not-at-top
   import select  # pylint: disable=g-import-not-at-top
-  leader, follower = pty.openpty()
+  writer, reader = pty.openpty() if stdin == 'terminal' else os.pipe()[::-1]
   process = subprocess.Popen([sys.executable, '-m', 'jaxformer.cli', 'translate', '--workdir',
-                              str(workdir)], stdin=follower, stdout=subprocess.PIPE,
+                              str(workdir)], stdin=reader, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL)
-  os.close(follower)
+  os.close(reader)
   try:
     expected = translator.translate(['the man sees a dog', 'a red cat'])
     for sentence, translation in zip(['the man sees a dog', 'a red cat'], expected):
-      os.write(leader, sentence.encode() + b'\n')
+      os.write(writer, sentence.encode() + b'\n')
       ready, _, _ = select.select([process.stdout], [], [], 240)
       assert ready, 'no answer before the next line'
       assert process.stdout.readline().decode().rstrip('\n') == translation
-    os.write(leader, b'\x04')  # Ctrl-D: end of input
+    if stdin == 'terminal':
+      os.write(writer, b'\x04')  # Ctrl-D: end of input
+    else:
+      os.close(writer)  # end of input
+      writer = None
     assert process.wait(timeout=60) == 0
   finally:
     process.kill()
-    os.close(leader)
+    if writer is not None:
+      os.close(writer)
 
 
 def test_average_command_saves_a_loadable_checkpoint(trained, capsys):

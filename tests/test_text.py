@@ -1,7 +1,7 @@
 """jaxformer.text: the one text reader, and the one writer of translations."""
 
 import gzip
-import io
+import os
 import sys
 
 import pytest
@@ -43,6 +43,27 @@ def test_translations_are_written_a_line_each_or_as_moses_nbest(tmp_path):
   assert out.read_text() == '0 ||| a0 ||| -1.0000\n1 ||| b1 ||| -1.0000\n'
 
 
+def test_lines_come_as_they_arrive_never_waiting_for_more_than_one():
+  reader, writer = os.pipe()
+  lines = text.arrived(reader, 2)
+  os.write(writer, b'a\nb\nc\r\nd\ne\n')
+  assert [next(lines), next(lines), next(lines)] == [[b'a', b'b'], [b'c\r', b'd'], [b'e']]
+  os.write(writer, b'f\n')  # one line there: a chunk of one, not a wait for a second
+  assert next(lines) == [b'f']
+  os.write(writer, b'g\nh')  # the last line's end missing
+  os.close(writer)
+  assert list(lines) == [[b'g', b'h']]
+  os.close(reader)
+
+
+def _stdin(monkeypatch, data: bytes) -> None:
+  """stdin a pipe that holds `data`, its writer closed."""
+  reader, writer = os.pipe()
+  os.write(writer, data)
+  os.close(writer)
+  monkeypatch.setattr(sys, 'stdin', os.fdopen(reader))
+
+
 def test_prefixes_go_with_their_lines_and_a_count_that_differs_is_an_error(tmp_path,
                                                                         monkeypatch, capsys):
   (tmp_path / 'in.txt').write_text('a\nb\nc\n')
@@ -56,15 +77,15 @@ def test_prefixes_go_with_their_lines_and_a_count_that_differs_is_an_error(tmp_p
                        None)
   assert seen == [(['a', 'b', 'c'], 0, ['x', '', 'z'])]
   assert capsys.readouterr().out == 'a\nb\nc\n'  # (no --output: stdout)
-  monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(b'a\nb\nc\n')))
+  _stdin(monkeypatch, b'a\nb\nc\n')
   seen.clear()
   text.translate_lines(None, None, str(tmp_path / 'p.txt'), 2, translate, None)
   assert seen == [(['a', 'b'], 0, ['x', '']), (['c'], 2, ['z'])]
   assert capsys.readouterr().out == 'a\nb\nc\n'
-  monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(b'a\nb\nc\nd\n')))
+  _stdin(monkeypatch, b'a\nb\nc\nd\n')
   with pytest.raises(DataError, match=r'p\.txt has 3 lines, and stdin more'):
     text.translate_lines(None, None, str(tmp_path / 'p.txt'), 2, translate, None)
-  monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(b'a\n')))
+  _stdin(monkeypatch, b'a\n')
   with pytest.raises(DataError, match=r'p\.txt has 3 lines and stdin 1'):
     text.translate_lines(None, None, str(tmp_path / 'p.txt'), 2, translate, None)
   (tmp_path / 'in.txt').write_text('a\n')
