@@ -93,9 +93,14 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
   if parent is None or auto:  # (the automatic recipe sized the parent's model itself)
     return recipe
   # Fine-tuning: the parent's model, changed only where --set says so (the trainer checks that
-  # only what check_fine_tune allows changed).
+  # only what check_fine_tune allows changed); the recipe's rows, sized for a model of its own,
+  # hold the parent's longest pairs unless the rows were given.
   model_sets = [a for a in assignments if a.strip().startswith('model.')]
-  return recipes.override(dataclasses.replace(recipe, model=parent[0]), model_sets)
+  train = recipe.train
+  if not any(a.partition('=')[0].strip() == 'train.row_len' for a in assignments):
+    train = dataclasses.replace(train, row_len=max(
+        train.row_len, auto_recipe.row_len_for(parent[0].max_len)))
+  return recipes.override(dataclasses.replace(recipe, model=parent[0], train=train), model_sets)
 
 
 def train_command(args: argparse.Namespace) -> int:

@@ -326,7 +326,8 @@ class TrainConfig:
     """SettingError when rows are shorter than the model's longest sentences."""
     if self.row_len < config.max_len:
       raise SettingError(f'row_len={self.row_len} is shorter than max_len={config.max_len}: the '
-                         'longest pairs would not fit in a row; set row_len >= max_len.')
+                         f'longest pairs would not fit in a row; make row_len (--row-len) '
+                         f'{config.max_len} or more.')
 
   def computed(self, config: TransformerConfig) -> TransformerConfig:
     """The config the steps compute with: the fast path's when it is on (by default on GPU)."""

@@ -48,7 +48,8 @@ def test_params_command_prints_the_documented_counts(capsys, preset, count):
     (['--accum-steps', '0'], 'error: train.accum_steps must be >= 1, got 0.'),
     (['--log-every-steps', '0'], 'error: train.log_every_steps must be >= 1, got 0.'),
     (['--set', 'train.row_len=16'], 'error: row_len=16 is shorter than max_len=64: the longest '
-                                    'pairs would not fit in a row; set row_len >= max_len.'),
+                                    'pairs would not fit in a row; make row_len (--row-len) 64 or '
+                                    'more.'),
     (['--checkpoint-every-steps', '-5'], 'error: train.checkpoint_every_steps must be > 0 '
                                          '(or unset), '
                                          'got -5.'),

@@ -14,7 +14,8 @@ from jaxformer import config, data, files, trainer
 
 def test_row_len_shorter_than_max_len_is_refused_before_any_work(tmp_path):
   with pytest.raises(config.SettingError, match=r'^row_len=16 is shorter than max_len=64: the '
-                     r'longest pairs would not fit in a row; set row_len >= max_len\.$'):
+                     r'longest pairs would not fit in a row; make row_len \(--row-len\) 64 or '
+                     r'more\.$'):
     trainer.train(CFG, _tc(row_len=16), tmp_path / 'w', TEXT)
   assert not (tmp_path / 'w').exists()
 

@@ -22,7 +22,7 @@ from helpers import (
 )
 from helpers import train_settings as _tc
 
-from jaxformer import checkpoint, cli, config, export, trainer
+from jaxformer import checkpoint, cli, commands, config, export, trainer
 
 
 def _parent_kinds(trained, tmp_path) -> dict[str, pathlib.Path]:
@@ -81,6 +81,25 @@ def test_cli_init_from_takes_the_parents_model_and_names_a_changed_shape(trained
                    '--set', 'model.dropout_rate=0.2', '--learning-rate', '1e-4']) == 0
   _, child, _, step = checkpoint.load(tmp_path / 'b')
   assert step == 1 and child == CFG.replace(dropout_rate=0.2)
+
+
+def test_a_recipes_rows_grow_to_hold_the_parents_longest_pairs_unless_given(trained, tmp_path):
+  """--init-from an OPUS-MT folder (max_len 511) with --config multi30k (rows of 64) failed:
+  'row_len=64 is shorter than max_len=511', where the rows were never the user's choice."""
+  params, cfg, spm_model, _ = checkpoint.load(trained)
+  parent = export.save(tmp_path / 'long', params, cfg.replace(max_len=300), spm_model, step=6)
+
+  def recipe(*argv: str):
+    return commands.recipe_of(cli.build_parser().parse_args(
+        ['train', '--workdir', str(tmp_path / 'w'), '--config', 'multi30k', '--init-from',
+         str(parent), *argv]))
+  assert (recipe().model.max_len, recipe().train.row_len) == (300, 320)
+  assert recipe('--row-len', '512').train.row_len == 512
+  with pytest.raises(config.SettingError, match=r'^row_len=128 is shorter than max_len=300: the '
+                     r'longest pairs would not fit in a row; make row_len \(--row-len\) 300 or '
+                     r'more\.$'):
+    recipe('--set', 'train.row_len=128')
+  assert recipe('--row-len', '512', '--set', 'model.max_len=500').model.max_len == 500
 
 
 def test_a_fine_tuning_run_resumes_like_any_other(trained, tmp_path, caplog):

@@ -138,6 +138,11 @@ def _round_up(x: float, step: int) -> int:
   return int(step * math.ceil(x / step))
 
 
+def row_len_for(max_len: int) -> int:
+  """Packed rows that hold a model's longest pairs: at least 64 tokens, a multiple of 32."""
+  return max(64, _round_up(max_len, 32))
+
+
 def _check_pairs(pairs: int) -> None:
   if pairs < MIN_PAIRS:
     raise config_lib.SettingError(
@@ -172,7 +177,7 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
   max_len = min(256, max(64, _round_up(corpus.long_pieces, 8)))
   pinned = parent is not None and parent.learned_positions
   max_len = parent.max_len if pinned else max_len
-  row_len = max(64, _round_up(max_len, 32))
+  row_len = row_len_for(max_len)
   whose = " (max_len the parent's learned positions')" if pinned else ''
   cut = corpus.long_pieces > max_len  # (at 256: the longest the recipe makes room for)
   reasons.append(f'lengths      max_len {max_len}, rows of {row_len}: '
