@@ -285,11 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
 
   translate = command(
       'translate', 'translate text (stdin, or --input) with beam 4, alpha 0.6',
-      'One output line per input line, each answered as soon as it arrives (typed, or from a '
-      'program that waits for it); lines that come together are translated in batches. With '
-      '--nbest N each input line gives N lines "INDEX ||| TRANSLATION ||| SCORE" (Moses n-best '
-      'format: INDEX counts input lines from 0, SCORE is log-probability / GNMT length penalty, '
-      'best first; blank lines give none).')
+      'One output line per input line, each as soon as it arrives; lines that come together are '
+      'translated in batches. With --nbest N each input line gives N lines "INDEX ||| TRANSLATION '
+      '||| SCORE" (Moses n-best: INDEX counts input lines from 0, SCORE is log-probability / GNMT '
+      'length penalty, best first; blank lines give none).')
   arguments.add_translate_flags(translate)
 
   _add_score_flags(command(
