@@ -142,10 +142,11 @@ def client_main(argv: list[str]) -> int:
 
 
 def _translate_with(args: argparse.Namespace) -> int:
-  """As the local command: a file read whole, with a progress bar; stdin a chunk at a time (a
-  line from a terminal). The server gets CLIENT_LINES lines a request."""
+  """As the local command: a file read whole, with a progress bar; stdin's lines as they
+  arrive. The server gets CLIENT_LINES lines a request, and judges sampling's settings against
+  its own search (a server that samples takes --temperature alone)."""
   settings = arguments.decoding_settings(args, DecodingConfig.PER_REQUEST)
-  DecodingConfig(**settings)  # refused here, before any request, as the local command does
+  protocol.TranslateRequest([], settings=settings)  # refused here, before any request
   api_key = arguments.api_key(args.api_key_file, os.environ)
   if args.output:  # found out before any request, as the local command does
     files.check_output(args.output, 'the translations')

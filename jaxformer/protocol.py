@@ -105,7 +105,10 @@ class TranslateRequest:
     if unknown := [name for name in self.settings if name not in DecodingConfig.PER_REQUEST]:
       raise RequestError(f'"{unknown[0]}" is not a setting a request may change (those are: '
                          f"{', '.join(DecodingConfig.PER_REQUEST)}).")
-    DecodingConfig(**self.settings)  # SettingError: a value out of its range
+    # SettingError for a value out of its range, or sampling's settings beside "sampling":
+    # false. Whether they fit the model's own search is decoding()'s to say: a server that
+    # samples takes a temperature alone.
+    DecodingConfig(**{'sampling': True, **self.settings})
 
   def decoding(self, base: DecodingConfig) -> DecodingConfig:
     """The search of this request on a model that searches with `base`. A request that turns

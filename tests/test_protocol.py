@@ -54,6 +54,18 @@ def test_settings_are_checked_as_decoding_checks_them():
     Translate(['a'], settings={'alpha': 1.0})  # (from Python, past from_json's field check)
 
 
+def test_sampling_settings_alone_are_judged_against_the_models_own_search():
+  """A request of a temperature alone was refused as 'for sampling only: turn it on' by a
+  server that samples."""
+  alone = Translate.from_json({'src': ['a'], 'temperature': 0.5})
+  assert alone.decoding(DecodingConfig(sampling=True)) == DecodingConfig(sampling=True,
+                                                                         temperature=0.5)
+  with pytest.raises(SettingError, match='temperature=0.5: .* for sampling only'):
+    alone.decoding(DecodingConfig())
+  with pytest.raises(SettingError, match='temperature=0.5: .* for sampling only'):
+    Translate.from_json({'src': ['a'], 'sampling': False, 'temperature': 0.5})
+
+
 def test_nbest_fits_the_beam_or_the_samples():
   protocol.check_nbest(4, DecodingConfig())
   protocol.check_nbest(100, DecodingConfig(sampling=True))

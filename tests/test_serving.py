@@ -96,6 +96,19 @@ def test_a_server_of_another_beam_samples_as_a_local_sampler(translator):
   assert asked == translator.replace(sampling=True, seed=3).translate(LINES)
 
 
+def test_a_server_that_samples_takes_sampling_settings_alone(translator, tmp_path, capsys):
+  """A temperature without "sampling": true (or --temperature without --sampling) was refused
+  as 'for sampling only: turn it on' by a server that samples."""
+  sampler = translator.replace(sampling=True)
+  expected = sampler.replace(temperature=0.5, seed=3).translate(LINES[:2])
+  with _serving(sampler) as server:
+    assert serving.translate(server.url, LINES[:2], temperature=0.5, seed=3) == expected
+    (tmp_path / 'in.txt').write_text('\n'.join(LINES[:2]) + '\n')
+    assert serving.client_main(['--server', server.url, '--input', str(tmp_path / 'in.txt'),
+                                '--temperature', '0.5', '--seed', '3']) == 0
+  assert capsys.readouterr().out == ''.join(t + '\n' for t in expected)
+
+
 @pytest.mark.parametrize('page, body, status, message', [
     ('/translate', b'not json', 400, 'bad request: the body is not JSON (Expecting value'),
     ('/translate', b'\xff', 400, 'bad request: the body is not JSON ('),
