@@ -157,7 +157,7 @@ def add_model_path(parser: argparse.ArgumentParser, *aliases: str) -> None:
 
 def add_model_flags(parser: argparse.ArgumentParser, *, decoding: bool = True) -> None:
   """--average-last, and the decoding flags where the command decodes."""
-  flag(parser, 'average_last', type=positive_int,
+  flag(parser, 'average_last', type=positive_int, metavar='N',
        help="average a workdir's last N checkpoints first")
   if decoding:
     add_decoding_flags(parser.add_argument_group(
@@ -172,8 +172,10 @@ def add_translate_flags(parser: argparse.ArgumentParser) -> None:
   """Every flag of `jaxformer translate`, with a model here or (--server) a server's."""
   add_model_path(parser)
   add_model_flags(parser)
-  parser.add_argument('--input', type=path_arg, help='a UTF-8 text file (default: stdin)')
-  parser.add_argument('--output', type=path_arg, help='where to write (default: stdout)')
+  parser.add_argument('--input', type=path_arg, metavar='FILE',
+                      help='a UTF-8 text file (default: stdin)')
+  parser.add_argument('--output', type=path_arg, metavar='FILE',
+                      help='where to write (default: stdout)')
   parser.add_argument('--nbest', type=in_range(int, Range(1, MAX_NBEST, high_open=False)),
                       metavar='N', help='the N best translations with scores (with --sampling: '
                       f'N samples; at most {MAX_NBEST})')
@@ -181,11 +183,12 @@ def add_translate_flags(parser: argparse.ArgumentParser) -> None:
                       help='target prefixes, a line for each input line (an empty line: none): '
                       'each output starts with its prefix, searched from there')
   group = parser.add_argument_group('with a server (jaxformer serve)')
-  group.add_argument('--server', type=server_url, help='translate with a running `jaxformer '
-                     'serve` at this address (e.g. http://127.0.0.1:8228; HOST:PORT alone is '
-                     'taken as http://HOST:PORT) instead of --model: the model and '
-                     "its search (beam, alpha, extra length, batch size) are the server's; "
-                     'sampling, prefixes and --nbest are sent with each request')
+  group.add_argument('--server', type=server_url, metavar='URL',
+                     help='translate with a running `jaxformer serve` at this address (e.g. '
+                     'http://127.0.0.1:8228; HOST:PORT alone is taken as http://HOST:PORT) '
+                     'instead of --model: the model and its search (beam, alpha, extra length, '
+                     "batch size) are the server's; sampling, prefixes and --nbest are sent with "
+                     'each request')
   group.add_argument('--timeout', type=in_range(float, Range(0, low_open=True)),
                      metavar='SECONDS', help='--server: seconds a request may take before the '
                      'client gives up (default: 600)')

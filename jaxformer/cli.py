@@ -177,7 +177,8 @@ def _add_score_flags(parser: argparse.ArgumentParser) -> None:
   parser.add_argument('--src', type=path_arg, required=True, help='the sources, a line each')
   parser.add_argument('--tgt', type=path_arg, required=True,
                       help='their translations to score, line-aligned')
-  parser.add_argument('--output', type=path_arg, help='where to write (default: stdout)')
+  parser.add_argument('--output', type=path_arg, metavar='FILE',
+                      help='where to write (default: stdout)')
   parser.add_argument('--format', choices=('jsonl', 'tsv'), default='jsonl',
                       help='JSON lines or tab-separated values')
   flag(parser, 'token_log_probs', action='store_true',
@@ -217,7 +218,7 @@ def _add_eval_flags(parser: argparse.ArgumentParser) -> None:
   flag(parser, 'tfds_data_dir', help='tfds data folder (default: $TFDS_DATA_DIR)')
   parser.add_argument('--src', type=path_arg, help='a local source file instead of tfds')
   parser.add_argument('--ref', type=path_arg, help='its reference translations, line-aligned')
-  parser.add_argument('--output', type=path_arg,
+  parser.add_argument('--output', type=path_arg, metavar='FILE',
                           help='write the hypotheses to this file (default: none; eval only '
                           'reads the model)')
 
@@ -320,9 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
                     'best by validation metric, into a new checkpoint')
   average.add_argument('--workdir', required=True, type=path_arg, help='a training workdir')
   which = average.add_mutually_exclusive_group()
-  which.add_argument('--last', type=positive_int, default=5,
+  which.add_argument('--last', type=positive_int, default=5, metavar='N',
                      help='how many of the newest (paper: 5 base, 20 big)')
-  which.add_argument('--best', type=positive_int,
+  which.add_argument('--best', type=positive_int, metavar='N',
                      help='how many of the best by --metric instead (a run trained with '
                      '--set train.average_best=N recorded the metrics and kept them)')
   average.add_argument('--metric', choices=sorted(config_lib.BEST_METRICS), default='loss',
