@@ -8,6 +8,8 @@ import argparse
 import http.client
 import json
 import os
+import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -53,6 +55,8 @@ def score(url: str, sources: list[str], targets: list[str], token_log_probs: boo
   return ask(url, protocol.ScoreRequest(sources, targets, token_log_probs), timeout, api_key)
 
 
+WARMUP_POLL = 0.5  # seconds between the client's GET /health while a server warms up
+
 # Seconds the client gives a server's GET /health before it sends its first work there: a
 # server that accepts connections but answers nothing (stopped, stuck) is found in this time,
 # not after the request's own --timeout, which a long translation needs.
@@ -60,21 +64,34 @@ PROBE_TIMEOUT = 5.0
 _probed: set[str] = set()  # the servers this process found answering
 
 
-def _probe(url: str, opener: urllib.request.OpenerDirector) -> None:
+def _probe(url: str, opener: urllib.request.OpenerDirector, timeout: float) -> None:
   """ServerError unless `url` answers GET /health (any status) within PROBE_TIMEOUT; once a
-  server per process."""
+  server per process. While it says it is warming up (compiling its first search, as a script
+  that has just started it finds it), it is asked again every WARMUP_POLL seconds, for at most
+  `timeout` (then the request is sent, and answered 503)."""
   if url in _probed:
     return
-  try:
-    opener.open(url.rstrip('/') + '/health', timeout=PROBE_TIMEOUT).close()
-  except urllib.error.HTTPError as e:  # (503: warming up or stopping; it answers)
-    e.close()
-  except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-    cause = getattr(e, 'reason', e)
-    if isinstance(cause, TimeoutError):
-      raise ServerError(f'{url} accepts connections but did not answer GET /health within '
-                        f'{PROBE_TIMEOUT:g} s: is the server stopped or stuck?') from None
-    raise _no_server(url, cause) from None
+  deadline, said = time.monotonic() + timeout, False
+  while True:
+    try:
+      opener.open(url.rstrip('/') + '/health', timeout=PROBE_TIMEOUT).close()
+      break
+    except urllib.error.HTTPError as e:  # (503: warming up or stopping; it answers)
+      with e:
+        warming = e.code == 503 and _json_of(e).get('status') == 'warming up'
+      if not warming or time.monotonic() + WARMUP_POLL > deadline:
+        break
+      if not said:
+        print(f'{url} is warming up: waiting for it (at most {timeout:g} s, --timeout)',
+              file=sys.stderr)
+        said = True
+      time.sleep(WARMUP_POLL)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+      cause = getattr(e, 'reason', e)
+      if isinstance(cause, TimeoutError):
+        raise ServerError(f'{url} accepts connections but did not answer GET /health within '
+                          f'{PROBE_TIMEOUT:g} s: is the server stopped or stuck?') from None
+      raise _no_server(url, cause) from None
   _probed.add(url)
 
 
@@ -92,7 +109,7 @@ def _ask(url: str, path: str, request: dict[str, Any], timeout: float, api_key: 
   http_request = urllib.request.Request(url.rstrip('/') + path, data=json.dumps(request).encode(),
                                         headers=headers)
   opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-  _probe(url, opener)
+  _probe(url, opener, timeout)
   try:
     with opener.open(http_request, timeout=timeout) as response:
       answer = json.load(response)
@@ -113,11 +130,17 @@ def _ask(url: str, path: str, request: dict[str, Any], timeout: float, api_key: 
     raise ServerError(f'{url} answered, but not as `jaxformer serve` does: is it one?') from None
 
 
-def _error_of(error: urllib.error.HTTPError) -> str:
+def _json_of(error: urllib.error.HTTPError) -> dict[str, Any]:
+  """An error's JSON body ({} if it has none: not a jaxformer server's)."""
   try:
-    return json.load(error)['error']
-  except (ValueError, KeyError, TypeError):
-    return f'HTTP {error.code} {error.reason}'
+    body = json.load(error)
+  except ValueError:
+    return {}
+  return body if isinstance(body, dict) else {}
+
+
+def _error_of(error: urllib.error.HTTPError) -> str:
+  return str(_json_of(error).get('error') or f'HTTP {error.code} {error.reason}')
 
 
 def is_client(argv: list[str]) -> bool:

@@ -635,6 +635,30 @@ def test_health_says_warming_up_until_the_model_is_ready(translator):
       server.shutdown()
 
 
+def test_the_client_waits_while_the_server_warms_up(translator, monkeypatch, capsys):
+  """A script that starts a server and sends it work at once got 'the server is warming up:
+  retry shortly' as the command's error: the client now asks /health again until it is ready
+  (its waits here make the server ready), for at most --timeout."""
+  with serving.Server(translator, ('127.0.0.1', 0)) as server:
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    waits = []
+    monkeypatch.setattr(client.time, 'sleep', lambda s: waits.append(s) or server.ready())
+    try:
+      assert client.translate(server.url, LINES[:1]) == translator.translate(LINES[:1])
+      assert waits == [client.WARMUP_POLL]
+      assert capsys.readouterr().err == (f'{server.url} is warming up: waiting for it (at most '
+                                         '600 s, --timeout)\n')
+    finally:
+      server.shutdown()
+  with serving.Server(translator, ('127.0.0.1', 0)) as server:  # never ready: --timeout's bound
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+      with pytest.raises(client.ServerError, match='the server is warming up: retry shortly'):
+        client.translate(server.url, LINES[:1], timeout=0.1)
+    finally:
+      server.shutdown()
+
+
 def test_stopping_refuses_new_requests_and_lets_those_in_flight_finish(translator):
   gate = _Gate(translator)
   gate.open.set()  # (the warm-up's search)
