@@ -106,12 +106,6 @@ def read_lines(path: str | os.PathLike) -> list[str]:
   return list(itertools.chain.from_iterable(line_blocks(pathlib.Path(path))))
 
 
-def chunks(stream: Iterable[bytes], name: str, size: int) -> Iterator[list[str]]:
-  """The stream's lines, `size` at a time (see decoded)."""
-  stream = iter(stream)
-  return decoded(iter(lambda: list(itertools.islice(stream, size)), []), name)
-
-
 def arrived(fd: int, size: int) -> Iterator[list[bytes]]:
   """The lines read from file descriptor `fd`, in lists of those that have arrived (at most
   `size`; the last line's end may be missing). A list waits for its first line only: a program

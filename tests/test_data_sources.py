@@ -30,8 +30,8 @@ def test_a_byte_order_mark_is_dropped_from_every_text_the_user_gives(tmp_path):
   assert (text.src, text.tgt) == (['The dog', 'sleeps'], ['Der Hund', '\ufeffschläft'])
   assert list(sources.TextFiles(tmp_path / 'src.txt.gz', tmp_path / 'ref.txt').side(0)) == \
       ['The dog', 'sleeps']
-  lines = ['\ufeffThe dog\n'.encode(), '\ufeffsleeps\n'.encode()]  # stdin's reader
-  assert list(text_lib.chunks(iter(lines), 'stdin', 5)) == [['The dog', '\ufeffsleeps']]
+  lines = ['\ufeffThe dog'.encode(), '\ufeffsleeps'.encode()]  # stdin's reader
+  assert list(text_lib.decoded([lines], 'stdin')) == [['The dog', '\ufeffsleeps']]
 
 
 def test_read_lines_reads_gzip(tmp_path):

@@ -25,10 +25,10 @@ def test_files_are_read_as_lines_whatever_their_line_ends_mark_and_packing(tmp_p
 
 
 def test_a_stream_comes_in_chunks_and_its_bad_line_after_the_lines_before():
-  lines = [b'\xef\xbb\xbfa\n', b'b\n', b'c\n', b'\xff\n']
+  lines = [[b'\xef\xbb\xbfa', b'b\r'], [b'c', b'\xff']]  # (arrived's lists)
   got = []
   with pytest.raises(DataError, match='stdin:4: not valid UTF-8'):
-    for chunk in text.chunks(iter(lines), 'stdin', 2):
+    for chunk in text.decoded(lines, 'stdin'):
       got.append(chunk)
   assert got == [['a', 'b'], ['c']]
 
