@@ -21,7 +21,7 @@ from jaxformer.errors import JaxformerError, exit_code, reason
 from jaxformer.settings import DecodingConfig
 
 DEFAULT_PORT = 8228
-CLIENT_LINES = 1024  # lines a request, from a file or pipe (from a terminal: each line)
+CLIENT_LINES = 1024  # the most lines a request (from stdin: those that have arrived, up to this)
 
 
 class ServerError(JaxformerError):
