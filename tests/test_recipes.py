@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 from helpers import assert_log_lines
 
-from jaxformer import cli, commands, config, files, recipes
+from jaxformer import cli, commands, config, data, files, recipes
 from jaxformer import config as config_lib
 from jaxformer import model as model_lib
 from jaxformer.recipes import auto, table3
@@ -364,6 +364,20 @@ def test_the_recipe_record_states_only_the_data_settings_in_use(tmp_path):
   data = json.loads(auto.record(tmp_path, sizing).read_text())['data']
   assert data['train_src'] == 'a' and data['target_language'] == 'de'
   assert 'train_pairs' not in data and 'tfds_data_dir' not in data  # (embedded's, wmt14's)
+
+
+def test_validation_files_that_do_not_pair_are_found_before_the_corpus_is_measured(
+    tmp_path, monkeypatch):
+  """Found after the probe vocabulary and the recipe's record (minutes on a large corpus),
+  where a given recipe's run finds them at once."""
+  for name, count in (('t.en', 150), ('t.de', 150), ('v.en', 10), ('v.de', 12)):
+    (tmp_path / name).write_text('a b c\n' * count)
+  recipe = recipes.override(recipes.AUTO, [f'data.{side}={tmp_path / name}' for side, name in (
+      ('train_src', 't.en'), ('train_tgt', 't.de'), ('eval_src', 'v.en'), ('eval_tgt', 'v.de'))])
+  monkeypatch.setattr(auto, 'measure', lambda *a, **k: pytest.fail('the corpus was measured'))
+  with pytest.raises(data.DataError, match=r'v\.en has 10 lines but \S+v\.de has 12: the files '
+                     'must be line-aligned'):
+    auto.size(recipe, [], backend='cpu')
 
 
 def _auto_train(workdir, src_lines, tgt_lines, *extra) -> subprocess.CompletedProcess:

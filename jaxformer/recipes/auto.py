@@ -275,6 +275,8 @@ def size(recipe: Recipe, assignments: Sequence[str], *, backend: str,
                                   '--train-src and --train-tgt (or a --config).')
   pairs = sources.TextFiles(recipe.data.train_src, recipe.data.train_tgt)
   _check_pairs(len(pairs))  # (before the probe vocabulary is trained on them)
+  if recipe.data.eval_src:  # read now, as a given recipe's run reads it: wrong files found first
+    sources.read_parallel_text(recipe.data.eval_src, recipe.data.eval_tgt)
   corpus = measure(pairs, rule_vocab_size(len(pairs)), seed=recipe.train.seed,
                    tokenizer=parent and parent[1])
   given = {a.partition('=')[0].strip() for a in assignments}
