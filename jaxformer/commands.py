@@ -160,8 +160,8 @@ def eval_command(args: argparse.Namespace) -> int:
   output = args.output and pathlib.Path(args.output)
   if output:  # found out before the model loads and translates, not after
     files.check_output(output, 'the hypotheses')
+  text = _test_set(args, lang)  # (files that do not pair: found before the model loads)
   translator, step = load_translator(args.model, args)
-  text = _test_set(args, lang)
   hypotheses = translator.translate(text.src, progress=True)  # (Ctrl-C: nothing written)
   if output:
     files.write_atomically(output, ''.join(h + '\n' for h in hypotheses).encode(),

@@ -228,6 +228,16 @@ def test_train_entry_point_reports_bad_input_in_one_line(tmp_path):
       'be line-aligned.')
 
 
+def test_eval_finds_files_that_do_not_pair_before_it_loads_the_model(tmp_path, capsys):
+  (tmp_path / 'a.src').write_text('one\ntwo\n')
+  (tmp_path / 'a.ref').write_text('eins\n')
+  assert cli.main(['eval', '--model', str(tmp_path / 'nowhere'), '--src', str(tmp_path / 'a.src'),
+                   '--ref', str(tmp_path / 'a.ref')]) == 1
+  assert capsys.readouterr().err.strip() == (
+      f'error: {tmp_path / "a.src"} has 2 lines but {tmp_path / "a.ref"} has 1: the files must '
+      'be line-aligned.')
+
+
 def test_cli_imports_at_the_top_only():
   """cli.py imports what it uses at module level: no command imports inside a function."""
   tree = ast.parse((ROOT / 'jaxformer' / 'cli.py').read_text())
