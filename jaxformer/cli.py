@@ -326,8 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
   which.add_argument('--best', type=positive_int, metavar='N',
                      help='how many of the best by --metric instead (a run trained with '
                      '--set train.average_best=N recorded the metrics and kept them)')
-  average.add_argument('--metric', choices=sorted(config_lib.BEST_METRICS), default='loss',
-                       help='validation metric that ranks checkpoints for --best')
+  average.add_argument('--metric', choices=sorted(config_lib.BEST_METRICS),
+                       help='validation metric that ranks checkpoints for --best (default: loss)')
 
   params = command('params', 'count the parameters of a preset')
   params.add_argument('--preset', choices=_PRESETS, default='base', help='the preset')

@@ -250,9 +250,13 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def average_command(args: argparse.Namespace) -> int:
+  if args.metric and not args.best:  # (it would be ignored: the last N are the newest)
+    raise SettingError(f'--metric {args.metric} ranks checkpoints for --best N; without it, the '
+                       'last N are averaged.')
   if args.best:
-    out = checkpoint.save_average(args.workdir, best=args.best, metric=args.metric)
-    print(f'averaged the {args.best} checkpoints with the best validation {args.metric} of '
+    metric = args.metric or 'loss'
+    out = checkpoint.save_average(args.workdir, best=args.best, metric=metric)
+    print(f'averaged the {args.best} checkpoints with the best validation {metric} of '
           f'{args.workdir} into {out}')
   else:
     out = checkpoint.save_average(args.workdir, args.last)

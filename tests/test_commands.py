@@ -235,6 +235,10 @@ def test_average_command_saves_a_loadable_checkpoint(trained, capsys):
   assert capsys.readouterr().err.startswith('error: ')
   assert cli.main(['average', '--workdir', str(trained), '--best', '2']) == 1
   assert 'but only 0 recorded it' in capsys.readouterr().err  # trained without average_best
+  # --metric without --best was ignored: the last 2 averaged, as if it were not given
+  assert cli.main(['average', '--workdir', str(trained), '--last', '2', '--metric', 'bleu']) == 1
+  assert capsys.readouterr().err == ('error: --metric bleu ranks checkpoints for --best N; '
+                                     'without it, the last N are averaged.\n')
 
 
 def test_score_writes_a_line_for_every_pair_in_json_or_tsv(workdir, translator, tmp_path,
