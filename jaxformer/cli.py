@@ -253,6 +253,13 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
   arguments.add_setting_flags(parser.add_argument_group('limits'), ServerLimits)
 
 
+def _add_params_flags(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument('--preset', choices=_PRESETS, help='the preset (default: base)')
+  flag(parser, 'vocab_size', type=positive_int, metavar='N',
+       help="the preset's shared vocabulary size (default: 37000)")
+  add_model_path(parser)  # (instead of a preset: that model's count)
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
       prog='jaxformer', formatter_class=arguments.Formatter,
@@ -329,9 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
   average.add_argument('--metric', choices=sorted(config_lib.BEST_METRICS),
                        help='validation metric that ranks checkpoints for --best (default: loss)')
 
-  params = command('params', 'count the parameters of a preset')
-  params.add_argument('--preset', choices=_PRESETS, default='base', help='the preset')
-  flag(params, 'vocab_size', type=positive_int, default=37000, help='shared vocabulary size')
+  _add_params_flags(command('params', 'count the parameters of a preset or of a model'))
   return parser
 
 

@@ -265,6 +265,15 @@ def average_command(args: argparse.Namespace) -> int:
 
 
 def params_command(args: argparse.Namespace) -> int:
-  cfg = getattr(config_lib, args.preset)(vocab_size=args.vocab_size)
-  print(f'{args.preset} (vocab {args.vocab_size}): {parameter_count(cfg):,} parameters')
+  if args.model:
+    if args.preset or args.vocab_size:
+      raise SettingError("--model counts that model's parameters: leave out --preset and "
+                         '--vocab-size.')
+    cfg = export.model_config(args.model)[0]  # (its config alone: no array is read)
+    print(f'{args.model} (N={cfg.num_layers}, d_model {cfg.d_model}, vocab {cfg.vocab_size}): '
+          f'{parameter_count(cfg):,} parameters')
+    return 0
+  preset, vocab_size = args.preset or 'base', args.vocab_size or 37000
+  cfg = getattr(config_lib, preset)(vocab_size=vocab_size)
+  print(f'{preset} (vocab {vocab_size}): {parameter_count(cfg):,} parameters')
   return 0

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 
+import jax
 import pytest
 from helpers import hold_lock, train_command
 
@@ -34,6 +35,16 @@ def test_console_script_is_installed():
   script = pathlib.Path(sys.executable).parent / 'jaxformer'
   result = subprocess.run([str(script), '--help'], capture_output=True, text=True, check=True)
   assert 'Attention Is All You Need' in result.stdout
+
+
+def test_params_command_counts_a_models_parameters(trained, capsys):
+  params = checkpoint.load(trained)[0]
+  assert cli.main(['params', '--model', str(trained)]) == 0
+  assert capsys.readouterr().out.endswith(
+      f': {sum(x.size for x in jax.tree.leaves(params)):,} parameters\n')
+  assert cli.main(['params', '--model', str(trained), '--preset', 'big']) == 1
+  assert capsys.readouterr().err == ("error: --model counts that model's parameters: leave out "
+                                     '--preset and --vocab-size.\n')
 
 
 @pytest.mark.parametrize('preset,count', [('base', '63,082,496'), ('big', '214,245,376')])
