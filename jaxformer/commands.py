@@ -160,8 +160,11 @@ def eval_command(args: argparse.Namespace) -> int:
   output = args.output and pathlib.Path(args.output)
   if output:  # found out before the model loads and translates, not after
     files.check_output(output, 'the hypotheses')
-  text = _test_set(args, lang)  # (files that do not pair: found before the model loads)
+  # Your files are read before the model loads (files that do not pair: found at once);
+  # newstest2014 after it (a model path that is wrong: found before tfds is asked).
+  text = _test_set(args, lang) if args.src or args.ref else None
   translator, step = load_translator(args.model, args)
+  text = text if text is not None else _test_set(args, lang)
   hypotheses = translator.translate(text.src, progress=True)  # (Ctrl-C: nothing written)
   if output:
     files.write_atomically(output, ''.join(h + '\n' for h in hypotheses).encode(),

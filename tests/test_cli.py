@@ -247,6 +247,10 @@ def test_eval_finds_files_that_do_not_pair_before_it_loads_the_model(tmp_path, c
   assert capsys.readouterr().err.strip() == (
       f'error: {tmp_path / "a.src"} has 2 lines but {tmp_path / "a.ref"} has 1: the files must '
       'be line-aligned.')
+  # newstest2014 (tfds) after the model: a wrong path is said before WMT14 is looked for
+  assert cli.main(['eval', '--model', str(tmp_path / 'nowhere'), '--tfds-data-dir',
+                   str(tmp_path)]) == 1
+  assert capsys.readouterr().err.startswith(f'error: {tmp_path / "nowhere"}: does not exist')
 
 
 def test_cli_imports_at_the_top_only():
