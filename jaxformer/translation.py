@@ -341,9 +341,9 @@ class Translator:
         out[i] = TargetScore(math.nan, len(tgt) + 1, (), f'the {side} has {pieces} pieces and '
                              f"EOS, more than the model's {limit} tokens")
     if skipped := [i for i, s in enumerate(out) if s]:
-      log.warning('%d pair(s) longer than the model\'s %d tokens were not scored (indices '
-                  '%s%s).', len(skipped), limit, ', '.join(map(str, skipped[:10])),
-                  ', ...' if len(skipped) > 10 else '')
+      log.warning('%d of %d pairs were not scored, longer than the model\'s %d tokens (indices '
+                  '%s%s): their scores are none.', len(skipped), len(out), limit,
+                  ', '.join(map(str, skipped[:10])), ', ...' if len(skipped) > 10 else '')
     todo = [i for i, s in enumerate(out) if s is None]
     pairs = [(src_ids[i] + [EOS_ID], tgt_ids[i] + [EOS_ID]) for i in todo]  # as `todo`
     # Pairs are packed into rows of one width (jaxformer.layout), so that a whole call compiles

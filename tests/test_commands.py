@@ -57,7 +57,8 @@ def test_nothing_to_search_is_an_empty_answer_from_the_command(workdir, tmp_path
   assert result.returncode == 0, result.stderr[-2000:]
   assert json.loads(result.stdout)['skipped'].startswith('the source has')
   # (every command's log in one format, warnings up: 'WARNING:jaxformer...' before, absl's)
-  assert "WARNING jaxformer.translation: 1 pair(s) longer than the model's" in result.stderr
+  assert "WARNING jaxformer.translation: 1 of 1 pairs were not scored, longer than the model's" \
+      in result.stderr and result.stderr.count('not scored') == 1  # (the command said it again)
   assert_log_lines(result.stderr)
 
 
@@ -242,11 +243,12 @@ def test_average_command_saves_a_loadable_checkpoint(trained, capsys):
 
 
 def test_score_writes_a_line_for_every_pair_in_json_or_tsv(workdir, translator, tmp_path,
-                                                          capsys):
+                                                          capsys, caplog):
   src, tgt = tmp_path / 'src.txt', tmp_path / 'tgt.txt'
   src.write_text('the dog\nthe man sees a dog\n' + 'dog ' * 200 + '\n', encoding='utf-8')
   tgt.write_text('der hund\nder mann\nhund\n', encoding='utf-8')
   expected = translator.score(src.read_text().splitlines(), tgt.read_text().splitlines())
+  caplog.clear()
   assert cli.main(['score', '--model', str(workdir), '--src', str(src), '--tgt', str(tgt),
                    '--token-log-probs']) == 0
   out, err = capsys.readouterr()
@@ -255,7 +257,9 @@ def test_score_writes_a_line_for_every_pair_in_json_or_tsv(workdir, translator, 
                                                                 expected[:2]])
   assert records[0]['token_log_probs'] == pytest.approx(list(expected[0].token_log_probs))
   assert records[2]['log_prob'] is None and 'source has' in records[2]['skipped']
-  assert 'warning: 1 of 3 pairs were too long' in err
+  assert [r.getMessage() for r in caplog.records if 'not scored' in r.getMessage()] == [
+      "1 of 3 pairs were not scored, longer than the model's 64 tokens (indices 2): their scores "
+      'are none.'] and 'not scored' not in err  # said once (the command said it again)
   assert cli.main(['score', '--model', str(workdir), '--src', str(src), '--tgt', str(tgt),
                    '--format', 'tsv', '--output', str(tmp_path / 'scores.tsv')]) == 0
   rows = [line.split('\t') for line in (tmp_path / 'scores.tsv').read_text().splitlines()]

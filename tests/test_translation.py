@@ -336,7 +336,7 @@ def test_scoring_marks_what_it_cannot_score_and_refuses_what_is_empty(translator
   assert scores[0].skipped.startswith('the target has') and np.isnan(scores[0].log_prob)
   assert scores[1].skipped.startswith('the source has')
   assert scores[0].as_dict()['log_prob'] is None and 'skipped' in scores[0].as_dict()
-  assert '2 pair(s) longer than' in caplog.text
+  assert '2 of 3 pairs were not scored, longer than' in caplog.text
   with pytest.raises(translation.DataError, match=r'^target 2 is empty'):
     translator.score(['a', 'b'], ['x', ''])
   with pytest.raises(translation.DataError, match=r'^2 sources and 1 targets'):
