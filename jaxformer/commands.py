@@ -97,7 +97,7 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
   # hold the parent's longest pairs unless the rows were given.
   model_sets = [a for a in assignments if a.strip().startswith('model.')]
   train = recipe.train
-  if not any(a.partition('=')[0].strip() == 'train.row_len' for a in assignments):
+  if 'train.row_len' not in recipes.named(assignments):
     train = dataclasses.replace(train, row_len=max(
         train.row_len, auto_recipe.row_len_for(parent[0].max_len)))
   return recipes.override(dataclasses.replace(recipe, model=parent[0], train=train), model_sets)

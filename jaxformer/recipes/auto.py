@@ -27,7 +27,7 @@ from jaxformer import config as config_lib
 from jaxformer import files
 from jaxformer.config import OptimConfig, TransformerConfig
 from jaxformer.data import sources, tokenizer as tokenizer_lib
-from jaxformer.recipes import Recipe, override
+from jaxformer.recipes import Recipe, named, override
 
 PAPER_PAIRS = 1_000_000  # from here on: the paper's base recipe (Table 3 "base", §5)
 REFERENCE_PAIRS = 29_000  # Multi30k's training set: the multi30k recipe's point
@@ -279,9 +279,8 @@ def size(recipe: Recipe, assignments: Sequence[str], *, backend: str,
     sources.read_parallel_text(recipe.data.eval_src, recipe.data.eval_tgt)
   corpus = measure(pairs, rule_vocab_size(len(pairs)), seed=recipe.train.seed,
                    tokenizer=parent and parent[1])
-  given = {a.partition('=')[0].strip() for a in assignments}
   chosen = choose(corpus, backend, parent and parent[0],
-                  peak_given='optim.learning_rate' in given)
+                  peak_given='optim.learning_rate' in named(assignments))
   train = dataclasses.replace(recipe.train, **chosen.train)
   sized = Recipe(chosen.model, train, recipe.data, chosen.optim)
   head = (f'the automatic recipe for {corpus.pairs:,} pairs ({corpus.mean_pieces:.1f} pieces a '
