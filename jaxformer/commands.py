@@ -224,13 +224,15 @@ def serve_command(args: argparse.Namespace) -> int:
   limits = arguments.server_limits_of(args)
   key = arguments.api_key(args.api_key_file, os.environ)
   serving.check_exposure(args.host, key, args.allow_no_key)
-  translator, step = load_translator(args.model, args)
+  def load() -> tuple[Translator, dict[str, Any]]:  # (once the port is taken)
+    translator, step = load_translator(args.model, args)
+    return translator, {'model': args.model, 'step': step}
+
   # SIGTERM (a service manager's stop) drains and ends with 0, as asked; Ctrl-C keeps 130.
   stop = threading.Event()
   previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
   try:
-    serving.serve(translator, args.host, args.port, info={'model': args.model, 'step': step},
-                  limits=limits, api_key=key, stop=stop)
+    serving.serve(load, args.host, args.port, limits=limits, api_key=key, stop=stop)
   finally:
     signal.signal(signal.SIGTERM, previous)
   return 0

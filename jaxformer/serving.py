@@ -10,7 +10,9 @@ API key or --allow-no-key); requests that arrive together are searched together 
 The pages, for any HTTP client: POST /translate and POST /score, whose bodies and answers are
 the JSON of jaxformer.protocol (TranslateRequest, ScoreRequest); GET / (the model and its
 decoding settings); GET /health (200 once ready, 503 while warming up or stopping); errors
-are 4xx or 500 with {"error": "one line"}.
+are 4xx or 500 with {"error": "one line"}. The port is taken before the model loads, so that a
+busy one is said at once; until the model is loaded and a search compiled, every page but GET
+/health answers 503 ("warming up").
 
 The search (beam, alpha, extra length, batch size) is the server's; a request may sample, with
 DecodingConfig's settings and limits, and give prefixes ("" for none), one a sentence.
@@ -31,7 +33,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from jaxformer import protocol
@@ -53,29 +55,38 @@ MAX_REQUEST_BYTES = 64 << 20  # a larger request is refused (413): send a file i
 
 
 class Server(http.server.ThreadingHTTPServer):
-  """Serves `translator` (a Translator) at `address`; `info` (the model's name, step, ...) is
-  answered to GET /. Each connection has a thread of its own, up to limits.max_connections;
-  their requests wait (at most limits.max_wait) for one model, which a Batcher gives them
-  together. With `api_key`, every request but GET /health needs `Authorization: Bearer KEY`."""
+  """Serves `translator` (a Translator; None: not yet loaded, `attach` gives it) at `address`;
+  `info` (the model's name, step, ...) is answered to GET /. Each connection has a thread of
+  its own, up to limits.max_connections; their requests wait (at most limits.max_wait) for one
+  model, which a Batcher gives them together. With `api_key`, every request but GET /health
+  needs `Authorization: Bearer KEY`."""
   daemon_threads = True
   request_queue_size = 1024  # the listen backlog: a burst of clients waits to be accepted
 
-  def __init__(self, translator: Any, address: tuple[str, int] = ('127.0.0.1', DEFAULT_PORT),
+  def __init__(self, translator: Any | None,
+               address: tuple[str, int] = ('127.0.0.1', DEFAULT_PORT),
                info: dict[str, Any] | None = None, limits: ServerLimits = ServerLimits(),
                api_key: str | None = None):
+    self.translator = self.batcher = self.info = None  # (attach's)
     try:
       super().__init__(address, _Handler)
     except OSError as e:
       raise ServerError(f'cannot listen on {address[0]}:{address[1]} ({reason(e)}); choose '
                         'another --port or --host.') from None
-    self.translator, self.limits, self.api_key = translator, limits, api_key
-    self.info = {**(info or {}), **dataclasses.asdict(translator.decoding)}
-    self.batcher = Batcher(translator, limits.max_batch, limits.batch_wait)
+    self.limits, self.api_key = limits, api_key
+    if translator is not None:
+      self.attach(translator, info)
     self.connections = threading.BoundedSemaphore(limits.max_connections)
     self.state = 'warming up'  # then 'ready' (ready), then 'stopping' (drain)
     self._answering, self._lock = 0, threading.Lock()
     self._done = threading.Condition(self._lock)  # notified when no request is in flight
     self._idle: dict[socket.socket, float] = {}  # connection: since when it waits
+
+  def attach(self, translator: Any, info: dict[str, Any] | None = None) -> None:
+    """The model to serve, once loaded (still warming up: `ready` says when it answers)."""
+    self.translator = translator
+    self.info = {**(info or {}), **dataclasses.asdict(translator.decoding)}
+    self.batcher = Batcher(translator, self.limits.max_batch, self.limits.batch_wait)
 
   @property
   def url(self) -> str:
@@ -142,7 +153,7 @@ class Server(http.server.ThreadingHTTPServer):
 
   def server_close(self) -> None:
     super().server_close()
-    if hasattr(self, 'batcher'):  # (not when the address could not be bound)
+    if self.batcher is not None:  # (not before a model was attached)
       self.batcher.close()
 
   def in_flight(self) -> int:
@@ -232,7 +243,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     elif not self._allowed():
       return
     elif path in ('', '/'):
-      self._send(200, self.server.info)
+      info = self.server.info  # (None while the model loads)
+      self._send(503, {'status': self.server.state}) if info is None else self._send(200, info)
     else:
       self._send(404, {'error': f'no page GET {self.path}: {self.PAGES}.'})
 
@@ -352,21 +364,25 @@ def _is_loopback(host: str) -> bool:
     return False
 
 
-def serve(translator: Any, host: str = '127.0.0.1', port: int = DEFAULT_PORT,
-          info: dict[str, Any] | None = None, limits: ServerLimits = ServerLimits(),
+def serve(load: Callable[[], tuple[Any, dict[str, Any]]], host: str = '127.0.0.1',
+          port: int = DEFAULT_PORT, limits: ServerLimits = ServerLimits(),
           api_key: str | None = None, stop: threading.Event | None = None) -> None:
-  """Serves `translator` until `stop` is set or the process is interrupted (KeyboardInterrupt:
-  Ctrl-C, or SIGTERM where the caller turns it into one). GET /health answers 503 until the
-  shortest search (one sentence) is compiled, so that the first request does not wait for it,
-  then 200; the address is logged once it does. On the way out, new requests are refused (503)
-  and those in flight get limits.drain_timeout seconds to finish."""
-  with Server(translator, (host, port), info, limits, api_key) as server:
+  """Serves the Translator that `load` gives (with its GET / info) until `stop` is set or the
+  process is interrupted (KeyboardInterrupt: Ctrl-C, or SIGTERM where the caller turns it into
+  one). The port is taken first, so that a busy one is said before a model loads for minutes.
+  GET /health answers 503 until the model is loaded and the shortest search (one sentence)
+  compiled, so that the first request does not wait for it, then 200; the address is logged
+  once it does. On the way out, new requests are refused (503) and those in flight get
+  limits.drain_timeout seconds to finish."""
+  with Server(None, (host, port), limits=limits, api_key=api_key) as server:
     threading.Thread(target=server.serve_forever, name='server', daemon=True).start()
     try:
+      translator, info = load()
+      server.attach(translator, info)
       translator.run(protocol.TranslateRequest(['Ready.']))
       server.ready()
       log.info('serving %s at %s (POST /translate, POST /score, GET /health; Ctrl-C stops)',
-               (info or {}).get('model', 'the model'), server.url)
+               info.get('model', 'the model'), server.url)
       (stop or threading.Event()).wait()
     finally:
       log.info('stopped (%d request(s) still in flight)', server.drain(limits.drain_timeout))

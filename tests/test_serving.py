@@ -20,7 +20,7 @@ import urllib.request
 import pytest
 from helpers import one_line_error
 
-from jaxformer import cli, client, files, serving
+from jaxformer import cli, client, commands, files, serving
 from jaxformer.settings import ServerLimits
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -175,6 +175,40 @@ def test_no_server_and_a_busy_port_are_one_line_errors(server, tmp_path, capsys)
   with pytest.raises(serving.ServerError, match=r'cannot listen on 127\.0\.0\.1:\d+ \(Address '
                      r'already in use\); choose another --port or --host\.'):
     serving.Server(server.translator, server.server_address)
+
+
+def test_the_port_is_taken_before_the_model_loads(server, translator, monkeypatch, capsys):
+  """A busy port was said only once the model had loaded (minutes, for a large one); now at
+  once, and a server whose model is loading answers 503 'warming up' (a client waits on it)."""
+  monkeypatch.setattr(commands, 'load_translator', lambda *_: pytest.fail('the model loaded'))
+  assert cli.main(['serve', '--model', 'm', '--port', str(server.server_address[1])]) == 1
+  assert capsys.readouterr().err.startswith('error: cannot listen on 127.0.0.1:')
+  loaded, stop = threading.Event(), threading.Event()
+  with socket.socket() as probe:  # a free port
+    probe.bind(('127.0.0.1', 0))
+    port = probe.getsockname()[1]
+  url = f'http://127.0.0.1:{port}'
+  load = lambda: (loaded.wait(60), (translator, {'model': 'tiny'}))[1]  # noqa: E731
+  thread = threading.Thread(target=serving.serve, args=(load, '127.0.0.1', port),
+                            kwargs={'stop': stop})
+  thread.start()
+  try:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # (the thread binds the port)
+      with contextlib.suppress(OSError):
+        assert _http(url + '/health') == (503, {'status': 'warming up'})
+        break
+      time.sleep(0.01)
+    assert _http(url + '/') == (503, {'status': 'warming up'})
+    assert _http(url + '/translate', b'{"src": ["a"]}') == (
+        503, {'error': 'the server is warming up: retry shortly.'})
+    loaded.set()
+    assert client.translate(url, LINES[:1]) == translator.translate(LINES[:1])
+    assert _http(url + '/')[1]['model'] == 'tiny'
+  finally:
+    loaded.set()
+    stop.set()
+    thread.join(60)
 
 
 def test_the_client_command_imports_no_jax_and_writes_what_the_local_command_writes(
@@ -666,7 +700,7 @@ def test_stopping_refuses_new_requests_and_lets_those_in_flight_finish(translato
     probe.bind(('127.0.0.1', 0))
     port = probe.getsockname()[1]
   stop, url = threading.Event(), f'http://127.0.0.1:{port}'
-  server = threading.Thread(target=serving.serve, args=(gate, '127.0.0.1', port),
+  server = threading.Thread(target=serving.serve, args=(lambda: (gate, {}), '127.0.0.1', port),
                             kwargs={'stop': stop, 'limits': ServerLimits(drain_timeout=60)})
   server.start()
   deadline = time.monotonic() + 120
