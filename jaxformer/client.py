@@ -173,9 +173,10 @@ def _translate_with(args: argparse.Namespace) -> int:
   api_key = arguments.api_key(args.api_key_file, os.environ)
   if args.output:  # found out before any request, as the local command does
     files.check_output(args.output, 'the translations')
-  with tqdm(total=None, desc='translating', unit='sent', disable=not args.input) as bar:
+  source = text.read_input(args.input, args.prefix)
+  with tqdm(total=None if source.lines is None else len(source.lines), desc='translating',
+            unit='sent', disable=source.lines is None) as bar:
     def ask(lines: list[str], first: int, prefixes: list[str] | None) -> list[Any]:
-      bar.total = bar.total or len(lines)  # (a file: its lines, all in one part)
       answers = []
       for start in range(0, len(lines), CLIENT_LINES):
         part = slice(start, start + CLIENT_LINES)
@@ -185,5 +186,5 @@ def _translate_with(args: argparse.Namespace) -> int:
                              api_key=api_key, **settings)
         bar.update(len(lines[part]))
       return answers
-    text.translate_lines(args.input, args.output, args.prefix, CLIENT_LINES, ask, args.nbest)
+    text.translate_lines(source, args.output, CLIENT_LINES, ask, args.nbest)
   return 0

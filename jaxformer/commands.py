@@ -186,14 +186,15 @@ def translate_command(args: argparse.Namespace) -> int:
     raise SettingError(f'--{given[0].replace("_", "-")} is for translating with --server.')
   if args.output:  # found out before the model loads, not after
     files.check_output(args.output, 'the translations')
-  translator = load_translator(args.model, args)[0]
   if args.nbest:  # (before any input is read)
-    protocol.check_nbest(args.nbest, translator.decoding)
+    protocol.check_nbest(args.nbest, arguments.decoding_of(args))
+  source = text_lib.read_input(args.input, args.prefix)  # (so are the input's faults)
+  translator = load_translator(args.model, args)[0]
   def translate(lines: list[str], first: int, prefixes: list[str] | None) -> list[Any]:
     return translator.run(protocol.TranslateRequest(lines, args.nbest, prefixes, first),
                           progress=bool(args.input))
   batch = translator.decoding.batch_size * translator.workers  # from a pipe: a batch a worker
-  text_lib.translate_lines(args.input, args.output, args.prefix, batch, translate, args.nbest)
+  text_lib.translate_lines(source, args.output, batch, translate, args.nbest)
   return 0  # (input that is not UTF-8 stops at that line: a DataError)
 
 

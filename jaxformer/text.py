@@ -17,7 +17,7 @@ import select
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxformer.errors import DataError, JaxformerError, reason
 
@@ -155,25 +155,41 @@ def check_pairs(sources: Sequence[str], targets: Sequence[str]) -> None:
                     'target a source.')
 
 
-def translate_lines(input_path: str | None, output: str | None, prefix_path: str | None,
-                    chunk: int, translate: Translate, nbest: int | None) -> None:
-  """`jaxformer translate`'s input and output, with a model here or a server's: the input file
-  read whole, or stdin's lines as they arrive, at most `chunk` at a time (see arrived: a line
-  typed, or written by a program that waits for its answer, is answered at once); each part's
-  translations, `translate(lines, index of lines[0] in the input, their prefixes or None)`,
-  written as it is done (see write_translations). The prefix file (`prefix_path`) has a line
-  for each input line; DataError when the counts differ (from stdin: found when one runs out)."""
+class Input(NamedTuple):
+  """What `jaxformer translate` translates (read_input)."""
+  path: str | None              # the --input file; None: stdin
+  lines: list[str] | None       # its lines; None: stdin's, read as they arrive
+  prefix_path: str | None       # the --prefix file
+  prefixes: list[str] | None    # its lines, one an input line
+
+
+def read_input(input_path: str | None, prefix_path: str | None) -> Input:
+  """The input file's and the prefix file's lines, read before a model loads, so that a file
+  that is missing, not UTF-8 or of another count of lines is said at once; DataError for each
+  (stdin's count is found when one runs out: translate_lines)."""
   prefixes = read_lines(prefix_path) if prefix_path else None
-  if input_path:
-    lines = read_lines(input_path)
-    if prefixes is not None and len(prefixes) != len(lines):
-      raise DataError(f'{prefix_path} has {len(prefixes)} lines and {input_path} '
-                      f'{len(lines)}: give one prefix a line (an empty line for none).')
-    parts: Iterable[list[str]] = [lines]
-  else:
+  if input_path is None:
     if sys.stdin is None:  # (started with stdin closed)
       raise DataError('no input: stdin is closed; give --input FILE, or send the text to stdin.')
-    parts = decoded(arrived(sys.stdin.fileno(), chunk), 'stdin')
+    return Input(None, None, prefix_path, prefixes)
+  lines = read_lines(input_path)
+  if prefixes is not None and len(prefixes) != len(lines):
+    raise DataError(f'{prefix_path} has {len(prefixes)} lines and {input_path} '
+                    f'{len(lines)}: give one prefix a line (an empty line for none).')
+  return Input(input_path, lines, prefix_path, prefixes)
+
+
+def translate_lines(source: Input, output: str | None, chunk: int, translate: Translate,
+                    nbest: int | None) -> None:
+  """`jaxformer translate`'s input (read_input's) and output, with a model here or a server's:
+  the input file's lines at once, or stdin's as they arrive, at most `chunk` at a time (see
+  arrived: a line typed, or written by a program that waits for its answer, is answered at
+  once); each part's translations, `translate(lines, index of lines[0] in the input, their
+  prefixes or None)`, written as it is done (see write_translations)."""
+  prefix_path, prefixes = source.prefix_path, source.prefixes
+  parts: Iterable[list[str]] = (
+      [source.lines] if source.lines is not None
+      else decoded(arrived(sys.stdin.fileno(), chunk), 'stdin'))
 
   def aligned(lines: list[str], first: int) -> Sequence[Any]:
     part = None if prefixes is None else prefixes[first:first + len(lines)]

@@ -124,6 +124,23 @@ def test_score_checks_its_output_before_reading_or_scoring(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [f'error: {said}']
 
 
+def test_translate_reads_its_input_and_prefixes_before_the_model_loads(tmp_path, capsys):
+  """An input file that is missing, or prefixes of another count of lines, were found once the
+  model had loaded; the model named here does not exist, and the input's fault is what is
+  said, locally and with a server (whose address answers nothing)."""
+  (tmp_path / 'in.txt').write_text('a\nb\n')
+  (tmp_path / 'p.txt').write_text('x\n')
+  for where in (['--model', str(tmp_path / 'no-model')], ['--server', 'http://127.0.0.1:9']):
+    assert cli.main(['translate', *where, '--input', str(tmp_path / 'nowhere.txt')]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f'error: {tmp_path / "nowhere.txt"}: no such file.']
+    assert cli.main(['translate', *where, '--input', str(tmp_path / 'in.txt'), '--prefix',
+                     str(tmp_path / 'p.txt')]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f'error: {tmp_path / "p.txt"} has 1 lines and {tmp_path / "in.txt"} 2: give one prefix '
+        'a line (an empty line for none).']
+
+
 def test_eval_scores_any_target_language_and_says_when_the_model_is_undertrained(
     workdir, tmp_path, capsys, monkeypatch):
   """A Chinese target is scored with sacreBLEU's zh tokenizer; a language whose tokenizer is

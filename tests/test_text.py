@@ -73,22 +73,23 @@ def test_prefixes_go_with_their_lines_and_a_count_that_differs_is_an_error(tmp_p
   def translate(lines, first, prefixes):
     seen.append((lines, first, prefixes))
     return lines
-  text.translate_lines(str(tmp_path / 'in.txt'), None, str(tmp_path / 'p.txt'), 2, translate,
-                       None)
+  def from_stdin():
+    return text.read_input(None, str(tmp_path / 'p.txt'))
+  source = text.read_input(str(tmp_path / 'in.txt'), str(tmp_path / 'p.txt'))
+  text.translate_lines(source, None, 2, translate, None)
   assert seen == [(['a', 'b', 'c'], 0, ['x', '', 'z'])]
   assert capsys.readouterr().out == 'a\nb\nc\n'  # (no --output: stdout)
   _stdin(monkeypatch, b'a\nb\nc\n')
   seen.clear()
-  text.translate_lines(None, None, str(tmp_path / 'p.txt'), 2, translate, None)
+  text.translate_lines(from_stdin(), None, 2, translate, None)
   assert seen == [(['a', 'b'], 0, ['x', '']), (['c'], 2, ['z'])]
   assert capsys.readouterr().out == 'a\nb\nc\n'
   _stdin(monkeypatch, b'a\nb\nc\nd\n')
   with pytest.raises(DataError, match=r'p\.txt has 3 lines, and stdin more'):
-    text.translate_lines(None, None, str(tmp_path / 'p.txt'), 2, translate, None)
+    text.translate_lines(from_stdin(), None, 2, translate, None)
   _stdin(monkeypatch, b'a\n')
   with pytest.raises(DataError, match=r'p\.txt has 3 lines and stdin 1'):
-    text.translate_lines(None, None, str(tmp_path / 'p.txt'), 2, translate, None)
+    text.translate_lines(from_stdin(), None, 2, translate, None)
   (tmp_path / 'in.txt').write_text('a\n')
   with pytest.raises(DataError, match=r'p\.txt has 3 lines and \S+in\.txt 1: give one prefix'):
-    text.translate_lines(str(tmp_path / 'in.txt'), None, str(tmp_path / 'p.txt'), 2, translate,
-                         None)
+    text.read_input(str(tmp_path / 'in.txt'), str(tmp_path / 'p.txt'))
