@@ -25,6 +25,18 @@ def test_checkpoints_accept_other_execution_fields_only():
     checkpoint.check_compatible(meta, 'ckpt', config=fast.replace(d_ff=1024), spm_model=b'spm')
 
 
+def test_a_run_with_another_vocabulary_in_a_used_workdir_is_told_to_use_a_new_one(workdir,
+                                                                                  tmp_path):
+  """A workdir's checkpoints and vocabulary are another run's: the vocabulary's size was said
+  without the way out, as the checkpoint's other settings are."""
+  shutil.copytree(workdir, tmp_path / 'w')
+  with pytest.raises(data.DataError, match=r"spm\.model has 400 pieces, and this run's model "
+                     r'vocab_size=512: the workdir holds a run with another vocabulary\. Use a '
+                     r'new workdir, or the settings its checkpoints were trained with\.'):
+    trainer.train(config_lib.tiny(vocab_size=512), _tc(num_steps=6), tmp_path / 'w',
+                  synthetic_text(800))
+
+
 def test_only_the_newest_checkpoints_keep_the_optimiser_state(trained):
   """Resume needs the newest (keep_train_state=2 by default); averaging needs params only."""
   steps = trained / 'checkpoints'

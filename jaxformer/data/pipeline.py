@@ -119,8 +119,10 @@ def build(workdir: str | pathlib.Path, model: TransformerConfig, train: TrainCon
       workdir, train_pairs, validation, vocab_size=model.vocab_size, max_len=model.max_len,
       sample_size=train.spm_sample_size, seed=train.seed, check_vocabulary=not resuming)
   if tokenizer.vocab_size != model.vocab_size:
-    raise DataError(f'{tokenizer.path} has {tokenizer.vocab_size} pieces but the model '
-                    f'expects vocab_size={model.vocab_size}.')
+    raise DataError(f"{tokenizer.path} has {tokenizer.vocab_size} pieces, and this run's model "
+                    f'vocab_size={model.vocab_size}: the workdir holds a run with another '
+                    'vocabulary. Use a new workdir, or the settings its checkpoints were trained '
+                    'with.')
   ids = parallel.all_hosts(np.array([PackedBatches.corpus_id(corpus)])).ravel().tolist()
   if len(set(ids)) > 1:
     raise DataError(f'the processes prepared different training data (corpus ids {ids}): '
