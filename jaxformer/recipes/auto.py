@@ -172,13 +172,17 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
       f'model        the parent\'s (N={parent.num_layers}, d_model {parent.d_model}, '
       f'{parent.vocab_size:,} pieces, dropout {parent.dropout_rate}): fine-tuning keeps it'])
   # Rows of 64 tokens are the shortest the recipes pack (a row's attention costs the same
-  # whatever max_len is below it), so max_len is at least that. A fine-tuning run may change it
-  # unless its parent learned a table of max_len positions.
+  # whatever max_len is below it), so max_len is at least that. A fine-tuning run raises it for
+  # longer sentences, unless its parent learned a table of max_len positions, and never lowers
+  # it: the model it gives takes the inputs its parent took (an OPUS-MT model's 511 tokens:
+  # rows of 512, as with a --config), where a lower max_len would cut them.
   max_len = min(256, max(64, _round_up(corpus.long_pieces, 8)))
-  pinned = parent is not None and parent.learned_positions
+  pinned = parent is not None and (parent.learned_positions or parent.max_len >= max_len)
   max_len = parent.max_len if pinned else max_len
   row_len = row_len_for(max_len)
-  whose = " (max_len the parent's learned positions')" if pinned else ''
+  whose = '' if not pinned else (" (max_len the parent's learned positions')"
+                                 if parent.learned_positions else " (the parent's max_len, never "
+                                 'lowered)')
   cut = corpus.long_pieces > max_len  # (at 256: the longest the recipe makes room for)
   reasons.append(f'lengths      max_len {max_len}, rows of {row_len}: '
                  f'{corpus.long_share:.1%} of the sentences have at most {corpus.long_pieces} '
