@@ -116,6 +116,20 @@ class TargetScore:
     return {**fields, **({'skipped': self.skipped} if self.skipped else {})}
 
 
+
+def _texts(texts: Sequence[str], what: str) -> Sequence[str]:
+  """`texts`, a sequence of strings; TypeError otherwise, naming the first that is not: a lone
+  string would be read as one sentence a character, and sentencepiece's own error names no
+  index."""
+  if isinstance(texts, (str, bytes)):
+    raise TypeError(f'{what} must be a list of strings, one a sentence, got one '
+                    f'{type(texts).__name__}: wrap it in a list ([text]).')
+  bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+  if bad is not None:
+    raise TypeError(f'{what}[{bad}] is {type(texts[bad]).__name__}, not a string.')
+  return texts
+
+
 class Translator:
   """Translates text with a model and its sentencepiece vocabulary, and scores given
   translations. `decoding` (a DecodingConfig; by default the paper's beam 4, alpha 0.6, at most
@@ -278,7 +292,7 @@ class Translator:
 
   def _sources(self, sentences: Sequence[str]) -> list[list[int]]:
     """The sentences' pieces, each cut to the model's max_len with its EOS (with a warning)."""
-    ids = self.tokenizer.encode(sentences)
+    ids = self.tokenizer.encode(_texts(sentences, 'sentences'))
     limit = self.config.max_len - 1  # pieces, leaving room for EOS
     cut = [i for i, x in enumerate(ids) if len(x) > limit]
     if cut:
@@ -295,7 +309,7 @@ class Translator:
     sentences' or a prefix that leaves no room for EOS."""
     if prefixes is None:
       return [[] for _ in range(count)]
-    if len(prefixes) != count:
+    if len(_texts(prefixes, 'prefixes')) != count:
       raise DataError(f'{len(prefixes)} prefixes for {count} sentences: give one a sentence '
                       "('' for none).")
     ids = self.tokenizer.encode_target(prefixes)
@@ -328,7 +342,7 @@ class Translator:
     TargetScore a pair, in order. A pair whose source or target (with EOS) is longer than the
     model's max_len is not scored but marked (`skipped` says why), never dropped. DataError for
     a count that differs or an empty target (a blank source is scored as an empty one)."""
-    text.check_pairs(sources, targets)
+    text.check_pairs(_texts(sources, 'sources'), _texts(targets, 'targets'))
     src_ids, tgt_ids = self.tokenizer.encode(sources), self.tokenizer.encode_target(targets)
     if empty := [i + 1 for i, t in enumerate(tgt_ids) if not t]:
       raise DataError(f'target {empty[0]} is empty ({len(empty)} empty in all): there is '

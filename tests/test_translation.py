@@ -191,6 +191,22 @@ def test_blank_lines_stay_blank_and_counts_are_kept(translator):
   assert out[1] == translator.translate([SENTENCES[0]])[0]
 
 
+def test_a_lone_string_or_a_sentence_that_is_no_string_is_a_type_error(translator):
+  """translate('the dog') translated each character as a sentence (and score('a', 'b') scored
+  them): the library's calls take lists of sentences and say so, naming what is not one."""
+  for call, said in (
+      (lambda: translator.translate(SENTENCES[0]), r'^sentences must be a list of strings, '
+       r'one a sentence, got one str: wrap it in a list \(\[text\]\)\.$'),
+      (lambda: translator.translate_nbest([SENTENCES[0], None], 2),
+       r'^sentences\[1\] is NoneType, not a string\.$'),
+      (lambda: translator.translate([SENTENCES[0]], prefixes=b'der'),
+       r'^prefixes must be a list of strings, one a sentence, got one bytes'),
+      (lambda: translator.score(['a'], 'b'), r'^targets must be a list of strings'),
+      (lambda: translator.score([0], ['b']), r'^sources\[0\] is int, not a string\.$')):
+    with pytest.raises(TypeError, match=said):
+      call()
+
+
 def test_nothing_to_search_is_an_empty_answer(translator):
   """Blank lines only, no sentence at all, or pairs all too long to score: empty answers in
   the inputs' counts, and no search of zero rows (it raised 'range() arg 3 must not be
