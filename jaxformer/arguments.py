@@ -150,7 +150,8 @@ def add_model_path(parser: argparse.ArgumentParser, *aliases: str) -> None:
   (cli.older_spellings)."""
   parser.add_argument('--model', dest='model', type=path_arg, metavar='PATH',
                       help='the model: a training workdir (its newest checkpoint), a checkpoint '
-                      'folder (e.g. WORKDIR/average-last5) or an exported folder')
+                      'folder (e.g. WORKDIR/average-last5), an exported folder or a MarianMT '
+                      'folder (an OPUS-MT model)')
   for alias in ('--workdir', *aliases):
     parser.add_argument(alias, dest='model', type=path_arg, help=argparse.SUPPRESS)
 

@@ -113,9 +113,9 @@ def _add_train_flags(parser: argparse.ArgumentParser) -> None:
   group = parser.add_argument_group('multi-host (jax.distributed)')
   group.add_argument('--distributed', action='store_true',
                      help='call jax.distributed.initialize (auto-detects on SLURM, TPU, ...)')
-  flag(group, 'coordinator_address', help='host:port of process 0')
-  flag(group, 'num_processes', type=positive_int, help='processes in the cluster')
-  flag(group, 'process_id', type=int, help="this process's index")
+  flag(group, 'coordinator_address', metavar='HOST:PORT', help='the address of process 0')
+  flag(group, 'num_processes', type=positive_int, metavar='N', help='processes in the cluster')
+  flag(group, 'process_id', type=int, metavar='N', help="this process's index (from 0)")
 
 
 # --- loading a model ------------------------------------------------------------------------------
@@ -174,8 +174,9 @@ def _add_score_flags(parser: argparse.ArgumentParser) -> None:
   add_model_path(parser)
   add_model_flags(parser, decoding=False)
   arguments.add_decoding_flags(parser, ('batch_size',))
-  parser.add_argument('--src', type=path_arg, required=True, help='the sources, a line each')
-  parser.add_argument('--tgt', type=path_arg, required=True,
+  parser.add_argument('--src', type=path_arg, required=True, metavar='FILE',
+                      help='the sources, a line each')
+  parser.add_argument('--tgt', type=path_arg, required=True, metavar='FILE',
                       help='their translations to score, line-aligned')
   parser.add_argument('--output', type=path_arg, metavar='FILE',
                       help='where to write (default: stdout)')
@@ -215,9 +216,11 @@ def _add_eval_flags(parser: argparse.ArgumentParser) -> None:
         "else de)")
   flag(parser, 'source_language', metavar='LANG', default='en',
         help='with tfds: which newstest2014 direction (en->de, de->en, en->fr, fr->en)')
-  flag(parser, 'tfds_data_dir', help='tfds data folder (default: $TFDS_DATA_DIR)')
-  parser.add_argument('--src', type=path_arg, help='a local source file instead of tfds')
-  parser.add_argument('--ref', type=path_arg, help='its reference translations, line-aligned')
+  flag(parser, 'tfds_data_dir', metavar='DIR', help='tfds data folder (default: $TFDS_DATA_DIR)')
+  parser.add_argument('--src', type=path_arg, metavar='FILE',
+                      help='a local source file instead of tfds')
+  parser.add_argument('--ref', type=path_arg, metavar='FILE',
+                      help='its reference translations, line-aligned')
   parser.add_argument('--output', type=path_arg, metavar='FILE',
                           help='write the hypotheses to this file (default: none; eval only '
                           'reads the model)')
