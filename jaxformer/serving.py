@@ -385,5 +385,6 @@ def serve(load: Callable[[], tuple[Any, dict[str, Any]]], host: str = '127.0.0.1
                info.get('model', 'the model'), server.url)
       (stop or threading.Event()).wait()
     finally:
-      log.info('stopped (%d request(s) still in flight)', server.drain(limits.drain_timeout))
+      if server.translator is not None:  # (a model that did not load: its error alone)
+        log.info('stopped (%d request(s) still in flight)', server.drain(limits.drain_timeout))
       server.shutdown()

@@ -177,9 +177,15 @@ def test_no_server_and_a_busy_port_are_one_line_errors(server, tmp_path, capsys)
     serving.Server(server.translator, server.server_address)
 
 
-def test_the_port_is_taken_before_the_model_loads(server, translator, monkeypatch, capsys):
+def test_the_port_is_taken_before_the_model_loads(server, translator, monkeypatch, capsys,
+                                                  caplog, tmp_path):
   """A busy port was said only once the model had loaded (minutes, for a large one); now at
-  once, and a server whose model is loading answers 503 'warming up' (a client waits on it)."""
+  once, and a server whose model is loading answers 503 'warming up' (a client waits on it).
+  A model that does not load is its error alone, without a line of the server's stopping."""
+  caplog.set_level(logging.INFO, 'jaxformer.serving')
+  assert cli.main(['serve', '--model', str(tmp_path / 'nowhere'), '--port', '0']) == 1
+  assert capsys.readouterr().err.startswith(f'error: {tmp_path / "nowhere"}: does not exist')
+  assert 'stopped' not in caplog.text
   monkeypatch.setattr(commands, 'load_translator', lambda *_: pytest.fail('the model loaded'))
   assert cli.main(['serve', '--model', 'm', '--port', str(server.server_address[1])]) == 1
   assert capsys.readouterr().err.startswith('error: cannot listen on 127.0.0.1:')
