@@ -224,7 +224,8 @@ def test_what_jaxformer_cannot_take_is_one_line_naming_the_field(marian, tmp_pat
   shutil.copytree(marian, folder)
   config = json.loads((folder / 'config.json').read_text())
   (folder / 'config.json').write_text(json.dumps({**config, field: value}))
-  assert cli.main(['translate', '--model', str(folder), '--input', str(folder / 'x')]) == 1
+  (tmp_path / 'in.txt').write_text('the dog\n')
+  assert cli.main(['translate', '--model', str(folder), '--input', str(tmp_path / 'in.txt')]) == 1
   message = capsys.readouterr().err.splitlines()
   assert len(message) == 1 and named in message[0] and str(folder) in message[0], message
 
