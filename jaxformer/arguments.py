@@ -65,6 +65,12 @@ def path_arg(text: str) -> str:
   return text
 
 
+def stream_arg(text: str) -> str | None:
+  """An argparse type: a path, or - for the standard stream (stdin, stdout), as the flag's
+  default is and as other command-line tools take it."""
+  return None if text == '-' else path_arg(text)
+
+
 def server_url(text: str) -> str:
   """An argparse type: a server's HTTP(S) address; HOST:PORT alone is http://HOST:PORT (urllib
   took `localhost:8228` for a URL of the scheme `localhost`)."""
@@ -173,10 +179,10 @@ def add_translate_flags(parser: argparse.ArgumentParser) -> None:
   """Every flag of `jaxformer translate`, with a model here or (--server) a server's."""
   add_model_path(parser)
   add_model_flags(parser)
-  parser.add_argument('--input', type=path_arg, metavar='FILE',
-                      help='a UTF-8 text file (default: stdin)')
-  parser.add_argument('--output', type=path_arg, metavar='FILE',
-                      help='where to write (default: stdout)')
+  parser.add_argument('--input', type=stream_arg, metavar='FILE',
+                      help='a UTF-8 text file (default, or -: stdin)')
+  parser.add_argument('--output', type=stream_arg, metavar='FILE',
+                      help='where to write (default, or -: stdout)')
   parser.add_argument('--nbest', type=in_range(int, Range(1, MAX_NBEST, high_open=False)),
                       metavar='N', help='the N best translations with scores (with --sampling: '
                       f'N samples; at most {MAX_NBEST})')

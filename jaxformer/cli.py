@@ -178,8 +178,8 @@ def _add_score_flags(parser: argparse.ArgumentParser) -> None:
                       help='the sources, a line each')
   parser.add_argument('--tgt', type=path_arg, required=True, metavar='FILE',
                       help='their translations to score, line-aligned')
-  parser.add_argument('--output', type=path_arg, metavar='FILE',
-                      help='where to write (default: stdout)')
+  parser.add_argument('--output', type=arguments.stream_arg, metavar='FILE',
+                      help='where to write (default, or -: stdout)')
   parser.add_argument('--format', choices=('jsonl', 'tsv'), default='jsonl',
                       help='JSON lines or tab-separated values')
   flag(parser, 'token_log_probs', action='store_true',

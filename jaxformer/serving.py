@@ -243,8 +243,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     elif not self._allowed():
       return
     elif path in ('', '/'):
-      info = self.server.info  # (None while the model loads)
-      self._send(503, {'status': self.server.state}) if info is None else self._send(200, info)
+      if self.server.info is None:  # (the model is loading)
+        self._send(503, {'status': self.server.state})
+      else:
+        self._send(200, self.server.info)
     else:
       self._send(404, {'error': f'no page GET {self.path}: {self.PAGES}.'})
 

@@ -157,8 +157,7 @@ def check_pairs(sources: Sequence[str], targets: Sequence[str]) -> None:
 
 class Input(NamedTuple):
   """What `jaxformer translate` translates (read_input)."""
-  path: str | None              # the --input file; None: stdin
-  lines: list[str] | None       # its lines; None: stdin's, read as they arrive
+  lines: list[str] | None       # the --input file's lines; None: stdin's, read as they arrive
   prefix_path: str | None       # the --prefix file
   prefixes: list[str] | None    # its lines, one an input line
 
@@ -171,12 +170,12 @@ def read_input(input_path: str | None, prefix_path: str | None) -> Input:
   if input_path is None:
     if sys.stdin is None:  # (started with stdin closed)
       raise DataError('no input: stdin is closed; give --input FILE, or send the text to stdin.')
-    return Input(None, None, prefix_path, prefixes)
+    return Input(None, prefix_path, prefixes)
   lines = read_lines(input_path)
   if prefixes is not None and len(prefixes) != len(lines):
     raise DataError(f'{prefix_path} has {len(prefixes)} lines and {input_path} '
                     f'{len(lines)}: give one prefix a line (an empty line for none).')
-  return Input(input_path, lines, prefix_path, prefixes)
+  return Input(lines, prefix_path, prefixes)
 
 
 def translate_lines(source: Input, output: str | None, chunk: int, translate: Translate,

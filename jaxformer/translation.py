@@ -116,7 +116,6 @@ class TargetScore:
     return {**fields, **({'skipped': self.skipped} if self.skipped else {})}
 
 
-
 def _texts(texts: Sequence[str], what: str) -> Sequence[str]:
   """`texts`, a sequence of strings; TypeError otherwise, naming the first that is not: a lone
   string would be read as one sentence a character, and sentencepiece's own error names no

@@ -124,6 +124,23 @@ def test_score_checks_its_output_before_reading_or_scoring(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [f'error: {said}']
 
 
+def test_a_dash_is_stdin_or_stdout(workdir, translator, tmp_path, monkeypatch, capsys):
+  """`--input -` and `--output -`, as other tools take them: they named files called '-'."""
+  reader, writer = os.pipe()
+  os.write(writer, b'the dog\n')
+  os.close(writer)
+  monkeypatch.setattr(sys, 'stdin', os.fdopen(reader))
+  assert cli.main(['translate', '--model', str(workdir), '--input', '-', '--output', '-']) == 0
+  assert capsys.readouterr().out == translator.translate(['the dog'])[0] + '\n'
+  (tmp_path / 'src').write_text('the dog\n')
+  (tmp_path / 'tgt').write_text('der hund\n')
+  assert cli.main(['score', '--model', str(workdir), '--src', str(tmp_path / 'src'), '--tgt',
+                   str(tmp_path / 'tgt'), '--output', '-']) == 0
+  assert json.loads(capsys.readouterr().out)['log_prob'] == pytest.approx(
+      translator.score(['the dog'], ['der hund'])[0].log_prob)
+  assert not (pathlib.Path.cwd() / '-').exists()
+
+
 def test_translate_reads_its_input_and_prefixes_before_the_model_loads(tmp_path, capsys):
   """An input file that is missing, or prefixes of another count of lines, were found once the
   model had loaded; the model named here does not exist, and the input's fault is what is
