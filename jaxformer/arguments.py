@@ -59,9 +59,13 @@ def port_number(text: str) -> int:
 
 
 def path_arg(text: str) -> str:
-  """An argparse type: a path, not an empty string (which would name the current folder)."""
+  """An argparse type: a path, not an empty string (which would name the current folder), nor
+  - (the standard stream of stream_arg's flags: here it would name a file called -)."""
   if not text.strip():
     raise argparse.ArgumentTypeError(f'must be a path, got {text!r}')
+  if text == '-':
+    raise argparse.ArgumentTypeError('must be a path: - (stdin or stdout) is not taken here; '
+                                     'a file called - is ./-')
   return text
 
 

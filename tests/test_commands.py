@@ -125,7 +125,8 @@ def test_score_checks_its_output_before_reading_or_scoring(tmp_path, capsys):
 
 
 def test_a_dash_is_stdin_or_stdout(workdir, translator, tmp_path, monkeypatch, capsys):
-  """`--input -` and `--output -`, as other tools take them: they named files called '-'."""
+  """`--input -` and `--output -`, as other tools take them: they named files called '-'; a
+  path flag that cannot take a stream refuses -."""
   reader, writer = os.pipe()
   os.write(writer, b'the dog\n')
   os.close(writer)
@@ -138,6 +139,10 @@ def test_a_dash_is_stdin_or_stdout(workdir, translator, tmp_path, monkeypatch, c
                    str(tmp_path / 'tgt'), '--output', '-']) == 0
   assert json.loads(capsys.readouterr().out)['log_prob'] == pytest.approx(
       translator.score(['the dog'], ['der hund'])[0].log_prob)
+  with pytest.raises(SystemExit):  # eval prints its scores on stdout: - is not its --output
+    cli.main(['eval', '--model', str(workdir), '--src', 'a', '--ref', 'b', '--output', '-'])
+  assert 'argument --output: must be a path: - (stdin or stdout) is not taken here; a file ' \
+      'called - is ./-' in capsys.readouterr().err
   assert not (pathlib.Path.cwd() / '-').exists()
 
 
