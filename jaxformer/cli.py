@@ -288,8 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
   evaluation = command(
       'eval', 'BLEU and chrF of a model on newstest2014 or your own files',
       'Translates a test set with the paper\'s decoding (beam 4, alpha 0.6, input + 50) and prints '
-      'sacreBLEU (the headline, with its signature), the paper\'s tokenized BLEU and chrF; writes '
-      'the hypotheses.')
+      'sacreBLEU (the headline, with its signature), the paper\'s tokenized BLEU and chrF; with '
+      '--output, writes the hypotheses.')
   add_model_path(evaluation, '--checkpoint')
   add_model_flags(evaluation)
   _add_eval_flags(evaluation)
