@@ -93,14 +93,9 @@ def recipe_of(args: argparse.Namespace) -> recipes.Recipe:
   if parent is None or auto:  # (the automatic recipe sized the parent's model itself)
     return recipe
   # Fine-tuning: the parent's model, changed only where --set says so (the trainer checks that
-  # only what check_fine_tune allows changed); the recipe's rows, sized for a model of its own,
-  # hold the parent's longest pairs unless the rows were given.
+  # only what check_fine_tune allows changed), trained in the recipe's rows.
   model_sets = [a for a in assignments if a.strip().startswith('model.')]
-  train = recipe.train
-  if 'train.row_len' not in recipes.named(assignments):
-    train = dataclasses.replace(train, row_len=max(
-        train.row_len, auto_recipe.row_len_for(parent[0].max_len)))
-  return recipes.override(dataclasses.replace(recipe, model=parent[0], train=train), model_sets)
+  return recipes.override(dataclasses.replace(recipe, model=parent[0]), model_sets)
 
 
 def train_command(args: argparse.Namespace) -> int:

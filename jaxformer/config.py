@@ -323,8 +323,10 @@ class TrainConfig:
     return self.num_steps if first == before else (first + 1) * every
 
   def check_rows(self, config: TransformerConfig) -> None:
-    """SettingError when rows are shorter than the model's longest sentences."""
-    if self.row_len < config.max_len:
+    """SettingError when rows are shorter than a fresh model's longest sentences. A fine-tuned
+    model's max_len is its parent's, what it translates, not what its rows must hold: its pairs
+    longer than a row are dropped and counted (data.pipeline.build)."""
+    if self.row_len < config.max_len and not self.init_from:
       raise SettingError(f'row_len={self.row_len} is shorter than max_len={config.max_len}: the '
                          f'longest pairs would not fit in a row; make row_len (--row-len) '
                          f'{config.max_len} or more.')

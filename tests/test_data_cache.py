@@ -59,7 +59,8 @@ def test_dropped_pairs_are_reported_as_a_warning(tokenizer, caplog, tmp_path):
   data.tokenize_corpus(long, tokenizer, max_len=16, cache_dir=tmp_path)
   assert [r.getMessage() for r in caplog.records if r.levelname == 'WARNING'] == [
       'one-long: read 3 pairs, kept 2, dropped 0 empty and 1 longer than 16 tokens: 33.33% of '
-      'the pairs lost (raise model.max_len and train.row_len to keep the long ones).']
+      'the pairs lost (raise train.row_len, and model.max_len where it is shorter, to keep the '
+      'long ones).']
 
 
 _MEMORY_CHILD = """

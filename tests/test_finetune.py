@@ -3,6 +3,7 @@ report, and a fine-tuning run's resume."""
 
 import functools
 import json
+import logging
 import pathlib
 import shutil
 import subprocess
@@ -83,9 +84,11 @@ def test_cli_init_from_takes_the_parents_model_and_names_a_changed_shape(trained
   assert step == 1 and child == CFG.replace(dropout_rate=0.2)
 
 
-def test_a_recipes_rows_grow_to_hold_the_parents_longest_pairs_unless_given(trained, tmp_path):
+def test_a_longer_parent_is_fine_tuned_in_the_recipes_rows(trained, tmp_path, caplog):
   """--init-from an OPUS-MT folder (max_len 511) with --config multi30k (rows of 64) failed:
-  'row_len=64 is shorter than max_len=511', where the rows were never the user's choice."""
+  'row_len=64 is shorter than max_len=511', where the rows were never the user's choice. A
+  fine-tuned model keeps its parent's max_len (what it translates) and trains in the recipe's
+  rows, the pairs longer than a row dropped and counted."""
   params, cfg, spm_model, _ = checkpoint.load(trained)
   parent = export.save(tmp_path / 'long', params, cfg.replace(max_len=300), spm_model, step=6)
 
@@ -93,13 +96,17 @@ def test_a_recipes_rows_grow_to_hold_the_parents_longest_pairs_unless_given(trai
     return commands.recipe_of(cli.build_parser().parse_args(
         ['train', '--workdir', str(tmp_path / 'w'), '--config', 'multi30k', '--init-from',
          str(parent), *argv]))
-  assert (recipe().model.max_len, recipe().train.row_len) == (300, 320)
+  assert (recipe().model.max_len, recipe().train.row_len) == (300, 64)
   assert recipe('--row-len', '512').train.row_len == 512
-  with pytest.raises(config.SettingError, match=r'^row_len=128 is shorter than max_len=300: the '
-                     r'longest pairs would not fit in a row; make row_len \(--row-len\) 300 or '
-                     r'more\.$'):
-    recipe('--set', 'train.row_len=128')
-  assert recipe('--row-len', '512', '--set', 'model.max_len=500').model.max_len == 500
+  assert recipe('--set', 'model.max_len=500').model.max_len == 500
+  pairs = synthetic_text(300, seed=4)
+  long = ' '.join(['der'] * 80)  # longer than a row of 64 tokens, within max_len 300
+  text = type(pairs)([*pairs.src, long], [*pairs.tgt, long], 'with-a-long-pair')
+  caplog.set_level(logging.INFO)
+  trainer.train(cfg.replace(max_len=300), _tc(num_steps=1, init_from=str(parent)),
+                tmp_path / 'child', text)
+  assert checkpoint.load(tmp_path / 'child')[1].max_len == 300
+  assert 'read 301 pairs, kept 300, dropped 0 empty and 1 longer than 64 tokens' in caplog.text
 
 
 def test_a_fine_tuning_run_resumes_like_any_other(trained, tmp_path, caplog):

@@ -291,12 +291,15 @@ def test_a_fine_tuning_run_keeps_its_parents_model_at_a_lower_learning_rate():
   assert not any(r.startswith('vocabulary') for r in reasons)
   assert auto.choose(_corpus(4_500_000), 'cpu', parent).model == parent  # never base
   # An OPUS-MT parent's 511 tokens are never lowered (to the 72 of these sentences): the model
-  # fine-tuned from it would cut the longer inputs that its parent took.
+  # fine-tuned from it would cut the longer inputs that its parent took. Its rows are the
+  # sentences' (96), not 512.
   opus = parent.replace(max_len=511)
   chosen = auto.choose(_corpus(2_000, mean=24.0, longest=70), 'cpu', opus)
-  assert (chosen.model, chosen.train['row_len']) == (opus, 512)
-  assert chosen.reasons[1].startswith("lengths      max_len 511, rows of 512: 99.9% of the "
-                                      'sentences have at most 70 pieces with EOS (the parent')
+  assert (chosen.model, chosen.train['row_len']) == (opus, 96)
+  assert chosen.reasons[1] == (
+      'lengths      max_len 511, rows of 96: 99.9% of the sentences have at most 70 pieces with '
+      "EOS (max_len the parent's: what the model translates); longer pairs are dropped and "
+      'counted')
 
 
 def test_on_multi30k_the_rule_is_the_multi30k_recipe(shared_data):

@@ -146,7 +146,7 @@ def _report(origin: str, counts: dict[str, int], max_len: int) -> None:
     log.info('%s.', line)
     return
   lost = 1 - counts['kept'] / counts['read']
-  keep = (' (raise model.max_len and train.row_len to keep the long ones)'
+  keep = (' (raise train.row_len, and model.max_len where it is shorter, to keep the long ones)'
           if counts['too_long'] else '')
   log.warning('%s: %.2f%% of the pairs lost%s.', line, 100 * lost, keep)
 

@@ -115,8 +115,9 @@ def build(workdir: str | pathlib.Path, model: TransformerConfig, train: TrainCon
   the one its checkpoints hold (their data positions say whether the data changed)."""
   workdir = files.make_workdir(workdir)
   resuming = files.has_checkpoints(workdir)
-  tokenizer, corpus, validation_corpus = prepare(
-      workdir, train_pairs, validation, vocab_size=model.vocab_size, max_len=model.max_len,
+  tokenizer, corpus, validation_corpus = prepare(  # (pairs that fit a row: TrainConfig.check_rows)
+      workdir, train_pairs, validation, vocab_size=model.vocab_size,
+      max_len=min(model.max_len, train.row_len),
       sample_size=train.spm_sample_size, seed=train.seed, check_vocabulary=not resuming)
   if tokenizer.vocab_size != model.vocab_size:
     raise DataError(f"{tokenizer.path} has {tokenizer.vocab_size} pieces, and this run's model "

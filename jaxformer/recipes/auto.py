@@ -138,7 +138,7 @@ def _round_up(x: float, step: int) -> int:
   return int(step * math.ceil(x / step))
 
 
-def row_len_for(max_len: int) -> int:
+def _row_len(max_len: int) -> int:
   """Packed rows that hold a model's longest pairs: at least 64 tokens, a multiple of 32."""
   return max(64, _round_up(max_len, 32))
 
@@ -172,22 +172,22 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
       f'model        the parent\'s (N={parent.num_layers}, d_model {parent.d_model}, '
       f'{parent.vocab_size:,} pieces, dropout {parent.dropout_rate}): fine-tuning keeps it'])
   # Rows of 64 tokens are the shortest the recipes pack (a row's attention costs the same
-  # whatever max_len is below it), so max_len is at least that. A fine-tuning run raises it for
-  # longer sentences, unless its parent learned a table of max_len positions, and never lowers
-  # it: the model it gives takes the inputs its parent took (an OPUS-MT model's 511 tokens:
-  # rows of 512, as with a --config), where a lower max_len would cut them.
-  max_len = min(256, max(64, _round_up(corpus.long_pieces, 8)))
-  pinned = parent is not None and (parent.learned_positions or parent.max_len >= max_len)
-  max_len = parent.max_len if pinned else max_len
-  row_len = row_len_for(max_len)
-  whose = '' if not pinned else (" (max_len the parent's learned positions')"
-                                 if parent.learned_positions else " (the parent's max_len, never "
-                                 'lowered)')
-  cut = corpus.long_pieces > max_len  # (at 256: the longest the recipe makes room for)
+  # whatever max_len is below it), so max_len is at least that. A fine-tuning run keeps its
+  # parent's max_len, what the model translates (an OPUS-MT model's 511), and raises it for
+  # longer sentences unless the parent learned a table of max_len positions; its rows are sized
+  # for the new sentences all the same, since attention over long rows slows every step
+  # (docs/benchmarks-log.md), and the pairs longer than a row are dropped and counted.
+  needed = min(256, max(64, _round_up(corpus.long_pieces, 8)))
+  max_len = needed if parent is None else (
+      parent.max_len if parent.learned_positions else max(parent.max_len, needed))
+  row_len = _row_len(min(max_len, needed))
+  whose = ('' if max_len == needed else " (max_len the parent's learned positions')"
+           if parent.learned_positions else " (max_len the parent's: what the model translates)")
+  cut = corpus.long_pieces > needed  # (at 256: the longest the recipe makes room for)
   reasons.append(f'lengths      max_len {max_len}, rows of {row_len}: '
                  f'{corpus.long_share:.1%} of the sentences have at most {corpus.long_pieces} '
-                 f'pieces with EOS{whose}{" (cut to 256)" if cut and not pinned else ""}; longer '
-                 'pairs are dropped and counted')
+                 f'pieces with EOS{whose}{" (cut to 256)" if cut else ""}; longer pairs are '
+                 'dropped and counted')
   if pairs < MEASURED_PAIRS:
     reasons.insert(0, f'corpus       {pairs:,} pairs: fewer than {MEASURED_PAIRS:,}, the fewest '
                    'the rules were measured on; ' + (
