@@ -181,8 +181,10 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
   max_len = needed if parent is None else (
       parent.max_len if parent.learned_positions else max(parent.max_len, needed))
   row_len = _row_len(min(max_len, needed))
-  whose = ('' if max_len == needed else " (max_len the parent's learned positions')"
-           if parent.learned_positions else " (max_len the parent's: what the model translates)")
+  whose = ''
+  if max_len != needed:  # (the parent's)
+    whose = (" (max_len the parent's learned positions')" if parent.learned_positions else
+             " (max_len the parent's: what the model translates)")
   cut = corpus.long_pieces > needed  # (at 256: the longest the recipe makes room for)
   reasons.append(f'lengths      max_len {max_len}, rows of {row_len}: '
                  f'{corpus.long_share:.1%} of the sentences have at most {corpus.long_pieces} '
