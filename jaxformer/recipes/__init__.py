@@ -165,11 +165,6 @@ def parse_value(hint: Any, text: str) -> Any:
   raise ValueError(f'expected {names}')
 
 
-def named(assignments: Sequence[str]) -> set[str]:
-  """The settings that 'section.field=value' assignments set, as 'section.field'."""
-  return {a.partition('=')[0].strip() for a in assignments}
-
-
 def override(recipe: Recipe, assignments: Sequence[str]) -> Recipe:
   """The recipe with each 'section.field=value' applied (sections: model, train, data, optim); a
   one-line SettingError for an unknown name, a value of the wrong type, or settings the model

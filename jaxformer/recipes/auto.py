@@ -27,7 +27,7 @@ from jaxformer import config as config_lib
 from jaxformer import files
 from jaxformer.config import OptimConfig, TransformerConfig
 from jaxformer.data import sources, tokenizer as tokenizer_lib
-from jaxformer.recipes import Recipe, named, override
+from jaxformer.recipes import Recipe, override
 
 PAPER_PAIRS = 1_000_000  # from here on: the paper's base recipe (Table 3 "base", §5)
 REFERENCE_PAIRS = 29_000  # Multi30k's training set: the multi30k recipe's point
@@ -138,11 +138,6 @@ def _round_up(x: float, step: int) -> int:
   return int(step * math.ceil(x / step))
 
 
-def _row_len(max_len: int) -> int:
-  """Packed rows that hold a model's longest pairs: at least 64 tokens, a multiple of 32."""
-  return max(64, _round_up(max_len, 32))
-
-
 def _check_pairs(pairs: int) -> None:
   if pairs < MIN_PAIRS:
     raise config_lib.SettingError(
@@ -180,7 +175,7 @@ def choose(corpus: Corpus, backend: str, parent: TransformerConfig | None = None
   needed = min(256, max(64, _round_up(corpus.long_pieces, 8)))
   max_len = needed if parent is None else (
       parent.max_len if parent.learned_positions else max(parent.max_len, needed))
-  row_len = _row_len(min(max_len, needed))
+  row_len = max(64, _round_up(min(max_len, needed), 32))
   whose = ''
   if max_len != needed:  # (the parent's)
     whose = (" (max_len the parent's learned positions')" if parent.learned_positions else
@@ -285,8 +280,9 @@ def size(recipe: Recipe, assignments: Sequence[str], *, backend: str,
     sources.read_parallel_text(recipe.data.eval_src, recipe.data.eval_tgt)
   corpus = measure(pairs, rule_vocab_size(len(pairs)), seed=recipe.train.seed,
                    tokenizer=parent and parent[1])
+  given = {a.partition('=')[0].strip() for a in assignments}
   chosen = choose(corpus, backend, parent and parent[0],
-                  peak_given='optim.learning_rate' in named(assignments))
+                  peak_given='optim.learning_rate' in given)
   train = dataclasses.replace(recipe.train, **chosen.train)
   sized = Recipe(chosen.model, train, recipe.data, chosen.optim)
   head = (f'the automatic recipe for {corpus.pairs:,} pairs ({corpus.mean_pieces:.1f} pieces a '
